@@ -1,0 +1,22 @@
+# kolos_add_plugin(NAME <name> SOURCES ... [LIBS ...] [NO_INSTALL])
+# Builds libkolos_<name>.so into lib/kolos/plugins of the build tree and
+# installs it into lib/kolos/plugins.
+function(kolos_add_plugin)
+  cmake_parse_arguments(P "NO_INSTALL;TORCH_PCH" "NAME;OUTPUT_DIR" "SOURCES;LIBS" ${ARGN})
+  set(target kolos_${P_NAME})
+  add_library(${target} MODULE ${P_SOURCES})
+  if(NOT P_OUTPUT_DIR)
+    set(P_OUTPUT_DIR ${KOLOS_PLUGIN_OUTPUT_DIR})
+  endif()
+  set_target_properties(${target} PROPERTIES
+    PREFIX "lib" OUTPUT_NAME kolos_${P_NAME}
+    LIBRARY_OUTPUT_DIRECTORY ${P_OUTPUT_DIR}
+    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+  target_link_libraries(${target} PRIVATE kolos_core ${P_LIBS})
+  if(P_TORCH_PCH)
+    kolos_reuse_torch_pch(${target})
+  endif()
+  if(NOT P_NO_INSTALL)
+    install(TARGETS ${target} LIBRARY DESTINATION ${KOLOS_PLUGIN_INSTALL_DIR})
+  endif()
+endfunction()

@@ -1,0 +1,106 @@
+// Plugin registry: finds, checks and loads strategy plugins by role and name.
+//
+// Search order: the TOML `[plugins] path` entries, then KOLOS_PLUGIN_PATH
+// (colon-separated), then the install's lib/kolos/plugins (found relative to
+// the running executable), then the build tree's plugin directory. The first
+// acceptable plugin of a name wins. A plugin whose ABI, kolos or LibTorch
+// version differs from the core's is refused with a message naming both
+// sides; a library that does not load or lacks `kolos_plugin_v1` is refused
+// with dlerror()'s words. Every object a plugin creates keeps its library
+// loaded (shared_ptr) for as long as it lives.
+#pragma once
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolos/config.h"
+#include "kolos/core/plugin_abi.h"
+
+namespace kolos {
+
+// The roles a run fills, each with one plugin (see docs/plugins.md).
+inline constexpr const char* kRoles[] = {"layers", "sequence", "pipeline",
+                                         "gradients", "memory", "planner"};
+
+struct PluginInfo {
+  std::string path;  // the .so file
+  std::string name;
+  std::string role;
+  uint32_t abi_version = 0;
+  std::string kolos_version;
+  std::string torch_version;
+  std::string compiler;
+  std::string description;
+  bool usable = false;
+  std::string refusal;  // why it cannot be used; empty when usable
+};
+
+class PluginLibrary;  // an open dlopen handle (RAII)
+
+class PluginRegistry {
+ public:
+  // `config_paths`: the TOML [plugins] path entries (searched first).
+  explicit PluginRegistry(std::vector<std::string> config_paths = {});
+
+  // The directories searched, in order.
+  const std::vector<std::string>& search_path() const { return search_path_; }
+
+  // Every libkolos_*.so found in the search path, usable or refused.
+  std::vector<PluginInfo> scan() const;
+
+  // Loads plugin `name` and checks it serves `role`; creates its object.
+  // Throws PluginError naming the directories searched and the plugins found
+  // (with refusals) when there is no usable plugin of that name.
+  template <typename Interface>
+  std::shared_ptr<Interface> create(const std::string& role, const std::string& name) const {
+    std::shared_ptr<void> object = create_object(role, name);
+    return std::shared_ptr<Interface>(object, static_cast<Interface*>(object.get()));
+  }
+
+  std::shared_ptr<void> create_object(const std::string& role, const std::string& name) const;
+
+  // Checks a descriptor against this core; returns "" when acceptable.
+  static std::string check_descriptor(const kolos_plugin_descriptor& descriptor);
+
+ private:
+  std::vector<std::string> search_path_;
+};
+
+namespace detail {
+inline void copy_error(char* buffer, size_t length, const char* message) {
+  if (buffer == nullptr || length == 0) return;
+  std::strncpy(buffer, message, length - 1);
+  buffer[length - 1] = '\0';
+}
+}  // namespace detail
+}  // namespace kolos
+
+// Defines the plugin's C entry point. `Impl` derives from `Interface`, the
+// role's C++ interface, and is default-constructible.
+#define KOLOS_DEFINE_PLUGIN(NAME, ROLE, Interface, Impl, DESCRIPTION)                    \
+  namespace {                                                                            \
+  void* kolos_plugin_create(char* error, size_t error_len) {                             \
+    try {                                                                                \
+      Interface* object = new Impl();                                                    \
+      return static_cast<void*>(object);                                                 \
+    } catch (const std::exception& e) {                                                  \
+      ::kolos::detail::copy_error(error, error_len, e.what());                           \
+    } catch (...) {                                                                      \
+      ::kolos::detail::copy_error(error, error_len, "unknown exception");                \
+    }                                                                                    \
+    return nullptr;                                                                      \
+  }                                                                                      \
+  void kolos_plugin_destroy(void* object) noexcept {                                     \
+    delete static_cast<Interface*>(object);                                              \
+  }                                                                                      \
+  const kolos_plugin_descriptor kolos_plugin_descriptor_{                                \
+      KOLOS_PLUGIN_ABI_VERSION, NAME, ROLE, KOLOS_VERSION, KOLOS_TORCH_VERSION,          \
+      KOLOS_COMPILER, DESCRIPTION, &kolos_plugin_create, &kolos_plugin_destroy};         \
+  }                                                                                      \
+  extern "C" __attribute__((visibility("default"))) const kolos_plugin_descriptor*       \
+  kolos_plugin_v1(void) {                                                                \
+    return &kolos_plugin_descriptor_;                                                    \
+  }

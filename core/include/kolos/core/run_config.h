@@ -1,0 +1,133 @@
+// RunConfig: a run described in TOML, parsed into typed structs.
+//
+// load_run_config() reads a TOML file, applies `--set a.b=value` overrides and
+// validates every key. Unknown keys, wrong types, out-of-range values and
+// impossible meshes throw kolos::ConfigError whose message names the file,
+// line, key, what was found and what would be valid ("did you mean" for
+// typos). Torch-free: this header is cheap to include.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kolos {
+
+struct ModelConfig {
+  std::string name = "gpt";  // a model from modules/
+  int64_t layers = 2;
+  int64_t hidden = 64;
+  int64_t heads = 4;
+  int64_t seq_len = 32;
+  int64_t vocab = 256;
+  int64_t mlp_ratio = 4;   // MLP hidden = mlp_ratio * hidden
+  double init_std = 0.02;  // normal init of linear/embedding weights
+};
+
+struct DataConfig {
+  std::string kind = "synthetic";  // "synthetic" | "tokens"
+  std::string path;                // tokens: file of little-endian token ids
+  std::string dtype = "uint16";    // tokens: "uint16" | "uint32"
+};
+
+struct OptimConfig {
+  std::string name = "adamw";
+  double lr = 1e-3;
+  double min_lr = 0.0;  // cosine decays to this
+  int64_t warmup_steps = 0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;  // global L2 norm; 0 disables
+};
+
+struct TrainConfig {
+  int64_t global_batch = 8;  // samples per optimizer step, all ranks together
+  int64_t micro_batch = 4;   // samples per forward/backward on one rank
+  int64_t steps = 20;
+  uint64_t seed = 1234;
+  std::string precision = "fp32";  // "fp32" | "bf16" | "fp16"
+};
+
+struct TensorParallelConfig {
+  int64_t size = 1;
+  std::string mode = "1d";  // "1d" | "2d" | "2.5d" | "3d"
+  int64_t depth = 1;        // 2.5d only
+};
+
+struct PipelineConfig {
+  int64_t size = 1;
+  std::string schedule = "1f1b";  // "gpipe" | "1f1b" | "interleaved" | "zb"
+  int64_t microbatches = 0;       // 0: derived from the batch
+  int64_t chunks = 1;
+};
+
+struct SequenceConfig {
+  int64_t size = 1;
+  std::string mode = "ulysses";  // "ulysses" | "ring" | "megatron"
+};
+
+struct ZeroConfig {
+  int64_t stage = 0;  // 0..3
+};
+
+struct ParallelConfig {
+  int64_t data = 0;  // 0: the world size divided by the other axes
+  TensorParallelConfig tensor;
+  PipelineConfig pipeline;
+  SequenceConfig sequence;
+  ZeroConfig zero;
+  int64_t bucket_mb = 25;  // gradient bucket size for dp, in MiB (fractions via bucket_kb)
+  int64_t bucket_kb = 0;   // if > 0, overrides bucket_mb
+};
+
+struct LogConfig {
+  std::string metrics;      // path of a JSON-lines metrics file; empty: none
+  int64_t every = 1;        // progress update every N steps
+  std::string progress = "auto";  // "auto" (bar on a TTY, lines otherwise) | "bar" | "lines" | "off"
+};
+
+struct PluginsConfig {
+  std::vector<std::string> path;               // searched first
+  std::map<std::string, std::string> by_role;  // role -> plugin name override
+};
+
+struct RunConfig {
+  std::string source;  // the file it was read from ("<string>" when parsed from text)
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  ParallelConfig parallel;
+  LogConfig log;
+  PluginsConfig plugins;
+};
+
+// Reads `path`, applies overrides of the form "section.key=value" (value in
+// TOML syntax; bare words are taken as strings), validates. Throws ConfigError.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// As load_run_config, from TOML text; `name` stands for the file in messages.
+RunConfig parse_run_config(const std::string& toml_text, const std::string& name,
+                           const std::vector<std::string>& overrides = {});
+
+// Mesh sizes implied by a config for `world_size` ranks, in mesh order
+// pp, dp, sp, tp. Throws ConfigError naming the sizes when they do not divide
+// the world (with the nearest valid world sizes / data sizes).
+struct MeshShape {
+  int64_t pp = 1, dp = 1, sp = 1, tp = 1;
+  int64_t size() const { return pp * dp * sp * tp; }
+};
+MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size);
+
+// Renders the effective configuration as TOML (for logs and checkpoints).
+std::string to_toml(const RunConfig& config);
+
+// Levenshtein-based suggestion: the candidate closest to `word`, or "" when
+// none is close enough. Used by every "did you mean" message.
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace kolos

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kolos needs to build, test and run.
+# Idempotent: prints nothing and touches nothing when all are present.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build ccache g++ make pkg-config
+  libtorch-dev libopenblas0-pthread
+  libopenmpi-dev openmpi-bin libucx-dev
+  libhdf5-openmpi-dev hdf5-tools
+  libboost-program-options-dev libtoml11-dev libhwloc-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch python3-h5py python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "kolos: installing ${#missing[@]} missing package(s): ${missing[*]}"
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "kolos: need root or sudo to install packages" >&2; exit 1; }
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq >/dev/null
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "kolos: packages installed"
