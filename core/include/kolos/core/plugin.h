@@ -49,11 +49,16 @@ class PluginRegistry {
   const std::vector<std::string>& search_path() const { return search_path_; }
 
   // Every libkolos_*.so found in the search path, usable or refused.
+  // Also refuses a library whose name an earlier usable one already took
+  // ("shadowed by ..."), so that exactly the usable entries are selectable.
   std::vector<PluginInfo> scan() const;
 
   // Loads plugin `name` and checks it serves `role`; creates its object.
   // Throws PluginError naming the directories searched and the plugins found
-  // (with refusals) when there is no usable plugin of that name.
+  // (with refusals) when there is no usable plugin of that name, naming both
+  // roles when the plugin serves another role, and carrying the plugin's own
+  // message when its create() fails. The object keeps its library loaded.
+  // Thread-safe.
   template <typename Interface>
   std::shared_ptr<Interface> create(const std::string& role, const std::string& name) const {
     std::shared_ptr<void> object = create_object(role, name);
@@ -66,8 +71,18 @@ class PluginRegistry {
   static std::string check_descriptor(const kolos_plugin_descriptor& descriptor);
 
  private:
+  struct Cache;  // acceptable libraries opened so far, by path (thread-safe)
+
   std::vector<std::string> search_path_;
+  // Shared so that a copied registry shares what is already open; usable
+  // libraries stay loaded while the registry (or an object they made) lives.
+  std::shared_ptr<Cache> cache_;
 };
+
+// Renders scan() results for `kolos plugins`: one row per library (name,
+// role, kolos and LibTorch versions, path), then its description, or
+// "refused: <why>" for one that cannot be used.
+std::string format_plugin_table(const std::vector<PluginInfo>& plugins);
 
 namespace detail {
 inline void copy_error(char* buffer, size_t length, const char* message) {
