@@ -1,1 +1,42 @@
-// (being written)
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "engine_detail.h"
+#include "kolos/core/error.h"
+
+namespace kolos::detail {
+
+std::string to_json(const StepMetrics& m) {
+  std::ostringstream out;
+  out.precision(9);
+  out << "{\"step\":" << m.step << ",\"loss\":" << m.loss << ",\"lr\":" << m.lr
+      << ",\"grad_norm\":" << m.grad_norm << ",\"step_time_s\":" << m.step_time_s
+      << ",\"tokens_per_s\":" << m.tokens_per_s << ",\"idle_fraction\":" << m.idle_fraction
+      << ",\"peak_rss_bytes\":" << m.peak_rss_bytes
+      << ",\"param_bytes\":" << m.memory.parameter_bytes
+      << ",\"grad_bytes\":" << m.memory.gradient_bytes
+      << ",\"optimizer_bytes\":" << m.memory.optimizer_bytes << "}";
+  return out.str();
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) {
+  if (path.empty()) return;
+  file_ = std::fopen(path.c_str(), "w");
+  if (file_ == nullptr) {
+    throw Error("log.metrics: cannot open `" + path + "` for writing: " + std::strerror(errno));
+  }
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void MetricsWriter::write(const StepMetrics& metrics) {
+  if (file_ == nullptr) return;
+  std::string line = to_json(metrics) + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
+}  // namespace kolos::detail

@@ -1,1 +1,94 @@
-// (being written)
+#include "kolos/core/model.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <unordered_set>
+
+#include "kolos/core/error.h"
+
+namespace kolos {
+
+void Model::add_block(const std::string& name, LayerPtr block) {
+  blocks_.emplace_back(name, register_module(name, std::move(block)));
+}
+
+at::Tensor Model::forward(const at::Tensor& input, size_t first, size_t last) {
+  last = std::min(last, blocks_.size());
+  at::Tensor x = input;
+  for (size_t i = first; i < last; ++i) x = blocks_[i].second->forward(x);
+  return x;
+}
+
+at::Tensor Model::loss(const at::Tensor& output, const at::Tensor& targets) const {
+  KOLOS_CHECK(static_cast<bool>(loss_), "the model has no loss function (Model::set_loss)");
+  return loss_(output, targets);
+}
+
+std::vector<PlacedParameter> Model::placed_parameters() const {
+  std::vector<PlacedParameter> out;
+  std::unordered_set<const void*> seen;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const auto& [block_name, block] = blocks_[b];
+    for (const auto& item : block->named_modules(block_name)) {
+      const std::string& prefix = item.key();
+      const auto* layer = dynamic_cast<const Layer*>(item.value().get());
+      for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+        if (!seen.insert(param.value().unsafeGetTensorImpl()).second) continue;
+        Placement placement;
+        if (layer != nullptr && layer->placements().count(param.key())) {
+          placement = layer->placements().at(param.key());
+        } else {
+          placement = Placement::replicated(param.value().sizes().vec());
+        }
+        out.push_back(PlacedParameter{prefix + "." + param.key(), param.value(),
+                                      std::move(placement), static_cast<int>(b)});
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, ModelBuilder>& registry() {
+  static std::map<std::string, ModelBuilder> r;
+  return r;
+}
+}  // namespace
+
+void register_model(const std::string& name, ModelBuilder builder) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry()[name] = std::move(builder);
+}
+
+std::vector<std::string> registered_models() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  std::vector<std::string> names;
+  for (const auto& [name, builder] : registry()) names.push_back(name);
+  return names;
+}
+
+std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory) {
+  ModelBuilder builder;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(config.name);
+    if (it != registry().end()) builder = it->second;
+  }
+  if (!builder) {
+    std::string known;
+    for (const auto& name : registered_models()) known += (known.empty() ? "" : ", ") + name;
+    std::string hint = closest_match(config.name, registered_models());
+    throw ConfigError("model.name: no model named `" + config.name + "`" +
+                      (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
+                      "; known models: " + (known.empty() ? "none" : known));
+  }
+  return builder(config, factory);
+}
+
+}  // namespace kolos

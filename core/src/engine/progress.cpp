@@ -1,1 +1,100 @@
-// (being written)
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "engine_detail.h"
+
+namespace kolos::detail {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  auto total = static_cast<int64_t>(seconds + 0.5);
+  char buffer[32];
+  if (total >= 3600) {
+    std::snprintf(buffer, sizeof buffer, "%lld:%02lld:%02lld", (long long)(total / 3600),
+                  (long long)(total / 60 % 60), (long long)(total % 60));
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%lld:%02lld", (long long)(total / 60),
+                  (long long)(total % 60));
+  }
+  return buffer;
+}
+
+std::string format_count(double value) {
+  char buffer[32];
+  if (value >= 1e9) {
+    std::snprintf(buffer, sizeof buffer, "%.2fG", value / 1e9);
+  } else if (value >= 1e6) {
+    std::snprintf(buffer, sizeof buffer, "%.2fM", value / 1e6);
+  } else if (value >= 1e3) {
+    std::snprintf(buffer, sizeof buffer, "%.1fk", value / 1e3);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.0f", value);
+  }
+  return buffer;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+  return buffer;
+}
+
+Progress::Progress(const std::string& mode, int64_t total_steps, int64_t every)
+    : mode_(mode), total_(total_steps), every_(std::max<int64_t>(1, every)) {
+  if (mode_ == "auto") mode_ = isatty(STDERR_FILENO) ? "bar" : "lines";
+}
+
+std::string Progress::render(const StepMetrics& m, bool bar) const {
+  std::ostringstream out;
+  const int width = static_cast<int>(std::to_string(total_).size());
+  char head[64];
+  std::snprintf(head, sizeof head, "step %*lld/%lld", width, (long long)m.step, (long long)total_);
+  out << head;
+  if (bar) {
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(kWidth * m.step / std::max<int64_t>(1, total_));
+    out << " [" << std::string(filled, '#') << std::string(kWidth - filled, '.') << ']';
+  }
+  char body[160];
+  const double eta = seen_ > 0 ? elapsed_ / seen_ * (total_ - m.step) : 0.0;
+  std::snprintf(body, sizeof body, " loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | ETA %s",
+                m.loss, m.lr, m.grad_norm, format_count(m.tokens_per_s).c_str(),
+                format_duration(eta).c_str());
+  out << body;
+  if (m.idle_fraction > 0) {
+    char idle[32];
+    std::snprintf(idle, sizeof idle, " | idle %.0f%%", 100 * m.idle_fraction);
+    out << idle;
+  }
+  return out.str();
+}
+
+void Progress::update(const StepMetrics& m) {
+  ++seen_;
+  elapsed_ += m.step_time_s;
+  if (mode_ == "off") return;
+  if (mode_ == "bar") {
+    std::fprintf(stderr, "\r\033[K%s", render(m, true).c_str());
+    drawn_ = true;
+  } else if (m.step % every_ == 0 || m.step == total_ || m.step == 1) {
+    std::fprintf(stderr, "%s\n", render(m, false).c_str());
+  }
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (drawn_) std::fprintf(stderr, "\n");
+  drawn_ = false;
+  std::fflush(stderr);
+}
+
+}  // namespace kolos::detail

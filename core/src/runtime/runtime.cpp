@@ -1,1 +1,151 @@
-// (being written)
+#include "kolos/core/runtime.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kolos/core/error.h"
+
+namespace kolos {
+namespace {
+
+int mpi_check(int code, const char* what) {
+  if (code != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(code, text, &length);
+    throw CommError(std::string(what) + " failed: " + std::string(text, length));
+  }
+  return code;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// OpenBLAS sizes its pool at load time from OPENBLAS_NUM_THREADS; when that
+// is unset, resize it here so ranks sharing a node do not oversubscribe it.
+void set_blas_threads(int threads) {
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    fn(threads);
+  }
+}
+
+}  // namespace
+
+Runtime::Runtime(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    finalize_ = true;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      std::fprintf(stderr,
+                   "kolos: error: this MPI does not provide MPI_THREAD_MULTIPLE (level %d), which "
+                   "the communication threads need\n",
+                   provided);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &info_.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &info_.size);
+  MPI_Comm local;
+  mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info_.rank, MPI_INFO_NULL,
+                                &local),
+            "MPI_Comm_split_type");
+  MPI_Comm_rank(local, &info_.local_rank);
+  MPI_Comm_size(local, &info_.local_size);
+  MPI_Comm_free(&local);
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int length = 0;
+  MPI_Get_processor_name(host, &length);
+  info_.host.assign(host, length);
+  detail::set_current_rank(info_.size > 1 ? info_.rank : -1);
+
+  threads_ = std::max(1, usable_cores() / std::max(1, info_.local_size));
+  if (const char* env = std::getenv("KOLOS_THREADS")) {
+    char* end = nullptr;
+    long value = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && value >= 1) threads_ = static_cast<int>(value);
+  }
+  at::set_num_threads(threads_);
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) set_blas_threads(threads_);
+}
+
+Runtime::~Runtime() {
+  if (!finalize_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void report_error(const std::exception& error, const RankInfo* where) {
+  const char* kind = "error";
+  if (auto* e = dynamic_cast<const Error*>(&error)) kind = to_string(e->kind());
+  if (where != nullptr && where->size > 1) {
+    std::fprintf(stderr, "kolos: %s on rank %d (%s): %s\n", kind, where->rank, where->host.c_str(),
+                 error.what());
+  } else {
+    std::fprintf(stderr, "kolos: %s: %s\n", kind, error.what());
+  }
+  std::fflush(stderr);
+}
+
+namespace detail {
+
+void agree_on_error(MPI_Comm comm, const std::string& error_or_empty, int error_kind) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int mine = error_or_empty.empty() ? size : rank;
+  int first = size;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == size) return;
+  // The first failing rank tells the others its kind and message.
+  int header[2] = {error_kind, static_cast<int>(error_or_empty.size())};
+  MPI_Bcast(header, 2, MPI_INT, first, comm);
+  std::string message = rank == first ? error_or_empty : std::string(header[1], '\0');
+  MPI_Bcast(message.data(), header[1], MPI_CHAR, first, comm);
+  throw AgreedError(std::move(message), static_cast<ErrorKind>(header[0]), first);
+}
+
+}  // namespace detail
+
+int run_guarded(const Runtime& runtime, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const AgreedError& error) {
+    if (runtime.rank() == 0) {
+      if (runtime.size() > 1 && error.origin() != 0) {
+        std::fprintf(stderr, "kolos: %s (rank %d): %s\n", to_string(error.kind()), error.origin(),
+                     error.what());
+      } else {
+        std::fprintf(stderr, "kolos: %s: %s\n", to_string(error.kind()), error.what());
+      }
+      std::fflush(stderr);
+    }
+    return 2;
+  } catch (const std::exception& error) {
+    report_error(error, &runtime.info());
+  } catch (...) {
+    std::fprintf(stderr, "kolos: unknown exception on rank %d\n", runtime.rank());
+  }
+  if (runtime.size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  return 1;
+}
+
+}  // namespace kolos

@@ -13,20 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "kolos/core/data_source.h"
 #include "kolos/core/run_config.h"
 
 namespace kolos::data {
 
-class TokenSource {
- public:
-  virtual ~TokenSource() = default;
-  virtual int64_t seq_len() const = 0;
-  // Fills out[0 .. seq_len] (seq_len + 1 ids, each < vocab) with sample `index`
-  // (any index >= 0; sources wrap around, reshuffling per epoch).
-  virtual void sample(int64_t index, int64_t* out) const = 0;
-  // One line for logs: kind, path, tokens, samples per epoch.
-  virtual std::string describe() const = 0;
-};
+// TokenSource is declared in kolos/core/data_source.h (the engine reads it).
 
 // Synthetic, learnable sequences: each sample is an arithmetic progression
 // modulo the vocabulary with a start and stride drawn from (seed, index), so

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 
 #include "kolos/core/comm/process_group.h"
@@ -13,6 +14,22 @@ namespace kolos::comm {
 // destruction, which must happen before MPI_Finalize; the Runtime sees to
 // that) and starts the group's communication thread on first use.
 // Requires MPI initialised with MPI_THREAD_MULTIPLE.
+//
+// Collective over `comm` (it calls MPI_Comm_dup): every rank of `comm` must
+// create the group, in the same order relative to other groups over `comm`.
+// Throws kolos::CommError when MPI is not initialised with
+// MPI_THREAD_MULTIPLE or the duplication fails.
 ProcessGroupPtr make_mpi_process_group(MPI_Comm comm, std::string name);
+
+namespace detail {
+// Largest element count passed to one MPI call; INT_MAX (MPI counts are int)
+// unless lowered. all_reduce, broadcast, send and recv split larger tensors
+// into several MPI calls; all_gather, reduce_scatter and all_to_all reject
+// them (their displacements are int too). Tests lower the limit to exercise
+// the splitting with small tensors. Set it to the same value on every rank,
+// with no operation in flight. Returns the previous limit; values < 1 or
+// > INT_MAX are clamped.
+int64_t set_max_mpi_count(int64_t count);
+}  // namespace detail
 
 }  // namespace kolos::comm

@@ -1,0 +1,62 @@
+// The "gradients + optimizer" role: how gradients are reduced and where the
+// optimizer states live (plugins dp, zero1, zero2, zero3).
+//
+// The engine drives one optimizer step as:
+//   zero_grad()
+//   for each micro-batch m of M:  prepare_backward(m == M-1); forward; backward
+//   finish_backward()            // every reduction complete
+//   pieces = grad_pieces()       // norms, clipping (engine scales in place)
+//   step(lr)
+// A strategy must not communicate on accumulation micro-batches except what
+// its sharding needs, and must enqueue its collectives in the same order on
+// every rank of a group.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolos/core/model.h"
+
+namespace kolos {
+
+class DeviceMesh;
+
+struct GradPiece {
+  at::Tensor grad;  // this rank's piece (reduced), may be padded with zeros
+  Placement placement;
+};
+
+struct MemoryStats {
+  int64_t parameter_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
+};
+
+class GradientStrategy {
+ public:
+  virtual ~GradientStrategy() = default;
+  virtual std::string name() const = 0;
+  virtual void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) = 0;
+  virtual void zero_grad() = 0;
+  // `sync`: this is the last micro-batch of the step; reduce its gradients.
+  virtual void prepare_backward(bool sync) = 0;
+  virtual void finish_backward() = 0;
+  virtual std::vector<GradPiece> grad_pieces() = 0;
+  virtual void step(double lr) = 0;
+  virtual MemoryStats memory() const = 0;
+};
+
+// Global L2 norm of gradient pieces: each piece's squares are summed over
+// the mesh axes its placement says are sharded, replicas counted once.
+double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh);
+
+// The AdamW options of a run, as LibTorch's AdamW takes them.
+struct AdamWSettings {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+};
+AdamWSettings adamw_settings(const OptimConfig& config);
+
+}  // namespace kolos

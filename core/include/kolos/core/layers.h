@@ -1,0 +1,103 @@
+// Layers and the layer factory: the "layers" role.
+//
+// Models in modules/ are written once against LayerFactory: they ask it for
+// a linear layer of a given role, an embedding, a norm, attention and MLP
+// blocks, the tied LM head and the loss. The serial factory (built into the
+// core) returns plain dense layers; tensor-parallel plugins return layers
+// whose weights are slices of the global weights, with a Placement naming
+// each slice. So one model definition runs under every layers plugin.
+//
+// Weights are initialised from LibTorch's default generator in creation
+// order, as the serial model would be, so every plugin can start from the
+// same global weights (a parallel factory draws the global weight and keeps
+// its slice).
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kolos/core/placement.h"
+#include "kolos/core/run_config.h"
+
+namespace kolos {
+
+class DeviceMesh;
+
+// A module built by a LayerFactory: one tensor in, one tensor out, and a
+// Placement for each parameter registered directly on it. Parameters a Layer
+// registers without a placement are whole and replicated.
+class Layer : public torch::nn::Module {
+ public:
+  using torch::nn::Module::Module;
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  const std::map<std::string, Placement>& placements() const { return placements_; }
+
+ protected:
+  // register_parameter + its placement (local shape must match).
+  at::Tensor register_placed(const std::string& name, at::Tensor tensor, Placement placement);
+
+ private:
+  std::map<std::string, Placement> placements_;
+};
+using LayerPtr = std::shared_ptr<Layer>;
+
+// Column: output features split across tensor-parallel ranks; row: input
+// features split (its output reduced); replicated: whole on every rank.
+enum class LinearRole { kColumn, kRow, kReplicated };
+
+struct LinearSpec {
+  int64_t in = 0;
+  int64_t out = 0;
+  bool bias = true;
+  LinearRole role = LinearRole::kReplicated;
+  double init_std = 0.02;  // weight ~ N(0, init_std), bias = 0
+};
+
+struct AttentionSpec {
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  double init_std = 0.02;
+  double out_init_std = 0.02;  // output projection (scaled for residual depth)
+};
+
+struct MlpSpec {
+  int64_t hidden = 0;
+  int64_t inner = 0;
+  double init_std = 0.02;
+  double out_init_std = 0.02;
+};
+
+class LayerFactory {
+ public:
+  virtual ~LayerFactory() = default;
+  virtual std::string name() const = 0;
+  // Called once before any layer is made.
+  virtual void setup(const DeviceMesh& mesh, const RunConfig& config);
+
+  virtual LayerPtr linear(const LinearSpec& spec);
+  virtual LayerPtr embedding(int64_t num, int64_t dim, double init_std);
+  virtual LayerPtr layer_norm(int64_t dim, double eps = 1e-5);
+  // Causal self-attention over [batch, seq, hidden] (q/k/v/o projections from
+  // linear() with column/row roles and heads split as local_heads() says).
+  virtual LayerPtr attention(const AttentionSpec& spec);
+  // GELU MLP: up (column) -> gelu -> down (row).
+  virtual LayerPtr mlp(const MlpSpec& spec);
+  // Logits of `hidden` against the embedding's weight (tied LM head). May be
+  // a slice of the vocabulary under tensor parallelism; loss() knows.
+  virtual at::Tensor tied_logits(const at::Tensor& hidden, Layer& embedding);
+  // Mean cross entropy of logits [.., vocab(local)] against targets [..].
+  virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
+  // Attention heads held by this rank.
+  virtual int64_t local_heads(int64_t heads) const { return heads; }
+
+ protected:
+  const DeviceMesh* mesh_ = nullptr;
+};
+
+// The built-in serial factory (the default of the "layers" role).
+std::shared_ptr<LayerFactory> make_serial_layer_factory();
+
+}  // namespace kolos

@@ -1,0 +1,56 @@
+// Model: an ordered list of blocks, each a Layer, plus a loss.
+//
+// The pipeline role cuts the list into stages, ZeRO-3 gathers parameters
+// block by block, activation checkpointing wraps blocks. A user's own model
+// joins by being expressed the same way (see docs/models.md). Models are
+// registered by name so that `[model] name` picks one.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kolos/core/layers.h"
+
+namespace kolos {
+
+struct PlacedParameter {
+  std::string name;  // e.g. "h.0.attn.q_proj.weight"
+  at::Tensor tensor;
+  Placement placement;
+  int block = 0;  // index of the block that owns it
+};
+
+class Model : public torch::nn::Module {
+ public:
+  using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
+
+  void add_block(const std::string& name, LayerPtr block);
+  void set_loss(LossFn loss) { loss_ = std::move(loss); }
+
+  const std::vector<std::pair<std::string, LayerPtr>>& blocks() const { return blocks_; }
+  // Runs blocks [first, last) in order.
+  at::Tensor forward(const at::Tensor& input, size_t first = 0, size_t last = SIZE_MAX);
+  at::Tensor loss(const at::Tensor& output, const at::Tensor& targets) const;
+
+  // Every parameter once, in registration order, with its placement
+  // (parameters without one are whole and replicated).
+  std::vector<PlacedParameter> placed_parameters() const;
+
+ private:
+  std::vector<std::pair<std::string, LayerPtr>> blocks_;
+  LossFn loss_;
+};
+
+using ModelBuilder =
+    std::function<std::shared_ptr<Model>(const ModelConfig& config, LayerFactory& factory)>;
+
+// Registers a model under `name` (the modules library registers "gpt").
+void register_model(const std::string& name, ModelBuilder builder);
+// Builds `[model] name`; ConfigError listing the known models otherwise.
+std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory);
+std::vector<std::string> registered_models();
+
+}  // namespace kolos

@@ -1,0 +1,82 @@
+// Runtime: the MPI bootstrap of one rank.
+//
+// One Runtime per process, created first in main() and destroyed last: it
+// initialises MPI with MPI_THREAD_MULTIPLE (communication threads need it),
+// learns the rank, size, node-local rank/size and host, sizes LibTorch and
+// BLAS threads to the cores each node-local rank may use, and calls
+// MPI_Finalize in its destructor. Everything that owns an MPI communicator
+// (meshes, process groups, engines) must be destroyed before it: keep them in
+// an inner scope.
+#pragma once
+
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+
+#include "kolos/core/error.h"
+
+namespace kolos {
+
+struct RankInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;  // among the ranks of this node
+  int local_size = 1;
+  std::string host;
+};
+
+class Runtime {
+ public:
+  Runtime(int* argc, char*** argv);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const RankInfo& info() const { return info_; }
+  int rank() const { return info_.rank; }
+  int size() const { return info_.size; }
+  MPI_Comm world() const { return MPI_COMM_WORLD; }
+  // Threads this rank gives LibTorch/BLAS (cores of the node / local ranks,
+  // or KOLOS_THREADS).
+  int threads() const { return threads_; }
+
+ private:
+  RankInfo info_;
+  int threads_ = 1;
+  bool finalize_ = false;
+};
+
+// An error that every rank of a communicator agreed on (see
+// agree_on_error): the same message on every rank, raised by `origin`.
+class AgreedError : public Error {
+ public:
+  AgreedError(std::string message, ErrorKind kind, int origin)
+      : Error(std::move(message), kind), origin_(origin) {}
+  int origin() const { return origin_; }
+
+ private:
+  int origin_;
+};
+
+// Runs `body` with every exception turned into a clear end of the whole job:
+// - An AgreedError (raised identically on every rank during set-up: a bad
+//   config, a missing plugin, bad data) is printed once, by rank 0, and every
+//   rank returns exit code 2 after an orderly MPI_Finalize.
+// - Any other exception, on any rank, ends the whole job at once with
+//   MPI_Abort after printing "kolos: <kind> on rank R (host): message", so no
+//   rank is left waiting in a collective.
+// Returns body's exit code.
+int run_guarded(const Runtime& runtime, const std::function<int()>& body);
+
+namespace detail {
+// Agreement step, collective over `comm`: each rank passes its own error
+// message ("" when it succeeded). If any rank failed, every rank throws an
+// AgreedError carrying the message and kind of the lowest failing rank.
+void agree_on_error(MPI_Comm comm, const std::string& error_or_empty, int error_kind);
+}  // namespace detail
+
+// Prints "kolos: <kind>[ on rank R (host)]: message" to stderr.
+void report_error(const std::exception& error, const RankInfo* where);
+
+}  // namespace kolos

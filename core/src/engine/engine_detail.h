@@ -1,0 +1,47 @@
+// Private to the engine: the metrics file and the progress display.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "kolos/core/engine.h"
+#include "kolos/core/format.h"
+
+namespace kolos::detail {
+
+// One JSON object per line per step. Empty path: writes nothing. Flushed
+// after every line so a killed run keeps what it measured.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const StepMetrics& metrics);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+std::string to_json(const StepMetrics& metrics);
+
+// "bar": a redrawn bar on stderr; "lines": one line every `every` steps;
+// "auto": bar when stderr is a terminal, lines otherwise; "off".
+class Progress {
+ public:
+  Progress(const std::string& mode, int64_t total_steps, int64_t every);
+  void update(const StepMetrics& metrics);
+  void finish();
+
+ private:
+  std::string render(const StepMetrics& metrics, bool bar) const;
+  std::string mode_;
+  int64_t total_;
+  int64_t every_;
+  int64_t seen_ = 0;
+  double elapsed_ = 0.0;
+  bool drawn_ = false;
+};
+
+}  // namespace kolos::detail

@@ -1,0 +1,231 @@
+// The `kolos` command line.
+//
+//   kolos train CONFIG [--set k=v ...]      one rank's part of a job (mpirun/srun start it)
+//   kolos run -n N CONFIG [--set k=v ...]   N local ranks through mpirun
+//   kolos plugins [--path DIR ...]          plugins found, their role and versions
+//   kolos data prepare FILE... -o OUT       byte-level token file from text
+//   kolos version
+#include <mpi.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kolos/config.h"
+#include "kolos/core/engine.h"
+#include "kolos/core/error.h"
+#include "kolos/core/format.h"
+#include "kolos/core/plugin.h"
+#include "kolos/core/run_config.h"
+#include "kolos/core/runtime.h"
+#include "kolos/modules/data.h"
+#include "kolos/modules/gpt.h"
+#include "launch.h"
+
+namespace po = boost::program_options;
+
+namespace kolos::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: kolos <command> [options]
+
+commands:
+  train CONFIG [--set key=value ...]     train; one rank's part of a job (run under mpirun/srun)
+  run -n N CONFIG [--set key=value ...]  launch N local ranks of `kolos train` through mpirun
+  plugins [--path DIR ...]               list the plugins found, their role, versions, refusals
+  data prepare FILE... -o OUT            write a byte-level token file for [data] kind = "tokens"
+  version                                versions of kolos and what it was built with
+
+`kolos <command> --help` describes each command.
+)";
+
+struct Parsed {
+  po::variables_map vm;
+  bool help = false;
+};
+
+Parsed parse(const std::string& command, const std::vector<std::string>& args,
+             const po::options_description& options,
+             const po::positional_options_description& positional, const char* synopsis) {
+  po::options_description all = options;
+  all.add_options()("help,h", "show this help");
+  Parsed parsed;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(positional).run(), parsed.vm);
+    if (parsed.vm.count("help")) {
+      std::cout << "usage: kolos " << command << " " << synopsis << "\n\n" << all << "\n";
+      parsed.help = true;
+      return parsed;
+    }
+    po::notify(parsed.vm);
+  } catch (const po::error& e) {
+    throw UsageError("kolos " + command + ": " + e.what() + " (see `kolos " + command +
+                     " --help`)");
+  }
+  return parsed;
+}
+
+std::string format_summary(const TrainSummary& s, const Engine& engine) {
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "kolos: done: %lld steps in %.1f s | loss %.4f -> %.4f | %s tokens/s | peak RSS "
+                "%s per rank | mesh %s | gradients %s",
+                (long long)s.steps, s.seconds, s.first_loss, s.final_loss,
+                detail::format_count(s.tokens_per_s).c_str(),
+                detail::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str(),
+                engine.mesh().layout().describe().c_str(), engine.roles().gradients.c_str());
+  return line;
+}
+
+int train(const std::vector<std::string>& args, int argc, char** argv) {
+  po::options_description options("options");
+  std::vector<std::string> overrides;
+  std::string config_path;
+  options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
+      "set", po::value(&overrides)->composing(), "override a key: --set train.steps=100");
+  po::positional_options_description positional;
+  positional.add("config", 1);
+  Parsed parsed = parse("train", args, options, positional, "CONFIG [--set key=value ...]");
+  if (parsed.help) return 0;
+
+  Runtime runtime(&argc, &argv);
+  return run_guarded(runtime, [&] {
+    modules::register_builtin_models();
+    RunConfig config;
+    std::string error;
+    int kind = 0;
+    try {
+      config = load_run_config(config_path, overrides);
+    } catch (const Error& e) {
+      error = e.what();
+      kind = static_cast<int>(e.kind());
+    }
+    detail::agree_on_error(runtime.world(), error, kind);
+    Engine engine(config, runtime.world(),
+                  [](const RunConfig& c) { return data::make_source(c); });
+    if (runtime.rank() == 0) {
+      std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());
+    }
+    TrainSummary summary = engine.train();
+    if (runtime.rank() == 0) std::fprintf(stderr, "%s\n", format_summary(summary, engine).c_str());
+    return 0;
+  });
+}
+
+int run(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  LaunchOptions launch;
+  options.add_options()("np,n", po::value(&launch.ranks)->required(), "number of ranks")(
+      "config", po::value(&launch.config)->required(), "the run's TOML file")(
+      "set", po::value(&launch.overrides)->composing(), "override a key: --set train.steps=100")(
+      "mpirun", po::value(&launch.mpirun)->default_value(KOLOS_MPIEXEC), "mpirun to use")(
+      "no-ucx", po::bool_switch(&launch.no_ucx), "do not select MPI's UCX transport")(
+      "dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command, run nothing");
+  po::positional_options_description positional;
+  positional.add("config", 1);
+  Parsed parsed = parse("run", args, options, positional, "-n N CONFIG [--set key=value ...]");
+  if (parsed.help) return 0;
+  // Check the config here, so a typo fails before any rank starts.
+  load_run_config(launch.config, launch.overrides);
+  return exec_mpirun(launch);
+}
+
+int plugins(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  std::vector<std::string> paths;
+  options.add_options()("path", po::value(&paths)->composing(),
+                        "a directory to search first (repeatable)");
+  Parsed parsed = parse("plugins", args, options, {}, "[--path DIR ...]");
+  if (parsed.help) return 0;
+  PluginRegistry registry(paths);
+  std::cout << "searched:";
+  for (const auto& dir : registry.search_path()) std::cout << ' ' << dir;
+  std::cout << "\n\n" << format_plugin_table(registry.scan());
+  return 0;
+}
+
+int data_command(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "prepare") {
+    if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+      std::cout << "usage: kolos data prepare FILE... -o OUT\n";
+      return 0;
+    }
+    throw UsageError("kolos data: expected `kolos data prepare FILE... -o OUT`");
+  }
+  po::options_description options("options");
+  std::vector<std::string> inputs;
+  std::string output;
+  options.add_options()("input", po::value(&inputs)->required(), "text files to tokenise")(
+      "output,o", po::value(&output)->required(), "token file to write (uint16, vocab 256)");
+  po::positional_options_description positional;
+  positional.add("input", -1);
+  Parsed parsed = parse("data prepare", {args.begin() + 1, args.end()}, options, positional,
+                        "FILE... -o OUT");
+  if (parsed.help) return 0;
+  int64_t tokens = data::prepare_byte_tokens(inputs, output);
+  std::cout << "kolos: wrote " << tokens << " tokens (uint16, vocab 256) to " << output << "\n";
+  return 0;
+}
+
+int version(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  Parsed parsed = parse("version", args, options, {}, "");
+  if (parsed.help) return 0;
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(mpi, &length);
+  std::string mpi_line(mpi, length);
+  mpi_line = mpi_line.substr(0, mpi_line.find_first_of("\n,"));
+  std::cout << "kolos " << KOLOS_VERSION << " (" << KOLOS_BUILD_TYPE << ")\n"
+            << "  LibTorch  " << KOLOS_TORCH_VERSION << "\n"
+            << "  compiler  " << KOLOS_COMPILER << "\n"
+            << "  MPI       " << mpi_line << "\n"
+            << "  plugin ABI " << KOLOS_PLUGIN_ABI_VERSION << "\n"
+            << "  CUDA " << (KOLOS_CUDA_ENABLED ? "on" : "off") << ", NCCL "
+            << (KOLOS_WITH_NCCL ? "on" : "off") << ", UCX " << (KOLOS_WITH_UCX ? "on" : "off")
+            << "\n";
+  return 0;
+}
+
+int dispatch(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (command == "--version") return version({});
+  if (command == "train") return train(args, argc, argv);
+  if (command == "run") return run(args);
+  if (command == "plugins") return plugins(args);
+  if (command == "data") return data_command(args);
+  if (command == "version") return version(args);
+  std::string hint = closest_match(command, {"train", "run", "plugins", "data", "version"});
+  throw UsageError("unknown command `" + command + "`" +
+                   (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
+                   "; see `kolos --help`");
+}
+
+}  // namespace
+}  // namespace kolos::cli
+
+int main(int argc, char** argv) {
+  try {
+    return kolos::cli::dispatch(argc, argv);
+  } catch (const kolos::Error& e) {
+    std::fprintf(stderr, "kolos: %s: %s\n", kolos::to_string(e.kind()), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kolos: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,29 @@
+// `kolos run`: N local ranks of `kolos train` through mpirun, with the flags
+// these machines need (see docs/launching.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kolos::cli {
+
+struct LaunchOptions {
+  int ranks = 0;
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string mpirun;
+  std::string kolos;  // the kolos executable to start; empty: this one
+  bool no_ucx = false;
+  bool dry_run = false;
+  int cores = 0;      // 0: the cores this process may use
+  bool root = false;  // set from the effective uid when building for real
+};
+
+// The argv of the mpirun command. Throws UsageError when ranks < 1.
+std::vector<std::string> mpirun_command(const LaunchOptions& options);
+
+// Builds the command and replaces this process with it (or prints it for a
+// dry run). Returns only on failure or dry run.
+int exec_mpirun(LaunchOptions options);
+
+}  // namespace kolos::cli

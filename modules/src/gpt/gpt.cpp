@@ -1,0 +1,87 @@
+#include "kolos/modules/gpt.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "kolos/core/error.h"
+
+namespace kolos::modules {
+namespace {
+
+class GptEmbedding : public Layer {
+ public:
+  GptEmbedding(LayerFactory& factory, const ModelConfig& c) {
+    wte_ = register_module("wte", factory.embedding(c.vocab, c.hidden, c.init_std));
+    wpe_ = register_module("wpe", factory.embedding(c.seq_len, c.hidden, c.init_std));
+  }
+  at::Tensor forward(const at::Tensor& tokens) override {
+    at::Tensor positions = torch::arange(tokens.size(1), torch::kInt64);
+    return wte_->forward(tokens) + wpe_->forward(positions).unsqueeze(0);
+  }
+  const LayerPtr& token_embedding() const { return wte_; }
+
+ private:
+  LayerPtr wte_, wpe_;
+};
+
+class GptBlock : public Layer {
+ public:
+  GptBlock(LayerFactory& factory, const ModelConfig& c) {
+    // GPT-2: residual output projections scaled by 1/sqrt(2 * layers).
+    const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+    ln_1_ = register_module("ln_1", factory.layer_norm(c.hidden));
+    attn_ = register_module("attn",
+                            factory.attention(AttentionSpec{c.hidden, c.heads, c.init_std, out_std}));
+    ln_2_ = register_module("ln_2", factory.layer_norm(c.hidden));
+    mlp_ = register_module(
+        "mlp", factory.mlp(MlpSpec{c.hidden, c.mlp_ratio * c.hidden, c.init_std, out_std}));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor h = x + attn_->forward(ln_1_->forward(x));
+    return h + mlp_->forward(ln_2_->forward(h));
+  }
+
+ private:
+  LayerPtr ln_1_, attn_, ln_2_, mlp_;
+};
+
+// Final norm and the LM head tied to the token embedding: the embedding is
+// held, not registered, so its weight is one parameter of the "embed" block.
+class GptHead : public Layer {
+ public:
+  GptHead(LayerFactory& factory, const ModelConfig& c, LayerPtr token_embedding)
+      : factory_(&factory), wte_(std::move(token_embedding)) {
+    ln_f_ = register_module("ln_f", factory.layer_norm(c.hidden));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    return factory_->tied_logits(ln_f_->forward(x), *wte_);
+  }
+
+ private:
+  LayerFactory* factory_;
+  LayerPtr wte_;
+  LayerPtr ln_f_;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> build_gpt(const ModelConfig& c, LayerFactory& factory) {
+  KOLOS_CHECK_KIND(kConfig, c.hidden % c.heads == 0, "model.hidden = ", c.hidden,
+                   " is not divisible by model.heads = ", c.heads);
+  auto model = std::make_shared<Model>();
+  auto embed = std::make_shared<GptEmbedding>(factory, c);
+  model->add_block("embed", embed);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    model->add_block("h." + std::to_string(i), std::make_shared<GptBlock>(factory, c));
+  }
+  model->add_block("head", std::make_shared<GptHead>(factory, c, embed->token_embedding()));
+  model->set_loss([&factory](const at::Tensor& logits, const at::Tensor& targets) {
+    return factory.loss(logits, targets);
+  });
+  return model;
+}
+
+void register_builtin_models() { register_model("gpt", &build_gpt); }
+
+}  // namespace kolos::modules
