@@ -1,0 +1,624 @@
+// RunConfig: parsing, defaults, shorthands, overrides, error messages, mesh
+// resolution, closest_match and the to_toml round trip.
+//
+// Error tests check the message, not just the exception type: a config error
+// is only useful if it says where, which key, what was found and what would be
+// valid.
+#include "kolos/core/run_config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kolos/core/error.h"
+
+namespace kolos {
+namespace {
+
+constexpr const char* kName = "run.toml";
+
+// The message of the ConfigError that `fn` throws; fails the test if it
+// throws nothing or something else.
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected ConfigError, got: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected ConfigError, nothing was thrown";
+  return "";
+}
+
+std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return error_of([&] { parse_run_config(text, kName, overrides); });
+}
+
+// Every one of `parts` occurs in `message`.
+::testing::AssertionResult has_all(const std::string& message,
+                                   const std::vector<std::string>& parts) {
+  for (const auto& part : parts) {
+    if (message.find(part) == std::string::npos) {
+      return ::testing::AssertionFailure() << "missing `" << part << "` in:\n" << message;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(RunConfigDefaults, EmptyTextGivesTheHeaderDefaults) {
+  const RunConfig c = parse_run_config("", "<string>");
+  const RunConfig d;
+  EXPECT_EQ(c.source, "<string>");
+  EXPECT_EQ(c.model.name, d.model.name);
+  EXPECT_EQ(c.model.layers, 2);
+  EXPECT_EQ(c.model.hidden, 64);
+  EXPECT_EQ(c.model.heads, 4);
+  EXPECT_DOUBLE_EQ(c.model.init_std, 0.02);
+  EXPECT_EQ(c.data.kind, "synthetic");
+  EXPECT_EQ(c.data.dtype, "uint16");
+  EXPECT_EQ(c.optim.name, "adamw");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optim.beta2, 0.95);
+  EXPECT_EQ(c.train.global_batch, 8);
+  EXPECT_EQ(c.train.micro_batch, 4);
+  EXPECT_EQ(c.train.seed, 1234u);
+  EXPECT_EQ(c.train.precision, "fp32");
+  EXPECT_EQ(c.parallel.data, 0);
+  EXPECT_EQ(c.parallel.tensor.size, 1);
+  EXPECT_EQ(c.parallel.tensor.mode, "1d");
+  EXPECT_EQ(c.parallel.pipeline.schedule, "1f1b");
+  EXPECT_EQ(c.parallel.sequence.mode, "ulysses");
+  EXPECT_EQ(c.parallel.zero.stage, 0);
+  EXPECT_EQ(c.parallel.bucket_mb, 25);
+  EXPECT_EQ(c.log.progress, "auto");
+  EXPECT_EQ(c.log.every, 1);
+  EXPECT_TRUE(c.plugins.path.empty());
+  EXPECT_TRUE(c.plugins.by_role.empty());
+}
+
+constexpr const char* kFullConfig = R"(# every section
+[model]
+name = "gpt"
+layers = 12
+hidden = 768
+heads = 12
+seq_len = 1024
+vocab = 50304
+mlp_ratio = 4
+init_std = 0.01
+
+[data]
+kind = "tokens"
+path = "data/train.bin"
+dtype = "uint16"
+
+[optim]
+name = "adamw"
+lr = 3e-4
+min_lr = 3e-5
+warmup_steps = 100
+beta1 = 0.9
+beta2 = 0.95
+eps = 1e-8
+weight_decay = 0.1
+grad_clip = 1
+
+[train]
+global_batch = 64
+micro_batch = 4
+steps = 1000
+seed = 7
+precision = "bf16"
+
+[parallel]
+data = 2
+tensor = { size = 4, mode = "2d" }
+pipeline = { size = 2, schedule = "interleaved", microbatches = 8, chunks = 2 }
+sequence = { size = 1, mode = "ring" }
+zero = { stage = 2 }
+bucket_mb = 50
+bucket_kb = 512
+
+[log]
+metrics = "metrics.jsonl"
+every = 10
+progress = "lines"
+
+[plugins]
+path = ["build/plugins", "/opt/kolos/plugins"]
+layers = "tp2d"
+gradients = "zero2"
+)";
+
+TEST(RunConfigParse, ReadsEveryKey) {
+  const RunConfig c = parse_run_config(kFullConfig, kName);
+  EXPECT_EQ(c.source, kName);
+  EXPECT_EQ(c.model.layers, 12);
+  EXPECT_EQ(c.model.hidden, 768);
+  EXPECT_EQ(c.model.vocab, 50304);
+  EXPECT_DOUBLE_EQ(c.model.init_std, 0.01);
+  EXPECT_EQ(c.data.kind, "tokens");
+  EXPECT_EQ(c.data.path, "data/train.bin");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optim.min_lr, 3e-5);
+  EXPECT_EQ(c.optim.warmup_steps, 100);
+  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(c.optim.grad_clip, 1.0);  // an integer where a float is expected
+  EXPECT_EQ(c.train.global_batch, 64);
+  EXPECT_EQ(c.train.seed, 7u);
+  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(c.parallel.data, 2);
+  EXPECT_EQ(c.parallel.tensor.size, 4);
+  EXPECT_EQ(c.parallel.tensor.mode, "2d");
+  EXPECT_EQ(c.parallel.pipeline.size, 2);
+  EXPECT_EQ(c.parallel.pipeline.schedule, "interleaved");
+  EXPECT_EQ(c.parallel.pipeline.microbatches, 8);
+  EXPECT_EQ(c.parallel.pipeline.chunks, 2);
+  EXPECT_EQ(c.parallel.sequence.mode, "ring");
+  EXPECT_EQ(c.parallel.zero.stage, 2);
+  EXPECT_EQ(c.parallel.bucket_mb, 50);
+  EXPECT_EQ(c.parallel.bucket_kb, 512);
+  EXPECT_EQ(c.log.metrics, "metrics.jsonl");
+  EXPECT_EQ(c.log.every, 10);
+  EXPECT_EQ(c.log.progress, "lines");
+  EXPECT_EQ(c.plugins.path, (std::vector<std::string>{"build/plugins", "/opt/kolos/plugins"}));
+  EXPECT_EQ(c.plugins.by_role,
+            (std::map<std::string, std::string>{{"layers", "tp2d"}, {"gradients", "zero2"}}));
+}
+
+TEST(RunConfigParse, SubTableSectionsWork) {
+  const RunConfig c = parse_run_config(
+      "[parallel.tensor]\nsize = 8\nmode = \"2.5d\"\ndepth = 2\n[parallel.zero]\nstage = 3\n",
+      kName);
+  EXPECT_EQ(c.parallel.tensor.size, 8);
+  EXPECT_EQ(c.parallel.tensor.mode, "2.5d");
+  EXPECT_EQ(c.parallel.tensor.depth, 2);
+  EXPECT_EQ(c.parallel.zero.stage, 3);
+}
+
+TEST(RunConfigShorthand, IntegerStandsForSizeOrStage) {
+  const RunConfig c =
+      parse_run_config("[parallel]\ntensor = 4\npipeline = 2\nsequence = 3\nzero = 2\n", kName);
+  EXPECT_EQ(c.parallel.tensor.size, 4);
+  EXPECT_EQ(c.parallel.tensor.mode, "1d");
+  EXPECT_EQ(c.parallel.pipeline.size, 2);
+  EXPECT_EQ(c.parallel.pipeline.schedule, "1f1b");
+  EXPECT_EQ(c.parallel.sequence.size, 3);
+  EXPECT_EQ(c.parallel.zero.stage, 2);
+}
+
+TEST(RunConfigShorthand, WrongTypeSaysBothFormsAreAccepted) {
+  EXPECT_TRUE(has_all(parse_error("[parallel]\ntensor = \"4\"\n"),
+                      {"run.toml:2:10", "parallel.tensor", "expected an integer or a table",
+                       "found a string (\"4\")"}));
+  EXPECT_TRUE(has_all(parse_error("[parallel]\nzero = 5\n"),
+                      {"run.toml:2:8", "parallel.zero", "5 is not a ZeRO stage", "valid: 0"}));
+  EXPECT_TRUE(has_all(parse_error("[parallel]\npipeline = 0\n"),
+                      {"run.toml:2:12", "parallel.pipeline", "must be >= 1"}));
+}
+
+TEST(RunConfigErrors, MalformedTomlPassesToml11LocationThrough) {
+  const std::string msg = parse_error("[model]\nlayers = = 3\n");
+  EXPECT_TRUE(has_all(msg, {"run.toml:2:", "malformed TOML", "--> run.toml", "layers = = 3"}));
+  EXPECT_TRUE(has_all(parse_error("[model]\nlayers = 3\nlayers = 4\n"),
+                      {"run.toml", "malformed TOML", "already exists"}));
+  EXPECT_TRUE(has_all(parse_error("[model\n"), {"run.toml:1:", "malformed TOML"}));
+}
+
+TEST(RunConfigErrors, UnknownSectionListsSectionsAndSuggests) {
+  const std::string msg = parse_error("[model]\nlayers = 2\n\n[modle]\nhidden = 8\n");
+  EXPECT_TRUE(
+      has_all(msg, {"run.toml:4:", "unknown section `modle`", "valid sections",
+                    "model, data, optim, train, parallel, log, plugins", "Did you mean `model`?"}));
+  // No suggestion for something unrelated.
+  const std::string far = parse_error("[checkpoint]\ndir = \"ckpt\"\n");
+  EXPECT_TRUE(has_all(far, {"unknown section `checkpoint`"}));
+  EXPECT_EQ(far.find("Did you mean"), std::string::npos) << far;
+}
+
+TEST(RunConfigErrors, UnknownKeyNamesLineColumnKeyAndSuggestion) {
+  const std::string msg = parse_error("[model]\nlayers = 2\nhiden = 64\n");
+  EXPECT_TRUE(has_all(msg, {"run.toml:3:1: ", "unknown key `model.hiden`",
+                            "valid keys in [model]: name, layers, hidden", "Did you mean `hidden`?",
+                            " 3 | hiden = 64", "^~~~~"}));
+}
+
+TEST(RunConfigErrors, UnknownKeyInInlineTablePointsAtTheKey) {
+  const std::string msg = parse_error("[parallel]\ntensor = { size = 4, mdoe = \"2d\" }\n");
+  EXPECT_TRUE(
+      has_all(msg, {"run.toml:2:22: ", "unknown key `parallel.tensor.mdoe`",
+                    "valid keys in [parallel.tensor]: size, mode, depth", "Did you mean `mode`?"}));
+}
+
+TEST(RunConfigErrors, TheFirstUnknownKeyInFileOrderIsReported) {
+  const std::string msg = parse_error("[train]\nsetps = 3\nsed = 1\nmicro_bach = 2\n");
+  EXPECT_TRUE(has_all(msg, {"run.toml:2:1", "train.setps", "Did you mean `steps`?"}));
+}
+
+TEST(RunConfigErrors, WrongTypeSaysExpectedAndFound) {
+  EXPECT_TRUE(has_all(
+      parse_error("[model]\nlayers = \"two\"\n"),
+      {"run.toml:2:10: model.layers: expected an integer, found a string (\"two\")", "^~~~~"}));
+  EXPECT_TRUE(
+      has_all(parse_error("[model]\nlayers = 2.5\n"),
+              {"run.toml:2:10", "model.layers", "expected an integer, found a float (2.5)"}));
+  EXPECT_TRUE(has_all(parse_error("[optim]\nlr = \"fast\"\n"),
+                      {"run.toml:2:6", "optim.lr", "expected a number, found a string"}));
+  EXPECT_TRUE(has_all(parse_error("[data]\nkind = 3\n"),
+                      {"run.toml:2:8", "data.kind", "expected a string, found an integer (3)"}));
+  EXPECT_TRUE(has_all(parse_error("model = 3\n"),
+                      {"run.toml:1:9", "model: expected a table", "found an integer (3)"}));
+  EXPECT_TRUE(has_all(parse_error("[plugins]\npath = \"lib\"\n"),
+                      {"run.toml:2:8", "plugins.path", "expected an array of strings"}));
+  EXPECT_TRUE(has_all(parse_error("[plugins]\npath = [\"a\", 1]\n"),
+                      {"run.toml:2", "plugins.path", "an element that is an integer (1)"}));
+}
+
+TEST(RunConfigErrors, IntegerWhereFloatIsExpectedIsFine) {
+  const RunConfig c =
+      parse_run_config("[optim]\nlr = 1\nbeta1 = 0\n[model]\ninit_std = 1\n", kName);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);
+  EXPECT_DOUBLE_EQ(c.optim.beta1, 0.0);
+  EXPECT_DOUBLE_EQ(c.model.init_std, 1.0);
+}
+
+struct RangeCase {
+  std::string toml;
+  std::vector<std::string> expected;
+};
+
+TEST(RunConfigErrors, OutOfRangeValuesNameKeyValueAndRule) {
+  const std::vector<RangeCase> cases = {
+      {"[model]\nlayers = 0\n", {"run.toml:2:10", "model.layers", "0 is out of range", ">= 1"}},
+      {"[model]\nseq_len = -1\n", {"run.toml:2", "model.seq_len", "-1", ">= 1"}},
+      {"[model]\nvocab = 1\n", {"run.toml:2", "model.vocab", ">= 2"}},
+      {"[model]\nname = \"\"\n", {"run.toml:2", "model.name", "must not be empty"}},
+      {"[model]\ninit_std = 0\n", {"model.init_std", "> 0"}},
+      {"[optim]\nlr = 0\n", {"run.toml:2:6", "optim.lr", "0.0 is out of range", "> 0"}},
+      {"[optim]\nlr = 1e-3\nmin_lr = 1e-2\n", {"run.toml:3", "optim.min_lr", "[0, optim.lr"}},
+      {"[optim]\nbeta1 = 1.0\n", {"optim.beta1", "1.0 is out of range", "0 <= beta < 1"}},
+      {"[optim]\nbeta2 = -0.1\n", {"optim.beta2", "0 <= beta < 1"}},
+      {"[optim]\neps = 0\n", {"optim.eps", "> 0"}},
+      {"[optim]\nweight_decay = -1\n", {"optim.weight_decay", ">= 0"}},
+      {"[optim]\ngrad_clip = -1\n", {"optim.grad_clip", "0 disables"}},
+      {"[optim]\nwarmup_steps = -5\n", {"optim.warmup_steps", ">= 0"}},
+      {"[train]\nmicro_batch = 0\n", {"run.toml:2", "train.micro_batch", ">= 1"}},
+      {"[train]\nsteps = 0\n", {"train.steps", ">= 1"}},
+      {"[train]\nseed = -1\n", {"train.seed", ">= 0"}},
+      {"[parallel]\ndata = -1\n", {"parallel.data", ">= 0"}},
+      {"[parallel]\ntensor = { size = 0 }\n", {"run.toml:2:19", "parallel.tensor.size", ">= 1"}},
+      {"[parallel]\ntensor = { size = 4, depth = 2 }\n",
+       {"parallel.tensor.depth", "only applies to mode = \"2.5d\""}},
+      {"[parallel]\npipeline = { chunks = 0 }\n", {"parallel.pipeline.chunks", ">= 1"}},
+      {"[parallel]\nsequence = { size = -2 }\n", {"parallel.sequence.size", ">= 1"}},
+      {"[parallel]\nzero = { stage = 4 }\n",
+       {"run.toml:2:18", "parallel.zero.stage", "valid: 0 (off)"}},
+      {"[parallel]\nbucket_mb = 0\n", {"parallel.bucket_mb", ">= 1"}},
+      {"[log]\nevery = 0\n", {"log.every", ">= 1"}},
+      {"[plugins]\nlayers = \"\"\n", {"plugins.layers", "must name a plugin"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.toml);
+    EXPECT_TRUE(has_all(parse_error(c.toml), c.expected));
+  }
+}
+
+TEST(RunConfigErrors, ZeroStageMessageListsTheStages) {
+  EXPECT_TRUE(has_all(parse_error("[parallel]\nzero = { stage = 4 }\n"),
+                      {"4 is not a ZeRO stage", "valid: 0 (off), 1", "3 (+ parameters)"}));
+}
+
+TEST(RunConfigErrors, HiddenNotDivisibleByHeadsNamesBothNumbers) {
+  const std::string msg = parse_error("[model]\nhidden = 100\nheads = 12\n");
+  EXPECT_TRUE(has_all(msg, {"run.toml:2:10", "model.hidden = 100",
+                            "not divisible by model.heads = 12", "96 or 108"}));
+}
+
+TEST(RunConfigErrors, GlobalBatchNotDivisibleByMicroBatch) {
+  const std::string msg = parse_error("[train]\nglobal_batch = 10\nmicro_batch = 4\n");
+  EXPECT_TRUE(has_all(msg, {"run.toml:2", "train.global_batch = 10",
+                            "not divisible by train.micro_batch = 4", "8 or 12"}));
+}
+
+TEST(RunConfigErrors, TokensNeedPathAndAWideEnoughDtype) {
+  EXPECT_TRUE(has_all(parse_error("[data]\nkind = \"tokens\"\n"),
+                      {"run.toml:2:8", "data.path: required when data.kind = \"tokens\""}));
+  EXPECT_TRUE(
+      has_all(parse_error("[model]\nvocab = 100000\n[data]\nkind = \"tokens\"\npath = \"t.bin\"\n"),
+              {"run.toml:2", "uint16", "model.vocab = 100000", "dtype = \"uint32\""}));
+  const RunConfig ok = parse_run_config(
+      "[model]\nvocab = 100000\n[data]\nkind = \"tokens\"\npath = \"t.bin\"\ndtype = \"uint32\"\n",
+      kName);
+  EXPECT_EQ(ok.data.dtype, "uint32");
+  // Synthetic data ignores dtype, so a big vocab is fine there.
+  EXPECT_EQ(parse_run_config("[model]\nvocab = 100000\n", kName).model.vocab, 100000);
+}
+
+TEST(RunConfigErrors, EnumeratedStringsListValidValuesAndSuggest) {
+  const std::vector<RangeCase> cases = {
+      {"[train]\nprecision = \"bf61\"\n",
+       {"run.toml:2:13", "train.precision", "\"bf61\" is not a valid precision",
+        "valid: \"fp32\", \"bf16\", \"fp16\"", "Did you mean \"bf16\"?"}},
+      {"[data]\nkind = \"token\"\n", {"data.kind", "Did you mean \"tokens\"?"}},
+      {"[data]\ndtype = \"uint8\"\n", {"data.dtype", "\"uint16\", \"uint32\""}},
+      {"[parallel]\ntensor = { size = 4, mode = \"2D\" }\n",
+       {"run.toml:2:29", "parallel.tensor.mode", "valid: \"1d\", \"2d\", \"2.5d\", \"3d\"",
+        "Did you mean \"2d\"?"}},
+      {"[parallel]\npipeline = { size = 2, schedule = \"1f1f\" }\n",
+       {"parallel.pipeline.schedule", "\"gpipe\", \"1f1b\", \"interleaved\", \"zb\"",
+        "Did you mean \"1f1b\"?"}},
+      {"[parallel]\nsequence = { mode = \"ulyses\" }\n",
+       {"parallel.sequence.mode", "Did you mean \"ulysses\"?"}},
+      {"[log]\nprogress = \"bars\"\n",
+       {"log.progress", "\"auto\", \"bar\", \"lines\", \"off\"", "Did you mean \"bar\"?"}},
+      {"[optim]\nname = \"adamw2\"\n", {"optim.name", "Did you mean \"adamw\"?"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.toml);
+    EXPECT_TRUE(has_all(parse_error(c.toml), c.expected));
+  }
+  const std::string far = parse_error("[parallel]\ntensor = { mode = \"4d\" }\n");
+  EXPECT_EQ(far.find("Did you mean"), std::string::npos) << far;  // 1d, 2d, 3d tie
+}
+
+TEST(RunConfigErrors, UnknownPluginRole) {
+  const std::string msg = parse_error("[plugins]\nlayer = \"tp2d\"\n");
+  EXPECT_TRUE(has_all(msg, {"run.toml:2:1", "unknown role `plugins.layer`",
+                            "path, layers, sequence, pipeline, gradients, memory, planner",
+                            "Did you mean `layers`?"}));
+}
+
+TEST(RunConfigErrors, TensorModeShapeNamesNearestSizes) {
+  EXPECT_TRUE(has_all(parse_error("[parallel]\ntensor = { size = 8, mode = \"2d\" }\n"),
+                      {"run.toml:2:19", "parallel.tensor.size = 8", "mode \"2d\"", "q*q",
+                       "nearest valid sizes: 4 or 9"}));
+  EXPECT_TRUE(has_all(parse_error("[parallel]\ntensor = { size = 9, mode = \"3d\" }\n"),
+                      {"parallel.tensor.size = 9", "q*q*q", "8 or 27"}));
+  EXPECT_TRUE(has_all(parse_error("[parallel]\ntensor = { size = 2, mode = \"3d\" }\n"),
+                      {"nearest valid sizes: 1 or 8"}));
+  EXPECT_TRUE(
+      has_all(parse_error("[parallel]\ntensor = { size = 8, mode = \"2.5d\", depth = 1 }\n"),
+              {"q*q*depth with depth = 1", "4 or 9", "keep size 8 with depth = 2 or 8"}));
+  EXPECT_TRUE(
+      has_all(parse_error("[parallel]\ntensor = { size = 12, mode = \"2.5d\", depth = 2 }\n"),
+              {"depth = 2", "8 or 18", "depth = 3 or 12"}));
+  // Valid grids.
+  EXPECT_EQ(parse_run_config("[parallel]\ntensor = { size = 4, mode = \"2d\" }\n", kName)
+                .parallel.tensor.size,
+            4);
+  EXPECT_EQ(
+      parse_run_config("[parallel]\ntensor = { size = 8, mode = \"2.5d\", depth = 2 }\n", kName)
+          .parallel.tensor.depth,
+      2);
+  EXPECT_EQ(parse_run_config("[parallel]\ntensor = { size = 8, mode = \"3d\" }\n", kName)
+                .parallel.tensor.mode,
+            "3d");
+}
+
+TEST(RunConfigOverrides, ApplyBeforeValidation) {
+  const RunConfig c = parse_run_config(
+      kFullConfig, kName,
+      {"parallel.tensor.size=9", "parallel.tensor.mode=3d", "parallel.tensor.size=8",
+       "model.name=llama", "optim.lr=0.01", "plugins.path=[\"a\", \"b\"]",
+       "log.metrics=", "plugins.memory=offload", "train.precision = fp16"});
+  EXPECT_EQ(c.parallel.tensor.size, 8);  // the later override wins
+  EXPECT_EQ(c.parallel.tensor.mode, "3d");
+  EXPECT_EQ(c.model.name, "llama");  // a bare word is a string
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.01);
+  EXPECT_EQ(c.plugins.path, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(c.log.metrics, "");
+  EXPECT_EQ(c.plugins.by_role.at("memory"), "offload");
+  EXPECT_EQ(c.plugins.by_role.at("layers"), "tp2d");  // untouched
+  EXPECT_EQ(c.train.precision, "fp16");
+}
+
+TEST(RunConfigOverrides, CreateSectionsAndRefineShorthands) {
+  const RunConfig c = parse_run_config("[parallel]\ntensor = 4\nzero = 1\n", kName,
+                                       {"parallel.tensor.mode=2d", "parallel.zero.stage=3",
+                                        "parallel.pipeline=2", "model.layers=6"});
+  EXPECT_EQ(c.parallel.tensor.size, 4);
+  EXPECT_EQ(c.parallel.tensor.mode, "2d");
+  EXPECT_EQ(c.parallel.zero.stage, 3);
+  EXPECT_EQ(c.parallel.pipeline.size, 2);
+  EXPECT_EQ(c.model.layers, 6);
+  const RunConfig t =
+      parse_run_config("", kName, {"parallel.tensor={size=8, mode=\"2.5d\", depth=2}"});
+  EXPECT_EQ(t.parallel.tensor.depth, 2);
+}
+
+TEST(RunConfigOverrides, TypoInOverrideNamesTheOverride) {
+  const std::string msg = parse_error("[parallel]\ndata = 2\n", {"parallel.tensr.size=2"});
+  EXPECT_TRUE(has_all(msg, {"--set parallel.tensr.size=2", "unknown key `parallel.tensr`",
+                            "Did you mean `tensor`?"}));
+  EXPECT_EQ(msg.find("run.toml:2"), std::string::npos) << "no file line for an override:\n" << msg;
+  EXPECT_TRUE(
+      has_all(parse_error("", {"modle.layers=3"}),
+              {"--set modle.layers=3", "unknown section `modle`", "Did you mean `model`?"}));
+}
+
+TEST(RunConfigOverrides, BadOverrideValuesNameTheOverride) {
+  EXPECT_TRUE(has_all(parse_error("[model]\nlayers = 4\n", {"model.layers=2.5"}),
+                      {"run.toml: --set model.layers=2.5", "model.layers",
+                       "expected an integer, found a float (2.5)"}));
+  EXPECT_TRUE(has_all(parse_error("[model]\nlayers = 4\n", {"model.layers=0"}),
+                      {"--set model.layers=0", "model.layers", ">= 1"}));
+  EXPECT_TRUE(has_all(parse_error("", {"parallel.tensor.mode=2.5"}),
+                      {"--set parallel.tensor.mode=2.5", "expected a string, found a float"}));
+  // A problem that the override did not cause still points into the file.
+  const std::string msg =
+      parse_error("[parallel]\ntensor = { size = 4, mode = \"4d\" }\n", {"parallel.tensor.size=2"});
+  EXPECT_TRUE(has_all(msg, {"run.toml:2:29", "parallel.tensor.mode"}));
+}
+
+TEST(RunConfigOverrides, MalformedOverrides) {
+  EXPECT_TRUE(has_all(parse_error("", {"model.layers"}),
+                      {"--set model.layers", "expected section.key=value", "no '='"}));
+  EXPECT_TRUE(
+      has_all(parse_error("", {"model..layers=2"}), {"--set model..layers=2", "not a valid key"}));
+  EXPECT_TRUE(has_all(parse_error("", {"=2"}), {"--set =2", "not a valid key"}));
+  EXPECT_TRUE(has_all(parse_error("[model]\nname = \"gpt\"\n", {"model.name.first=x"}),
+                      {"--set model.name.first=x", "`model.name` is a string", "not a table"}));
+  EXPECT_TRUE(
+      has_all(parse_error("", {"model.name.first=x"}),
+              {"--set model.name.first=x", "model.name: expected a string, found a table"}));
+}
+
+TEST(RunConfigOverrides, ValuesThatAreNotTomlBecomeStrings) {
+  // "1 2" is not a TOML value; a newline must not smuggle in another key.
+  const RunConfig c =
+      parse_run_config("", kName, {"model.name=1 2", "log.metrics=a\nmodel.layers = 9"});
+  EXPECT_EQ(c.model.name, "1 2");
+  EXPECT_EQ(c.log.metrics, "a\nmodel.layers = 9");
+  EXPECT_EQ(c.model.layers, 2);
+}
+
+class TempDir : public ::testing::Test {
+ protected:
+  std::string path(const std::string& name) {
+    return std::string(KOLOS_CONFIG_TEST_TMPDIR) + "/" + name;
+  }
+};
+
+TEST_F(TempDir, LoadReadsFileAndRecordsSource) {
+  const std::string file = path("load_ok.toml");
+  std::ofstream(file) << "[model]\nlayers = 3\n";
+  const RunConfig c = load_run_config(file, {"model.hidden=32"});
+  EXPECT_EQ(c.source, file);
+  EXPECT_EQ(c.model.layers, 3);
+  EXPECT_EQ(c.model.hidden, 32);
+  std::remove(file.c_str());
+}
+
+TEST_F(TempDir, LoadErrorsNameThePathAndLine) {
+  const std::string file = path("load_bad.toml");
+  std::ofstream(file) << "[model]\n\nlayers = \"x\"\n";
+  EXPECT_TRUE(has_all(error_of([&] { load_run_config(file); }),
+                      {file + ":3:10", "model.layers", "expected an integer"}));
+  std::remove(file.c_str());
+}
+
+TEST_F(TempDir, MissingOrUnreadableFileNamesPathAndOsError) {
+  const std::string missing = path("no_such_config.toml");
+  EXPECT_TRUE(has_all(error_of([&] { load_run_config(missing); }),
+                      {missing, "cannot open", "No such file or directory"}));
+  EXPECT_TRUE(has_all(error_of([&] { load_run_config(KOLOS_CONFIG_TEST_TMPDIR); }),
+                      {KOLOS_CONFIG_TEST_TMPDIR, "Is a directory"}));
+}
+
+RunConfig mesh_config(int64_t data, int64_t pp, int64_t sp, int64_t tp,
+                      const std::string& mode = "1d", int64_t depth = 1) {
+  RunConfig c;
+  c.source = kName;
+  c.parallel.data = data;
+  c.parallel.pipeline.size = pp;
+  c.parallel.sequence.size = sp;
+  c.parallel.tensor.size = tp;
+  c.parallel.tensor.mode = mode;
+  c.parallel.tensor.depth = depth;
+  return c;
+}
+
+TEST(MeshShape, DerivesDataFromTheWorld) {
+  const MeshShape m = resolve_mesh_shape(mesh_config(0, 2, 1, 2), 8);
+  EXPECT_EQ(m.pp, 2);
+  EXPECT_EQ(m.dp, 2);
+  EXPECT_EQ(m.sp, 1);
+  EXPECT_EQ(m.tp, 2);
+  EXPECT_EQ(m.size(), 8);
+  EXPECT_EQ(resolve_mesh_shape(RunConfig{}, 1).size(), 1);
+  EXPECT_EQ(resolve_mesh_shape(RunConfig{}, 4).dp, 4);
+}
+
+TEST(MeshShape, ExplicitDataMustMatch) {
+  const MeshShape m = resolve_mesh_shape(mesh_config(2, 1, 2, 2), 8);
+  EXPECT_EQ(m.dp, 2);
+  EXPECT_EQ(m.sp, 2);
+  const std::string msg = error_of([] { resolve_mesh_shape(mesh_config(2, 1, 1, 4), 4); });
+  EXPECT_TRUE(has_all(msg, {"run.toml", "pipeline 1 x data 2 x sequence 1 x tensor 4 = 8",
+                            "world size is 4", "set parallel.data = 1", "launch 8 ranks"}));
+  const std::string odd = error_of([] { resolve_mesh_shape(mesh_config(2, 1, 1, 4), 6); });
+  EXPECT_TRUE(has_all(odd, {"= 8", "world size is 6", "launch 8 ranks", "divides 6"}));
+}
+
+TEST(MeshShape, SizesThatDoNotDivideTheWorld) {
+  const std::string msg = error_of([] { resolve_mesh_shape(mesh_config(0, 1, 1, 3), 8); });
+  EXPECT_TRUE(has_all(msg, {"pipeline 1 x sequence 1 x tensor 3 = 3", "does not divide",
+                            "world size 8", "launch a multiple of 3", "6 or 9"}));
+  const std::string small = error_of([] { resolve_mesh_shape(mesh_config(0, 2, 1, 4), 4); });
+  EXPECT_TRUE(has_all(small, {"= 8 does not divide the world size 4", "e.g. 8)"}));
+  EXPECT_TRUE(has_all(error_of([] { resolve_mesh_shape(RunConfig{}, 0); }), {"world size"}));
+}
+
+TEST(MeshShape, TensorModeGrids) {
+  EXPECT_EQ(resolve_mesh_shape(mesh_config(0, 1, 1, 4, "2d"), 8).dp, 2);
+  EXPECT_EQ(resolve_mesh_shape(mesh_config(0, 1, 1, 8, "2.5d", 2), 8).tp, 8);
+  EXPECT_EQ(resolve_mesh_shape(mesh_config(0, 1, 1, 27, "3d"), 27).dp, 1);
+  EXPECT_TRUE(has_all(error_of([] { resolve_mesh_shape(mesh_config(0, 1, 1, 2, "2d"), 4); }),
+                      {"parallel.tensor.size = 2", "\"2d\"", "1 or 4"}));
+  EXPECT_TRUE(has_all(error_of([] { resolve_mesh_shape(mesh_config(0, 1, 1, 4, "2.5d", 2), 4); }),
+                      {"depth = 2", "2 or 8", "depth = 1 or 4"}));
+  EXPECT_TRUE(has_all(error_of([] { resolve_mesh_shape(mesh_config(0, 1, 1, 4, "3d"), 4); }),
+                      {"q*q*q", "1 or 8"}));
+}
+
+TEST(ClosestMatch, SuggestsOnlyCloseUnambiguousCandidates) {
+  const std::vector<std::string> keys = {"name", "layers", "hidden", "heads", "seq_len", "vocab"};
+  EXPECT_EQ(closest_match("hiden", keys), "hidden");
+  EXPECT_EQ(closest_match("hidden", keys), "hidden");
+  EXPECT_EQ(closest_match("Hidden", keys), "hidden");  // case-insensitive
+  EXPECT_EQ(closest_match("lyaers", keys), "layers");  // swapped letters count once
+  EXPECT_EQ(closest_match("seqlen", keys), "seq_len");
+  EXPECT_EQ(closest_match("completely_different", keys), "");
+  EXPECT_EQ(closest_match("x", keys), "");
+  EXPECT_EQ(closest_match("anything", {}), "");
+  // Threshold grows with length: two edits are fine for a long word, not a short one.
+  EXPECT_EQ(closest_match("weight_dcy", {"weight_decay", "warmup_steps"}), "weight_decay");
+  EXPECT_EQ(closest_match("hxdxen", {"hidden"}), "hidden");
+  EXPECT_EQ(closest_match("hxd", {"hid"}), "hid");
+  EXPECT_EQ(closest_match("hxx", {"hid"}), "");
+  // Equally close to several: ambiguous, no suggestion.
+  EXPECT_EQ(closest_match("4d", {"1d", "2d", "2.5d", "3d"}), "");
+  EXPECT_EQ(closest_match("2D", {"1d", "2d", "2.5d", "3d"}), "2d");
+}
+
+TEST(ToToml, RoundTripsEveryField) {
+  RunConfig c = parse_run_config(kFullConfig, kName);
+  c.plugins.path.push_back("with \"quotes\" and \\ back\\slash\tand tab");
+  c.model.init_std = 0.1 + 0.2;  // not exactly representable in short decimal
+  c.optim.eps = 1e-12;
+  const std::string text = to_toml(c);
+  const RunConfig back = parse_run_config(text, "<effective>");
+  EXPECT_EQ(back.source, "<effective>");
+  // Identical apart from the first line, which names the source.
+  const auto body = [](const std::string& t) { return t.substr(t.find('\n')); };
+  EXPECT_EQ(body(to_toml(back)), body(text));
+  EXPECT_EQ(back.model.init_std, c.model.init_std);  // exact, not approximately
+  EXPECT_EQ(back.optim.lr, c.optim.lr);
+  EXPECT_EQ(back.optim.eps, 1e-12);
+  EXPECT_EQ(back.plugins.path, c.plugins.path);
+  EXPECT_EQ(back.plugins.by_role, c.plugins.by_role);
+  EXPECT_EQ(back.parallel.tensor.mode, "2d");
+  EXPECT_EQ(back.parallel.pipeline.chunks, 2);
+  EXPECT_EQ(back.parallel.zero.stage, 2);
+  EXPECT_EQ(back.train.seed, 7u);
+  EXPECT_EQ(back.data.path, "data/train.bin");
+}
+
+TEST(ToToml, DefaultsRoundTripAndAreReadable) {
+  const RunConfig d;
+  const std::string text = to_toml(d);
+  EXPECT_TRUE(has_all(text, {"[model]\n", "layers = 2\n", "init_std = 0.02\n", "lr = 0.001\n",
+                             "eps = 1e-08\n", "tensor = { size = 1, mode = \"1d\", depth = 1 }",
+                             "zero = { stage = 0 }", "path = []\n"}));
+  EXPECT_EQ(to_toml(parse_run_config(text, "")), to_toml(RunConfig{}));
+}
+
+}  // namespace
+}  // namespace kolos
