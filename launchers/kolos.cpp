@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kolos: %s: %s\n", kolos::to_string(e.kind()), e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kolos: error: %s\n", e.what());
+    std::fprintf(stderr, "kolos: error: %s\n", kolos::error_text(e));
     return 1;
   }
 }

@@ -112,7 +112,7 @@ class DataParallel : public GradientStrategy {
     for (const auto& p : params_) m.parameter_bytes += p.tensor.numel() * p.tensor.element_size();
     for (const auto& b : buckets_) m.gradient_bytes += b.buffer.numel() * b.buffer.element_size();
     for (const auto& p : params_) {
-      auto it = optimizer_->state().find(p.tensor.unsafeGetTensorImpl());
+      auto it = optimizer_->state().find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
       if (it == optimizer_->state().end()) continue;
       const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
       m.optimizer_bytes += s.exp_avg().numel() * s.exp_avg().element_size() +

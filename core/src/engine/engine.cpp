@@ -44,7 +44,7 @@ void agreed(MPI_Comm world, Body&& body) {
     error = e.what();
     kind = static_cast<int>(e.kind());
   } catch (const std::exception& e) {
-    error = e.what();
+    error = error_text(e);
   }
   detail::agree_on_error(world, error, kind);
 }

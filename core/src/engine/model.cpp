@@ -11,7 +11,21 @@
 namespace kolos {
 
 void Model::add_block(const std::string& name, LayerPtr block) {
-  blocks_.emplace_back(name, register_module(name, std::move(block)));
+  // "h.3" is registered as child "3" of a container "h", as torch's
+  // ModuleList would, so parameter names read "h.3.attn.q_proj.weight".
+  torch::nn::Module* parent = this;
+  std::string rest = name;
+  for (size_t dot; (dot = rest.find('.')) != std::string::npos; rest = rest.substr(dot + 1)) {
+    const std::string part = rest.substr(0, dot);
+    auto children = parent->named_children();
+    if (auto* found = children.find(part)) {
+      parent = found->get();
+    } else {
+      parent = parent->register_module(part, std::make_shared<torch::nn::Module>()).get();
+    }
+  }
+  parent->register_module(rest, block);
+  blocks_.emplace_back(name, std::move(block));
 }
 
 at::Tensor Model::forward(const at::Tensor& input, size_t first, size_t last) {

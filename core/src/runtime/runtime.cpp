@@ -1,6 +1,7 @@
 #include "kolos/core/runtime.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
@@ -93,14 +94,20 @@ Runtime::~Runtime() {
   if (!finalized) MPI_Finalize();
 }
 
+const char* error_text(const std::exception& error) {
+  // LibTorch's errors carry a C++ backtrace that helps nobody here.
+  if (auto* e = dynamic_cast<const c10::Error*>(&error)) return e->what_without_backtrace();
+  return error.what();
+}
+
 void report_error(const std::exception& error, const RankInfo* where) {
   const char* kind = "error";
   if (auto* e = dynamic_cast<const Error*>(&error)) kind = to_string(e->kind());
   if (where != nullptr && where->size > 1) {
     std::fprintf(stderr, "kolos: %s on rank %d (%s): %s\n", kind, where->rank, where->host.c_str(),
-                 error.what());
+                 error_text(error));
   } else {
-    std::fprintf(stderr, "kolos: %s: %s\n", kind, error.what());
+    std::fprintf(stderr, "kolos: %s: %s\n", kind, error_text(error));
   }
   std::fflush(stderr);
 }

@@ -78,5 +78,7 @@ void agree_on_error(MPI_Comm comm, const std::string& error_or_empty, int error_
 
 // Prints "kolos: <kind>[ on rank R (host)]: message" to stderr.
 void report_error(const std::exception& error, const RankInfo* where);
+// An exception's message, without LibTorch's backtrace.
+const char* error_text(const std::exception& error);
 
 }  // namespace kolos

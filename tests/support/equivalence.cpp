@@ -1,0 +1,88 @@
+#include "equivalence.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "kolos/modules/data.h"
+#include "kolos/modules/gpt.h"
+
+namespace kolos::testing {
+
+RunConfig tiny_gpt_config(const std::vector<std::string>& overrides) {
+  static const char* kText = R"(
+[model]
+name = "gpt"
+layers = 2
+hidden = 32
+heads = 4
+seq_len = 16
+vocab = 64
+
+[data]
+kind = "synthetic"
+
+[optim]
+lr = 3e-3
+warmup_steps = 3
+min_lr = 3e-4
+weight_decay = 0.01
+grad_clip = 1.0
+
+[train]
+global_batch = 16
+micro_batch = 4
+steps = 20
+seed = 7
+
+[log]
+progress = "off"
+)";
+  return parse_run_config(kText, "<tiny-gpt>", overrides);
+}
+
+RunRecord run_and_record(const RunConfig& config, MPI_Comm comm) {
+  modules::register_builtin_models();
+  Engine engine(config, comm, [](const RunConfig& c) { return data::make_source(c); });
+  RunRecord record;
+  record.losses = engine.train().losses;
+  record.parameters = engine.gathered_parameters();
+  return record;
+}
+
+void expect_records_match(const RunRecord& reference, const RunRecord& candidate,
+                          const Tolerance& tolerance, const std::string& what) {
+  ASSERT_EQ(reference.losses.size(), candidate.losses.size()) << what;
+  for (size_t i = 0; i < reference.losses.size(); ++i) {
+    const double a = reference.losses[i], b = candidate.losses[i];
+    EXPECT_LE(std::abs(a - b), tolerance.loss_rel * std::abs(a))
+        << what << ": loss of step " << i + 1 << " differs: reference " << a << ", got " << b;
+  }
+  ASSERT_EQ(reference.parameters.size(), candidate.parameters.size()) << what;
+  for (size_t i = 0; i < reference.parameters.size(); ++i) {
+    const auto& [name, ref] = reference.parameters[i];
+    const auto& [cand_name, cand] = candidate.parameters[i];
+    EXPECT_EQ(name, cand_name) << what;
+    ASSERT_EQ(ref.sizes(), cand.sizes()) << what << ": parameter " << name;
+    const double diff = (ref - cand).abs().max().item<double>();
+    EXPECT_LE(diff, tolerance.param_abs) << what << ": parameter " << name
+                                         << " differs by up to " << diff;
+  }
+  // The run must have learned something, or equality proves little.
+  EXPECT_LT(reference.losses.back(), reference.losses.front()) << what << ": loss did not fall";
+}
+
+void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
+                       const Tolerance& tolerance) {
+  RunRecord serial = run_and_record(reference, MPI_COMM_SELF);
+  RunRecord parallel = run_and_record(candidate, MPI_COMM_WORLD);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::ostringstream what;
+  what << candidate.source << " on " << size << " ranks";
+  expect_records_match(serial, parallel, tolerance, what.str());
+}
+
+}  // namespace kolos::testing

@@ -1,0 +1,47 @@
+// The equivalence harness: every parallel mix must match the serial run of
+// the same model, seed and data.
+//
+// run_and_record() trains a config with the Engine on a communicator and
+// records every step's loss and the final global parameters.
+// expect_equivalent() runs the serial reference on MPI_COMM_SELF (each rank
+// computes it; it is the same everywhere), then the parallel config on
+// MPI_COMM_WORLD, and compares per-step losses (relative) and final
+// parameters (absolute, after gathering every piece into its global tensor).
+// A new strategy is checked by writing its config, nothing else.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kolos/core/engine.h"
+#include "kolos/core/run_config.h"
+
+namespace kolos::testing {
+
+struct RunRecord {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+};
+
+struct Tolerance {
+  double loss_rel = 1e-5;   // |a - b| <= loss_rel * |b| per step
+  double param_abs = 5e-5;  // max |a - b| over every element of every parameter
+};
+
+// A small GPT on synthetic data: 20 steps, fp32, no dropout; overridable.
+RunConfig tiny_gpt_config(const std::vector<std::string>& overrides = {});
+
+RunRecord run_and_record(const RunConfig& config, MPI_Comm comm);
+
+// GoogleTest expectations: losses and parameters agree within `tolerance`.
+void expect_records_match(const RunRecord& reference, const RunRecord& candidate,
+                          const Tolerance& tolerance, const std::string& what);
+
+// Serial `reference` on MPI_COMM_SELF vs `candidate` on MPI_COMM_WORLD.
+void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
+                       const Tolerance& tolerance = {});
+
+}  // namespace kolos::testing
