@@ -1,0 +1,795 @@
+// ProcessGroupMPI against analytic results, at 1, 2, 3 and 4 ranks.
+//
+// Every rank runs every test and issues the same collectives in the same
+// order; checks use EXPECT_* (not ASSERT_*) before collectives so that a rank
+// with a wrong value still takes part in the rest and the job does not hang.
+// Values are rank-dependent with closed-form reductions: rank s contributes
+// (s + 1) * k with k = (index % 5) + 1, so over n ranks
+//   sum = k n (n + 1) / 2,  max = k n,  min = k,  avg = k (n + 1) / 2.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "kolos/core/comm/mpi.h"
+#include "kolos/core/comm/process_group.h"
+#include "kolos/core/error.h"
+
+namespace kolos::comm {
+namespace {
+
+using std::chrono::milliseconds;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// Runs `f`, expecting a kolos::CommError whose message holds every part.
+template <typename F>
+void expect_comm_error(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected kolos::CommError";
+  } catch (const CommError& e) {
+    const std::string message = e.what();
+    for (const auto& part : parts) {
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "message lacks '" << part << "':\n  " << message;
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected kolos::CommError, got: " << e.what();
+  }
+}
+
+// k = (i % 5) + 1 for i = 0..numel-1, as float64.
+at::Tensor pattern(int64_t numel, int64_t shift = 0) {
+  return (at::arange(shift, shift + numel, at::kDouble).remainder(5) + 1);
+}
+
+at::Tensor contribution(int64_t numel, int rank, at::ScalarType dtype, int64_t shift = 0) {
+  return (pattern(numel, shift) * (rank + 1)).to(dtype);
+}
+
+at::Tensor expected_reduction(int64_t numel, int n, ReduceOp op, at::ScalarType dtype,
+                              int64_t shift = 0) {
+  const at::Tensor k = pattern(numel, shift);
+  switch (op) {
+    case ReduceOp::kSum:
+      return (k * (n * (n + 1) / 2)).to(dtype);
+    case ReduceOp::kMax:
+      return (k * n).to(dtype);
+    case ReduceOp::kMin:
+      return k.to(dtype);
+    case ReduceOp::kAvg:
+      if (at::isFloatingType(dtype)) return (k * (n + 1) / 2).to(dtype);
+      // Integers: floor division of the integer sum.
+      return at::floor(k * (n * (n + 1) / 2) / n).to(dtype);
+  }
+  return {};
+}
+
+void expect_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  EXPECT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  EXPECT_TRUE(at::equal(actual, expected))
+      << what << "\nactual:   " << actual.flatten().slice(0, 0, 12)
+      << "\nexpected: " << expected.flatten().slice(0, 0, 12);
+}
+
+std::string dtype_label(at::ScalarType t) { return c10::toString(t); }
+
+class CommTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    rank_ = world_rank();
+    n_ = world_size();
+    pg_ = make_mpi_process_group(MPI_COMM_WORLD, "world");
+  }
+  void TearDown() override { pg_.reset(); }
+
+  int rank_ = 0;
+  int n_ = 1;
+  ProcessGroupPtr pg_;
+};
+
+// Lowers the per-call MPI count limit for one test.
+class MaxCountGuard {
+ public:
+  explicit MaxCountGuard(int64_t count) : previous_(detail::set_max_mpi_count(count)) {}
+  ~MaxCountGuard() { detail::set_max_mpi_count(previous_); }
+
+ private:
+  int64_t previous_;
+};
+
+// ---- basics -------------------------------------------------------------------
+
+TEST_F(CommTest, GroupKnowsItsPlace) {
+  EXPECT_EQ(pg_->rank(), rank_);
+  EXPECT_EQ(pg_->size(), n_);
+  EXPECT_EQ(pg_->name(), "world");
+  EXPECT_EQ(pg_->backend(), "mpi");
+}
+
+TEST(CommNames, ToString) {
+  EXPECT_STREQ(to_string(ReduceOp::kSum), "sum");
+  EXPECT_STREQ(to_string(ReduceOp::kAvg), "avg");
+  EXPECT_STREQ(to_string(ReduceOp::kMax), "max");
+  EXPECT_STREQ(to_string(ReduceOp::kMin), "min");
+  EXPECT_STREQ(to_string(OpType::kAllReduce), "all_reduce");
+  EXPECT_STREQ(to_string(OpType::kReduceScatter), "reduce_scatter");
+  EXPECT_STREQ(to_string(OpType::kAllGather), "all_gather");
+  EXPECT_STREQ(to_string(OpType::kBroadcast), "broadcast");
+  EXPECT_STREQ(to_string(OpType::kAllToAll), "all_to_all");
+  EXPECT_STREQ(to_string(OpType::kSend), "send");
+  EXPECT_STREQ(to_string(OpType::kRecv), "recv");
+  EXPECT_STREQ(to_string(OpType::kBarrier), "barrier");
+}
+
+TEST(CommTimeout, DefaultTimeoutReadsTheEnvironment) {
+  const char* old = std::getenv("KOLOS_COMM_TIMEOUT_S");
+  const std::string saved = old ? old : "";
+  unsetenv("KOLOS_COMM_TIMEOUT_S");
+  EXPECT_EQ(default_timeout(), milliseconds(600'000));
+  setenv("KOLOS_COMM_TIMEOUT_S", "2.5", 1);
+  EXPECT_EQ(default_timeout(), milliseconds(2'500));
+  setenv("KOLOS_COMM_TIMEOUT_S", "120", 1);
+  EXPECT_EQ(default_timeout(), milliseconds(120'000));
+  for (const char* bad : {"abc", "10s", "-1", "0", "nan", "1e30"}) {
+    setenv("KOLOS_COMM_TIMEOUT_S", bad, 1);
+    expect_comm_error([] { default_timeout(); },
+                      {"KOLOS_COMM_TIMEOUT_S", std::string("'") + bad + "'", "seconds"});
+  }
+  if (old) {
+    setenv("KOLOS_COMM_TIMEOUT_S", saved.c_str(), 1);
+  } else {
+    unsetenv("KOLOS_COMM_TIMEOUT_S");
+  }
+}
+
+TEST(CommStats, TotalBytesSumsAllOps) {
+  CommStats stats;
+  EXPECT_EQ(stats.total_bytes(), 0u);
+  stats.bytes[static_cast<int>(OpType::kAllReduce)] = 10;
+  stats.bytes[static_cast<int>(OpType::kSend)] = 5;
+  EXPECT_EQ(stats.total_bytes(), 15u);
+}
+
+// A backend that implements nothing: every collective fails by name.
+class BareGroup final : public ProcessGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+  std::string backend() const override { return "bare"; }
+  CommStats stats() const override { return {}; }
+  void reset_stats() override {}
+
+ private:
+  std::string name_ = "g";
+};
+
+TEST(CommBase, UnimplementedOpsFailByName) {
+  BareGroup group;
+  const at::Tensor t = at::zeros({4});
+  const std::vector<std::string> base = {"backend 'bare'", "group 'g'", "does not support"};
+  auto with = [&](const char* op) {
+    auto parts = base;
+    parts.push_back(op);
+    return parts;
+  };
+  expect_comm_error([&] { group.all_reduce(t); }, with("all_reduce"));
+  expect_comm_error([&] { group.reduce_scatter(t, {t}); }, with("reduce_scatter"));
+  expect_comm_error([&] { group.reduce_scatter_flat(t, t); }, with("reduce_scatter_flat"));
+  expect_comm_error([&] { group.all_gather({t}, t); }, with("all_gather"));
+  expect_comm_error([&] { group.all_gather_flat(t, t); }, with("all_gather_flat"));
+  expect_comm_error([&] { group.broadcast(t, 0); }, with("broadcast"));
+  expect_comm_error([&] { group.all_to_all(t, t); }, with("all_to_all"));
+  expect_comm_error([&] { group.send(t, 0); }, with("send"));
+  expect_comm_error([&] { group.recv(t, 0); }, with("recv"));
+  expect_comm_error([&] { group.barrier(); }, with("barrier"));
+}
+
+// ---- reductions, every dtype x every op ---------------------------------------
+
+const std::vector<at::ScalarType> kReduceDtypes = {
+    at::kFloat, at::kDouble, at::kInt, at::kLong, at::kByte, at::kChar, at::kBFloat16, at::kHalf};
+const std::vector<ReduceOp> kReduceOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax,
+                                          ReduceOp::kMin};
+
+class ReduceTest : public CommTest,
+                   public testing::WithParamInterface<std::tuple<at::ScalarType, ReduceOp>> {};
+
+TEST_P(ReduceTest, AllReduce) {
+  const auto [dtype, op] = GetParam();
+  const std::string what = std::string("all_reduce ") + to_string(op) + " " + dtype_label(dtype);
+  at::Tensor t = contribution(1000, rank_, dtype).reshape({10, 100});
+  pg_->all_reduce(t, op)->wait();
+  expect_equal(t, expected_reduction(1000, n_, op, dtype).reshape({10, 100}), what);
+}
+
+TEST_P(ReduceTest, ReduceScatterUneven) {
+  const auto [dtype, op] = GetParam();
+  // Chunk r has r + 2 elements: sizes differ between ranks. Chunk r holds the
+  // pattern shifted by r so that chunks differ too.
+  std::vector<at::Tensor> inputs;
+  for (int r = 0; r < n_; ++r) inputs.push_back(contribution(r + 2, rank_, dtype, r));
+  at::Tensor output = at::empty({rank_ + 2}, at::TensorOptions().dtype(dtype));
+  pg_->reduce_scatter(output, inputs, op)->wait();
+  expect_equal(output, expected_reduction(rank_ + 2, n_, op, dtype, rank_),
+               std::string("reduce_scatter ") + to_string(op) + " " + dtype_label(dtype));
+}
+
+TEST_P(ReduceTest, ReduceScatterFlat) {
+  const auto [dtype, op] = GetParam();
+  const int64_t chunk = 37;
+  at::Tensor input = contribution(chunk * n_, rank_, dtype);
+  at::Tensor output = at::empty({chunk}, at::TensorOptions().dtype(dtype));
+  pg_->reduce_scatter_flat(output, input, op)->wait();
+  expect_equal(
+      output,
+      expected_reduction(chunk * n_, n_, op, dtype).slice(0, rank_ * chunk, (rank_ + 1) * chunk),
+      std::string("reduce_scatter_flat ") + to_string(op) + " " + dtype_label(dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesTimesOps, ReduceTest,
+                         testing::Combine(testing::ValuesIn(kReduceDtypes),
+                                          testing::ValuesIn(kReduceOps)),
+                         [](const auto& info) {
+                           return dtype_label(std::get<0>(info.param)) + "_" +
+                                  to_string(std::get<1>(info.param));
+                         });
+
+TEST_F(CommTest, IntegerAverageFloors) {
+  // Rank s holds -(s + 1): the sum is -n(n+1)/2, its floor-divided average
+  // floor(-(n+1)/2), e.g. -2 (not -1) at n = 2.
+  at::Tensor t = at::full({5}, -(rank_ + 1), at::kLong);
+  pg_->all_reduce(t, ReduceOp::kAvg)->wait();
+  const int64_t sum = -static_cast<int64_t>(n_) * (n_ + 1) / 2;
+  const int64_t floor_avg = sum >= 0 ? sum / n_ : -((-sum + n_ - 1) / n_);
+  expect_equal(t, at::full({5}, floor_avg, at::kLong), "avg of negative int64");
+}
+
+TEST_F(CommTest, ReduceScatterWithPackedInputs) {
+  // Inputs that are consecutive views of one buffer are used without packing.
+  at::Tensor flat = contribution(3 * n_, rank_, at::kFloat);
+  std::vector<at::Tensor> inputs = flat.split(3);
+  at::Tensor output = at::empty({3});
+  pg_->reduce_scatter(output, inputs)->wait();
+  expect_equal(
+      output,
+      expected_reduction(3 * n_, n_, ReduceOp::kSum, at::kFloat).slice(0, 3 * rank_, 3 * rank_ + 3),
+      "reduce_scatter of views");
+}
+
+// ---- gathers ------------------------------------------------------------------
+
+// Rank r's all_gather input: r + 1 elements (uneven), values r * 10 + j % 7.
+at::Tensor gather_input(int r, at::ScalarType dtype) {
+  at::Tensor v = at::arange(r + 1, at::kDouble).remainder(7) + r * 10;
+  if (dtype == at::kBool) v = v.remainder(2);
+  return v.to(dtype);
+}
+
+class GatherTest : public CommTest, public testing::WithParamInterface<at::ScalarType> {};
+
+TEST_P(GatherTest, AllGatherUneven) {
+  const at::ScalarType dtype = GetParam();
+  at::Tensor input = gather_input(rank_, dtype);
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < n_; ++r) {
+    outputs.push_back(at::full({r + 1}, 99, at::TensorOptions().dtype(dtype)));
+  }
+  pg_->all_gather(outputs, input)->wait();
+  for (int r = 0; r < n_; ++r) {
+    expect_equal(outputs[r], gather_input(r, dtype), "all_gather slot " + std::to_string(r));
+  }
+}
+
+TEST_P(GatherTest, AllGatherIntoViewsOfOneBuffer) {
+  // Outputs are consecutive views (received in place); the input is this
+  // rank's own slot (MPI_IN_PLACE).
+  const at::ScalarType dtype = GetParam();
+  const int64_t total = static_cast<int64_t>(n_) * (n_ + 1) / 2;
+  at::Tensor buffer = at::zeros({total}, at::TensorOptions().dtype(dtype));
+  std::vector<int64_t> sizes;
+  for (int r = 0; r < n_; ++r) sizes.push_back(r + 1);
+  std::vector<at::Tensor> outputs = buffer.split_with_sizes(sizes);
+  outputs[rank_].copy_(gather_input(rank_, dtype));
+  pg_->all_gather(outputs, outputs[rank_])->wait();
+  for (int r = 0; r < n_; ++r) {
+    expect_equal(outputs[r], gather_input(r, dtype),
+                 "in-place all_gather slot " + std::to_string(r));
+  }
+}
+
+TEST_P(GatherTest, AllGatherFlat) {
+  const at::ScalarType dtype = GetParam();
+  const int64_t chunk = 5;
+  auto chunk_of = [&](int r) {
+    at::Tensor v = at::arange(chunk, at::kDouble) + r * 10;
+    if (dtype == at::kBool) v = v.remainder(2);
+    return v.to(dtype);
+  };
+  at::Tensor output = at::zeros({n_ * chunk}, at::TensorOptions().dtype(dtype));
+  pg_->all_gather_flat(output, chunk_of(rank_))->wait();
+  for (int r = 0; r < n_; ++r) {
+    expect_equal(output.slice(0, r * chunk, (r + 1) * chunk), chunk_of(r),
+                 "all_gather_flat chunk " + std::to_string(r));
+  }
+  // In place: the input is this rank's chunk of the output.
+  at::Tensor in_place = at::zeros({n_ * chunk}, at::TensorOptions().dtype(dtype));
+  in_place.slice(0, rank_ * chunk, (rank_ + 1) * chunk).copy_(chunk_of(rank_));
+  pg_->all_gather_flat(in_place, in_place.slice(0, rank_ * chunk, (rank_ + 1) * chunk))->wait();
+  expect_equal(in_place, output, "in-place all_gather_flat");
+}
+
+TEST_P(GatherTest, BroadcastFromEveryRoot) {
+  const at::ScalarType dtype = GetParam();
+  for (int root = 0; root < n_; ++root) {
+    auto value_of = [&](int r) {
+      at::Tensor v = at::arange(64, at::kDouble).remainder(9) + r;
+      if (dtype == at::kBool) v = v.remainder(2);
+      return v.to(dtype).reshape({8, 8});
+    };
+    at::Tensor t = value_of(rank_);
+    pg_->broadcast(t, root)->wait();
+    expect_equal(t, value_of(root), "broadcast from root " + std::to_string(root));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GatherTest,
+                         testing::Values(at::kFloat, at::kDouble, at::kInt, at::kLong, at::kByte,
+                                         at::kChar, at::kBFloat16, at::kHalf, at::kBool),
+                         [](const auto& info) { return dtype_label(info.param); });
+
+// ---- all_to_all ---------------------------------------------------------------
+
+// Element (row i, column c) that rank s sends to rank r.
+double a2a_value(int s, int r, int64_t i, int64_t c) { return s * 1000 + r * 100 + i * 10 + c; }
+
+TEST_F(CommTest, AllToAllUneven) {
+  // Rank s sends s + 2r + 1 rows of 3 columns to rank r; so this rank
+  // receives r + 2 * rank + 1 rows from rank r. Splits differ per rank and
+  // per direction.
+  const int64_t cols = 3;
+  std::vector<int64_t> in_splits(n_), out_splits(n_);
+  int64_t in_rows = 0, out_rows = 0;
+  for (int r = 0; r < n_; ++r) {
+    in_splits[r] = rank_ + 2 * r + 1;
+    out_splits[r] = r + 2 * rank_ + 1;
+    in_rows += in_splits[r];
+    out_rows += out_splits[r];
+  }
+  at::Tensor input = at::empty({in_rows, cols}, at::kDouble);
+  int64_t row = 0;
+  for (int r = 0; r < n_; ++r) {
+    for (int64_t i = 0; i < in_splits[r]; ++i, ++row) {
+      for (int64_t c = 0; c < cols; ++c) input[row][c] = a2a_value(rank_, r, i, c);
+    }
+  }
+  at::Tensor output = at::full({out_rows, cols}, -1.0, at::kDouble);
+  pg_->reset_stats();
+  pg_->all_to_all(output, input, out_splits, in_splits)->wait();
+  at::Tensor expected = at::empty({out_rows, cols}, at::kDouble);
+  row = 0;
+  for (int s = 0; s < n_; ++s) {
+    for (int64_t i = 0; i < out_splits[s]; ++i, ++row) {
+      for (int64_t c = 0; c < cols; ++c) expected[row][c] = a2a_value(s, rank_, i, c);
+    }
+  }
+  expect_equal(output, expected, "uneven all_to_all");
+  uint64_t sent = 0;
+  for (int r = 0; r < n_; ++r) {
+    if (r != rank_) sent += in_splits[r] * cols * sizeof(double);
+  }
+  EXPECT_EQ(pg_->stats().bytes[static_cast<int>(OpType::kAllToAll)], sent);
+}
+
+TEST_F(CommTest, AllToAllEvenSplitBFloat16) {
+  // Empty splits: 2 rows of 4 per peer.
+  const int64_t rows = 2, cols = 4;
+  at::Tensor input = at::empty({n_ * rows, cols}, at::kFloat);
+  for (int r = 0; r < n_; ++r) {
+    input.slice(0, r * rows, (r + 1) * rows)
+        .copy_(at::arange(rows * cols, at::kFloat).reshape({rows, cols}) + rank_ * 16 + r);
+  }
+  input = input.to(at::kBFloat16);
+  at::Tensor output = at::zeros_like(input);
+  pg_->all_to_all(output, input)->wait();
+  for (int s = 0; s < n_; ++s) {
+    at::Tensor expected =
+        (at::arange(rows * cols, at::kFloat).reshape({rows, cols}) + s * 16 + rank_)
+            .to(at::kBFloat16);
+    expect_equal(output.slice(0, s * rows, (s + 1) * rows), expected,
+                 "even all_to_all block from " + std::to_string(s));
+  }
+}
+
+// ---- point-to-point -------------------------------------------------------------
+
+TEST_F(CommTest, SendRecvRingLargerThanEagerLimit) {
+  // Every rank sends first, then receives: with blocking MPI calls on one
+  // thread this deadlocks once messages exceed the eager limit (4 KiB here);
+  // 1 M floats = 4 MB.
+  const int64_t numel = 1 << 20;
+  const int right = (rank_ + 1) % n_;
+  const int left = (rank_ + n_ - 1) % n_;
+  at::Tensor out = at::arange(numel, at::kFloat) + rank_;
+  at::Tensor in = at::zeros({numel}, at::kFloat);
+  WorkPtr sent = pg_->send(out, right, 3);
+  WorkPtr received = pg_->recv(in, left, 3);
+  received->wait();
+  sent->wait();
+  expect_equal(in, at::arange(numel, at::kFloat) + left, "ring recv");
+}
+
+TEST_F(CommTest, SendRecvKeepsMessageOrderAndTags) {
+  // Three messages to the right, two tags: the tag-7 message is received
+  // first although it was sent last; same-tag messages keep their order.
+  const int right = (rank_ + 1) % n_;
+  const int left = (rank_ + n_ - 1) % n_;
+  std::vector<WorkPtr> works;
+  works.push_back(pg_->send(at::full({3}, rank_ * 10 + 1, at::kLong), right, 1));
+  works.push_back(pg_->send(at::full({3}, rank_ * 10 + 2, at::kLong), right, 1));
+  works.push_back(pg_->send(at::full({3}, rank_ * 10 + 3, at::kLong), right, 7));
+  at::Tensor c = at::zeros({3}, at::kLong), a = at::zeros({3}, at::kLong),
+             b = at::zeros({3}, at::kLong);
+  works.push_back(pg_->recv(c, left, 7));
+  works.push_back(pg_->recv(a, left, 1));
+  works.push_back(pg_->recv(b, left, 1));
+  for (auto& w : works) w->wait();
+  expect_equal(a, at::full({3}, left * 10 + 1, at::kLong), "first tag-1 message");
+  expect_equal(b, at::full({3}, left * 10 + 2, at::kLong), "second tag-1 message");
+  expect_equal(c, at::full({3}, left * 10 + 3, at::kLong), "tag-7 message");
+}
+
+TEST_F(CommTest, RecvOfWrongSizeNamesThePeer) {
+  // Rank 0 receives from `peer` (itself when alone): first a message shorter
+  // than its tensor, then a longer one (MPI's truncation error).
+  const int peer = n_ > 1 ? 1 : 0;
+  if (rank_ == peer) {
+    pg_->send(at::ones({5}), 0, 11);
+    pg_->send(at::ones({8}), 0, 12);
+  }
+  if (rank_ == 0) {
+    at::Tensor longer = at::zeros({8});
+    expect_comm_error([&] { pg_->recv(longer, peer, 11)->wait(); },
+                      {"recv from rank " + std::to_string(peer), "tag 11", "group 'world'",
+                       "received 5 elements but the tensor expects 8"});
+    at::Tensor shorter = at::zeros({5});
+    expect_comm_error([&] { pg_->recv(shorter, peer, 12)->wait(); },
+                      {"recv from rank " + std::to_string(peer), "tag 12", "truncat"});
+  }
+  pg_->barrier()->wait();  // the sends completed everywhere before the group goes
+}
+
+TEST_F(CommTest, WaitTimesOutOnARecvNobodySends) {
+  const int peer = n_ > 1 ? 1 : 0;
+  at::Tensor t = at::zeros({16});
+  WorkPtr pending;
+  if (rank_ == 0) {
+    pending = pg_->recv(t, peer, 42);
+    const auto start = std::chrono::steady_clock::now();
+    expect_comm_error([&] { pending->wait(milliseconds(20)); },
+                      {"recv from rank " + std::to_string(peer), "tag 42", "group 'world'",
+                       "did not complete within 20 ms", "KOLOS_COMM_TIMEOUT_S"});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    EXPECT_FALSE(pending->is_completed());
+  }
+  // Only after rank 0 timed out does the peer send the matching message.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ == peer) pg_->send(at::full({16}, 4.0f), 0, 42)->wait();
+  if (rank_ == 0) {
+    pending->wait();
+    expect_equal(t, at::full({16}, 4.0f), "late recv");
+  }
+}
+
+TEST_F(CommTest, PendingRecvDoesNotBlockLaterCollectives) {
+  // A recv whose message comes last must not stall the group's collectives.
+  const int right = (rank_ + 1) % n_;
+  const int left = (rank_ + n_ - 1) % n_;
+  at::Tensor in = at::zeros({4});
+  WorkPtr received = pg_->recv(in, left, 5);
+  at::Tensor sum = at::ones({4});
+  pg_->all_reduce(sum)->wait();
+  expect_equal(sum, at::full({4}, static_cast<float>(n_)), "all_reduce behind a pending recv");
+  pg_->send(at::full({4}, static_cast<float>(rank_)), right, 5)->wait();
+  received->wait();
+  expect_equal(in, at::full({4}, static_cast<float>(left)), "recv after the collective");
+}
+
+// ---- asynchrony -------------------------------------------------------------------
+
+TEST_F(CommTest, SeveralOpsInFlightWaitedInReverse) {
+  const int right = (rank_ + 1) % n_;
+  const int left = (rank_ + n_ - 1) % n_;
+  at::Tensor a = contribution(4096, rank_, at::kFloat);
+  at::Tensor b = at::full({100}, static_cast<double>(rank_), at::kDouble);
+  at::Tensor c_in = at::full({7}, static_cast<int64_t>(rank_), at::kLong);
+  at::Tensor c_out = at::zeros({7 * n_}, at::kLong);
+  at::Tensor d_out = at::full({1000}, static_cast<float>(rank_));
+  at::Tensor d_in = at::zeros({1000});
+  at::Tensor g = contribution(333, rank_, at::kBFloat16);
+  std::vector<WorkPtr> works;
+  works.push_back(pg_->all_reduce(a));
+  works.push_back(pg_->broadcast(b, n_ - 1));
+  works.push_back(pg_->all_gather_flat(c_out, c_in));
+  works.push_back(pg_->send(d_out, right));
+  works.push_back(pg_->recv(d_in, left));
+  works.push_back(pg_->barrier());
+  works.push_back(pg_->all_reduce(g, ReduceOp::kMax));
+  for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+  for (auto& w : works) EXPECT_TRUE(w->is_completed());
+  expect_equal(a, expected_reduction(4096, n_, ReduceOp::kSum, at::kFloat), "a");
+  expect_equal(b, at::full({100}, static_cast<double>(n_ - 1), at::kDouble), "b");
+  for (int r = 0; r < n_; ++r) {
+    expect_equal(c_out.slice(0, 7 * r, 7 * r + 7),
+                 at::full({7}, static_cast<int64_t>(r), at::kLong), "c chunk " + std::to_string(r));
+  }
+  expect_equal(d_in, at::full({1000}, static_cast<float>(left)), "d");
+  expect_equal(g, expected_reduction(333, n_, ReduceOp::kMax, at::kBFloat16), "g");
+}
+
+TEST_F(CommTest, IsCompletedEventuallyBecomesTrue) {
+  at::Tensor t = at::ones({1 << 16});
+  WorkPtr work = pg_->all_reduce(t);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!work->is_completed() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_TRUE(work->is_completed());
+  work->wait(milliseconds(0));  // already complete: returns at once
+  expect_equal(t, at::full({1 << 16}, static_cast<float>(n_)), "polled all_reduce");
+}
+
+TEST_F(CommTest, TwoGroupsOverTheSameRanksRunIndependently) {
+  ProcessGroupPtr other = make_mpi_process_group(MPI_COMM_WORLD, "other");
+  at::Tensor x = at::ones({1 << 18});
+  at::Tensor y = at::full({1 << 10}, static_cast<double>(rank_), at::kDouble);
+  WorkPtr wx = pg_->all_reduce(x);
+  WorkPtr wy = other->all_reduce(y, ReduceOp::kMax);
+  wy->wait();
+  wx->wait();
+  expect_equal(x, at::full({1 << 18}, static_cast<float>(n_)), "world");
+  expect_equal(y, at::full({1 << 10}, static_cast<double>(n_ - 1), at::kDouble), "other");
+}
+
+TEST(CommLifetime, DestroyingAGroupCancelsAPendingRecv) {
+  ProcessGroupPtr self = make_mpi_process_group(MPI_COMM_SELF, "lonely");
+  at::Tensor t = at::zeros({8});
+  WorkPtr work = self->recv(t, 0, 9);
+  self.reset();
+  EXPECT_TRUE(work->is_completed());
+  expect_comm_error([&] { work->wait(milliseconds(0)); },
+                    {"recv from rank 0", "group 'lonely'", "cancelled", "destroyed"});
+}
+
+// ---- a group of one ---------------------------------------------------------------
+
+TEST(CommSingleton, EveryOpWorksOnAGroupOfOne) {
+  ProcessGroupPtr self = make_mpi_process_group(MPI_COMM_SELF, "self");
+  EXPECT_EQ(self->size(), 1);
+  EXPECT_EQ(self->rank(), 0);
+  at::Tensor t = at::arange(10, at::kFloat);
+  const at::Tensor original = t.clone();
+  self->all_reduce(t, ReduceOp::kAvg)->wait();
+  expect_equal(t, original, "all_reduce avg of one");
+  at::Tensor out = at::zeros({10});
+  self->reduce_scatter(out, {t})->wait();
+  expect_equal(out, original, "reduce_scatter of one");
+  self->reduce_scatter_flat(out, t, ReduceOp::kMax)->wait();
+  expect_equal(out, original, "reduce_scatter_flat of one");
+  std::vector<at::Tensor> outs = {at::zeros({10})};
+  self->all_gather(outs, t)->wait();
+  expect_equal(outs[0], original, "all_gather of one");
+  self->all_gather_flat(out, t)->wait();
+  expect_equal(out, original, "all_gather_flat of one");
+  self->broadcast(t, 0)->wait();
+  expect_equal(t, original, "broadcast of one");
+  at::Tensor rows = at::zeros({10});
+  self->all_to_all(rows, t)->wait();
+  expect_equal(rows, original, "all_to_all of one");
+  at::Tensor big_out = at::arange(1 << 20, at::kFloat);
+  at::Tensor big_in = at::zeros({1 << 20});
+  WorkPtr s = self->send(big_out, 0);
+  WorkPtr r = self->recv(big_in, 0);
+  r->wait();
+  s->wait();
+  expect_equal(big_in, big_out, "send to self");
+  self->barrier()->wait();
+  const CommStats stats = self->stats();
+  EXPECT_EQ(stats.bytes[static_cast<int>(OpType::kAllReduce)], 0u);
+  EXPECT_EQ(stats.bytes[static_cast<int>(OpType::kSend)], (1u << 20) * 4);
+  EXPECT_EQ(stats.calls[static_cast<int>(OpType::kBarrier)], 1u);
+}
+
+// ---- byte counters --------------------------------------------------------------
+
+TEST_F(CommTest, ByteCountersFollowTheFormulas) {
+  const auto n = static_cast<uint64_t>(n_);
+  const auto me = static_cast<uint64_t>(rank_);
+  pg_->reset_stats();
+  EXPECT_EQ(pg_->stats().total_bytes(), 0u);
+
+  at::Tensor ar = at::ones({1000});  // 4000 bytes
+  pg_->all_reduce(ar)->wait();
+
+  std::vector<at::Tensor> rs_in;  // rank r's share: r + 1 floats
+  for (int r = 0; r < n_; ++r) rs_in.push_back(at::ones({r + 1}));
+  at::Tensor rs_out = at::zeros({rank_ + 1});
+  pg_->reduce_scatter(rs_out, rs_in)->wait();
+  at::Tensor rsf_in = at::ones({10 * n_});
+  at::Tensor rsf_out = at::zeros({10});
+  pg_->reduce_scatter_flat(rsf_out, rsf_in)->wait();
+
+  at::Tensor ag_in = at::ones({rank_ + 1}, at::kDouble);
+  std::vector<at::Tensor> ag_out;
+  for (int r = 0; r < n_; ++r) ag_out.push_back(at::zeros({r + 1}, at::kDouble));
+  pg_->all_gather(ag_out, ag_in)->wait();
+  at::Tensor agf_in = at::ones({7}, at::kLong);
+  at::Tensor agf_out = at::zeros({7 * n_}, at::kLong);
+  pg_->all_gather_flat(agf_out, agf_in)->wait();
+
+  at::Tensor bc = at::ones({100});
+  pg_->broadcast(bc, 0)->wait();
+
+  at::Tensor a2a_in = at::ones({2 * n_, 3}, at::kBFloat16);
+  at::Tensor a2a_out = at::zeros({2 * n_, 3}, at::kBFloat16);
+  pg_->all_to_all(a2a_out, a2a_in)->wait();
+
+  at::Tensor p2p_out = at::ones({50});
+  at::Tensor p2p_in = at::zeros({50});
+  WorkPtr s = pg_->send(p2p_out, (rank_ + 1) % n_);
+  pg_->recv(p2p_in, (rank_ + n_ - 1) % n_)->wait();
+  s->wait();
+  pg_->barrier()->wait();
+
+  const CommStats st = pg_->stats();
+  auto bytes = [&](OpType op) { return st.bytes[static_cast<int>(op)]; };
+  auto calls = [&](OpType op) { return st.calls[static_cast<int>(op)]; };
+  EXPECT_EQ(bytes(OpType::kAllReduce), 2 * (n - 1) * 4000 / n);
+  const uint64_t rs_total = n * (n + 1) / 2 * 4;
+  const uint64_t rs_bytes = (rs_total - (me + 1) * 4) + (n - 1) * 10 * 4;
+  EXPECT_EQ(bytes(OpType::kReduceScatter), rs_bytes);
+  const uint64_t ag_bytes = (me + 1) * 8 * (n - 1) + 7 * 8 * (n - 1);
+  EXPECT_EQ(bytes(OpType::kAllGather), ag_bytes);
+  const uint64_t bc_bytes = rank_ == 0 ? 400 * (n - 1) : 0;
+  EXPECT_EQ(bytes(OpType::kBroadcast), bc_bytes);
+  const uint64_t a2a_bytes = (n - 1) * 2 * 3 * 2;
+  EXPECT_EQ(bytes(OpType::kAllToAll), a2a_bytes);
+  EXPECT_EQ(bytes(OpType::kSend), 200u);
+  EXPECT_EQ(bytes(OpType::kRecv), 0u);
+  EXPECT_EQ(bytes(OpType::kBarrier), 0u);
+  EXPECT_EQ(st.total_bytes(),
+            2 * (n - 1) * 4000 / n + rs_bytes + ag_bytes + bc_bytes + a2a_bytes + 200);
+  EXPECT_EQ(calls(OpType::kAllReduce), 1u);
+  EXPECT_EQ(calls(OpType::kReduceScatter), 2u);
+  EXPECT_EQ(calls(OpType::kAllGather), 2u);
+  EXPECT_EQ(calls(OpType::kBroadcast), 1u);
+  EXPECT_EQ(calls(OpType::kAllToAll), 1u);
+  EXPECT_EQ(calls(OpType::kSend), 1u);
+  EXPECT_EQ(calls(OpType::kRecv), 1u);
+  EXPECT_EQ(calls(OpType::kBarrier), 1u);
+  pg_->reset_stats();
+  EXPECT_EQ(pg_->stats().total_bytes(), 0u);
+  EXPECT_EQ(pg_->stats().calls[static_cast<int>(OpType::kAllReduce)], 0u);
+}
+
+// ---- transfers larger than one MPI call ----------------------------------------
+
+TEST_F(CommTest, LargeTransfersAreSplitIntoSeveralMpiCalls) {
+  MaxCountGuard guard(7);  // every rank sets the same limit
+  at::Tensor t = contribution(100, rank_, at::kLong);
+  pg_->all_reduce(t, ReduceOp::kMax)->wait();
+  expect_equal(t, expected_reduction(100, n_, ReduceOp::kMax, at::kLong), "chunked all_reduce");
+  at::Tensor h = contribution(50, rank_, at::kHalf);
+  pg_->all_reduce(h)->wait();
+  expect_equal(h, expected_reduction(50, n_, ReduceOp::kSum, at::kHalf), "chunked fp16 all_reduce");
+  at::Tensor b = at::full({23}, static_cast<double>(rank_), at::kDouble);
+  pg_->broadcast(b, n_ - 1)->wait();
+  expect_equal(b, at::full({23}, static_cast<double>(n_ - 1), at::kDouble), "chunked broadcast");
+  at::Tensor out = at::arange(100, at::kFloat) + rank_;
+  at::Tensor in = at::zeros({100});
+  const int left = (rank_ + n_ - 1) % n_;
+  WorkPtr s = pg_->send(out, (rank_ + 1) % n_);
+  pg_->recv(in, left)->wait();
+  s->wait();
+  expect_equal(in, at::arange(100, at::kFloat) + left, "chunked send/recv");
+  // The variable-size collectives reject what one call cannot carry.
+  std::vector<at::Tensor> outs;
+  for (int r = 0; r < n_; ++r) outs.push_back(at::zeros({8}));
+  expect_comm_error([&] { pg_->all_gather(outs, at::zeros({8})); },
+                    {"all_gather", "group 'world'", "has 8 elements", "(7, MPI counts"});
+  expect_comm_error([&] { pg_->reduce_scatter_flat(at::zeros({8}), at::zeros({8 * n_})); },
+                    {"reduce_scatter_flat", "input has " + std::to_string(8 * n_) + " elements"});
+}
+
+// ---- argument validation (in the caller's thread) -------------------------------
+
+TEST_F(CommTest, ArgumentErrorsNameGroupOpAndSizes) {
+  const std::string group =
+      "group 'world' (rank " + std::to_string(rank_) + " of " + std::to_string(n_) + ")";
+  const at::Tensor f = at::zeros({4});
+  expect_comm_error(
+      [&] {
+        pg_->all_reduce(at::zeros({4, 4}).t());
+      },
+      {"all_reduce", group, "not contiguous", "strides [1, 4]"});
+  expect_comm_error([&] { pg_->all_reduce(at::zeros({4}, at::kBool)); },
+                    {"all_reduce", "cannot reduce (sum) bool"});
+  expect_comm_error([&] { pg_->broadcast(at::zeros({4}, at::kComplexFloat), 0); },
+                    {"broadcast", "has dtype", "supported: float32"});
+  expect_comm_error([&] { pg_->all_reduce(at::Tensor()); }, {"all_reduce", "undefined"});
+  std::vector<at::Tensor> too_many(n_ + 1, f);
+  expect_comm_error(
+      [&] { pg_->reduce_scatter(f, too_many); },
+      {"reduce_scatter", "inputs has " + std::to_string(n_ + 1) +
+                             " tensors, expected one per rank (" + std::to_string(n_) + ")"});
+  std::vector<at::Tensor> fours(n_, f);
+  expect_comm_error([&] { pg_->reduce_scatter(at::zeros({3}), fours); },
+                    {"reduce_scatter",
+                     "output has 3 elements but inputs[" + std::to_string(rank_) + "]", "has 4"});
+  expect_comm_error([&] { pg_->reduce_scatter_flat(f, at::zeros({4 * n_ + 1})); },
+                    {"reduce_scatter_flat", "input has " + std::to_string(4 * n_ + 1) +
+                                                " elements, expected group size " +
+                                                std::to_string(n_) + " x output's 4"});
+  std::vector<at::Tensor> doubles(n_, at::zeros({4}, at::kDouble));
+  expect_comm_error([&] { pg_->all_gather(doubles, f); },
+                    {"all_gather", "outputs[0] has dtype float64 but input has float32"});
+  expect_comm_error(
+      [&] { pg_->all_gather(fours, at::zeros({5})); },
+      {"all_gather", "outputs[" + std::to_string(rank_) + "]", "has 4 elements", "input has 5"});
+  expect_comm_error([&] { pg_->all_gather_flat(at::zeros({4 * n_ + 2}), f); },
+                    {"all_gather_flat", "output has " + std::to_string(4 * n_ + 2) + " elements"});
+  expect_comm_error(
+      [&] { pg_->broadcast(f, n_); },
+      {"broadcast", "root is rank " + std::to_string(n_), "ranks 0.." + std::to_string(n_ - 1)});
+  expect_comm_error([&] { pg_->send(f, -1); }, {"send", "dst is rank -1", group});
+  expect_comm_error([&] { pg_->recv(f, n_ + 3); },
+                    {"recv", "src is rank " + std::to_string(n_ + 3)});
+  expect_comm_error([&] { pg_->recv(f, 0, -2); }, {"recv", "tag -2"});
+  at::Tensor rows = at::zeros({2 * n_, 3});
+  std::vector<int64_t> bad_splits(n_, 1);  // sums to n rows, input has 2n
+  expect_comm_error([&] { pg_->all_to_all(rows, rows, {}, bad_splits); },
+                    {"all_to_all", "in_splits sums to " + std::to_string(n_) +
+                                       " rows but input has " + std::to_string(2 * n_)});
+  expect_comm_error(
+      [&] {
+        pg_->all_to_all(at::zeros({2 * n_, 4}), rows);
+      },
+      {"all_to_all", "a row of input has 3 elements", "output has 4"});
+  expect_comm_error([&] { pg_->all_to_all(rows, rows, std::vector<int64_t>(n_ + 1, 1), {}); },
+                    {"all_to_all", "out_splits has " + std::to_string(n_ + 1) + " entries"});
+  if (n_ > 1) {
+    expect_comm_error([&] { pg_->all_to_all(at::zeros({n_ + 1}), at::zeros({n_ + 1})); },
+                      {"all_to_all", "not a multiple of the group size"});
+    std::vector<int64_t> in_splits(n_, 0), out_splits(n_, 0);
+    in_splits[rank_] = 1;
+    in_splits[(rank_ + 1) % n_] = 2 * n_ - 1;
+    out_splits[(rank_ + 1) % n_] = 2 * n_;
+    expect_comm_error([&] { pg_->all_to_all(rows, rows, out_splits, in_splits); },
+                      {"all_to_all", "sends itself 1 rows", "expects 0"});
+  }
+  // Nothing was enqueued: the group still works.
+  at::Tensor ok = at::ones({3});
+  pg_->all_reduce(ok)->wait();
+  expect_equal(ok, at::full({3}, static_cast<float>(n_)), "all_reduce after rejected calls");
+}
+
+}  // namespace
+}  // namespace kolos::comm
