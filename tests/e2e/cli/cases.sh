@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# End-to-end cases for the `kolos` command, one per CTest test:
+#   cases.sh CASE       (environment: KOLOS, KOLOS_SOURCE_DIR, KOLOS_BINARY_DIR)
+# Failure cases check four things: a non-zero exit, no signal or core dump,
+# no hang (every command runs under `timeout`), and a message on stderr that
+# names what is wrong.
+set -uo pipefail
+case_name=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+tiny="$KOLOS_SOURCE_DIR/examples/gpt-tiny.toml"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_failure REGEX -- CMD...: CMD must fail cleanly with REGEX on stderr.
+expect_failure() {
+  local regex=$1; shift; [[ $1 == -- ]] && shift
+  timeout 120 "$@" >out.txt 2>err.txt
+  local rc=$?
+  cat out.txt err.txt
+  [[ $rc -ne 124 ]] || fail "timed out (hang): $*"
+  [[ $rc -ne 0 ]] || fail "exit code 0, expected a failure: $*"
+  [[ $rc -lt 128 ]] || fail "killed by a signal (exit $rc): $*"
+  ! grep -qi "core dumped\|segmentation fault\|terminate called" err.txt || fail "crashed: $*"
+  # Messages may span lines: match against stderr joined into one line.
+  tr '\n' ' ' <err.txt | grep -Eq -- "$regex" || fail "stderr does not match /$regex/: $*"
+  echo "ok: exit $rc, message matches /$regex/"
+}
+
+expect_success() {
+  timeout 300 "$@" >out.txt 2>err.txt
+  local rc=$?
+  cat out.txt err.txt
+  [[ $rc -eq 0 ]] || fail "exit $rc: $*"
+}
+
+# Writes N uint16 tokens 0,1,2,... (mod 200) to FILE, with token BAD at index AT (optional).
+write_tokens() {
+  python3 - "$@" <<'PY'
+import struct, sys
+path, n = sys.argv[1], int(sys.argv[2])
+bad_at = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+bad = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+ids = [i % 200 for i in range(n)]
+if bad_at >= 0: ids[bad_at] = bad
+open(path, "wb").write(struct.pack("<%dH" % n, *ids))
+PY
+}
+
+case "$case_name" in
+  help)
+    for cmd in train run plugins version "data prepare"; do
+      # shellcheck disable=SC2086
+      out=$(timeout 30 "$KOLOS" $cmd --help) || fail "kolos $cmd --help failed"
+      grep -q "usage: kolos $cmd" <<<"$out" || fail "kolos $cmd --help prints no usage"
+    done
+    out=$(timeout 30 "$KOLOS" --help) || fail "kolos --help"
+    grep -q "commands:" <<<"$out" || fail "kolos --help lists no commands"
+    expect_failure "unknown command .trian. \(did you mean .train.\?\)" -- "$KOLOS" trian x.toml
+    ;;
+  version)
+    expect_success "$KOLOS" version
+    grep -q "kolos [0-9]" out.txt && grep -q "LibTorch" out.txt && grep -q "Open MPI" out.txt ||
+      fail "version output incomplete"
+    ;;
+  plugins)
+    expect_success "$KOLOS" plugins
+    grep -Eq "^dp +gradients" out.txt || fail "dp plugin not listed"
+    ;;
+  malformed_toml)
+    printf '[model]\nlayers = 2\nhidden = = 3\n' >bad.toml
+    expect_failure "bad\.toml:3" -- "$KOLOS" train bad.toml
+    ;;
+  unknown_key)
+    printf '[model]\nhiden = 64\n' >typo.toml
+    expect_failure "typo\.toml:2.*model\.hiden.*[Dd]id you mean .hidden." -- "$KOLOS" train typo.toml
+    ;;
+  unknown_plugin)
+    expect_failure "no plugin named .zero7." -- \
+      "$KOLOS" run -n 2 "$tiny" --set plugins.gradients=zero7
+    ;;
+  missing_zero_plugin)
+    # zero stages are separate plugins; without them the error says where it looked.
+    expect_failure "zero2.*searched" -- "$KOLOS" train "$tiny" --set parallel.data=1 --set parallel.zero.stage=2
+    ;;
+  mesh_mismatch)
+    expect_failure "world size is 3" -- "$KOLOS" run -n 3 "$tiny" --set parallel.data=2
+    ;;
+  data_missing)
+    expect_failure "/nonexistent/train\.bin" -- "$KOLOS" run -n 2 "$tiny" \
+      --set data.kind=tokens --set data.path=/nonexistent/train.bin
+    ;;
+  data_too_short)
+    write_tokens short.bin 10
+    expect_failure "short\.bin.*needs at least 33 tokens" -- "$KOLOS" train "$tiny" \
+      --set parallel.data=1 --set data.kind=tokens --set data.path=short.bin
+    ;;
+  run_zero_ranks)
+    expect_failure "-n must be at least 1" -- "$KOLOS" run -n 0 "$tiny"
+    ;;
+  rank_failure_ends_job)
+    # One token out of the vocabulary deep in the file: the rank that reads
+    # it mid-run raises; the whole job must end promptly, naming the rank.
+    write_tokens tokens.bin 20000 15000 500
+    expect_failure "rank [01].*500" -- "$KOLOS" run -n 2 "$tiny" \
+      --set data.kind=tokens --set data.path=tokens.bin --set model.vocab=256 \
+      --set train.steps=100000 --set log.progress=off
+    ;;
+  train_dp2)
+    expect_success "$KOLOS" run -n 2 "$tiny" --set train.steps=40 --set log.metrics=m.jsonl
+    line=$(grep "kolos: done:" err.txt) || fail "no summary line"
+    read -r first last < <(sed -E 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/' <<<"$line")
+    python3 -c "import sys; sys.exit(0 if $last < $first - 0.5 else 1)" ||
+      fail "loss did not fall visibly: $first -> $last"
+    [[ $(wc -l <m.jsonl) -eq 40 ]] || fail "metrics file has $(wc -l <m.jsonl) lines, expected 40"
+    python3 -c "
+import json
+rows = [json.loads(l) for l in open('m.jsonl')]
+need = {'step','loss','lr','grad_norm','step_time_s','tokens_per_s','peak_rss_bytes'}
+assert all(need <= set(r) for r in rows), 'missing fields'
+assert [r['step'] for r in rows] == list(range(1, 41))
+" || fail "metrics file malformed"
+    ;;
+  text_data)
+    expect_success "$KOLOS" data prepare "$KOLOS_SOURCE_DIR/README.md" "$KOLOS_SOURCE_DIR/docs/configuration.md" -o text.bin
+    [[ -s text.bin ]] || fail "no token file written"
+    expect_success "$KOLOS" run -n 2 "$tiny" --set data.kind=tokens --set data.path=text.bin \
+      --set model.vocab=256 --set train.steps=10
+    grep -q "kolos: done: 10 steps" err.txt || fail "no summary"
+    ;;
+  install)
+    prefix="$work/prefix"
+    cmake --install "$KOLOS_BINARY_DIR" --prefix "$prefix" >/dev/null || fail "cmake --install failed"
+    for f in bin/kolos lib/libkolos_core.so lib/libkolos_base.so lib/libkolos_modules.so \
+             lib/kolos/plugins/libkolos_dp.so share/kolos/examples/gpt-demo.toml include/kolos/config.h; do
+      [[ -e "$prefix/$f" ]] || fail "$f not installed"
+    done
+    env -u KOLOS_PLUGIN_PATH "$prefix/bin/kolos" plugins >out.txt || fail "installed kolos plugins failed"
+    grep -q "$prefix/lib/kolos/plugins/libkolos_dp.so" out.txt || { cat out.txt; fail "installed kolos does not find its plugins"; }
+    env -u KOLOS_PLUGIN_PATH timeout 120 "$prefix/bin/kolos" train "$prefix/share/kolos/examples/gpt-tiny.toml" \
+      --set parallel.data=1 --set train.steps=3 2>err.txt || { cat err.txt; fail "installed kolos cannot train"; }
+    ;;
+  *)
+    fail "unknown case $case_name"
+    ;;
+esac
+echo "PASS $case_name"
