@@ -8,6 +8,9 @@ BUILD  ?= build
 JOBS   ?= $(shell nproc)
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_MAXSIZE ?= 5G
+# Clones in other folders share the cache (paths are rewritten relative).
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
 .PHONY: deps configure build demo test install clean
 
