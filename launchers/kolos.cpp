@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kolos/config.h"
+#include "kolos/core/devices.h"
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
@@ -189,6 +190,10 @@ int version(const std::vector<std::string>& args) {
             << "  CUDA " << (KOLOS_CUDA_ENABLED ? "on" : "off") << ", NCCL "
             << (KOLOS_WITH_NCCL ? "on" : "off") << ", UCX " << (KOLOS_WITH_UCX ? "on" : "off")
             << "\n";
+  const int gpus = cuda::device_count();
+  std::cout << "  GPUs      " << gpus;
+  for (int d = 0; d < gpus; ++d) std::cout << (d ? ", " : " (") << cuda::device_name(d);
+  std::cout << (gpus ? ")\n" : "\n");
   return 0;
 }
 

@@ -46,11 +46,12 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
   std::vector<std::string> cmd = {o.mpirun, "-np", std::to_string(o.ranks)};
   if (o.root) cmd.push_back("--allow-run-as-root");
   if (o.ranks > cores) {
-    // More ranks than cores: let ranks share cores and yield while waiting,
-    // or busy-polling ranks starve each other.
+    // More ranks than cores: let ranks share cores.
     cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});
-    cmd.insert(cmd.end(), {"--mca", "mpi_yield_when_idle", "1"});
   }
+  // Each rank has a compute thread and a communication thread; a blocking
+  // MPI call polling without yielding would take the core backward needs.
+  cmd.insert(cmd.end(), {"--mca", "mpi_yield_when_idle", "1"});
   if (KOLOS_WITH_UCX && !o.no_ucx) {
     // UCX is not picked by default without InfiniBand; it is ~3x faster here.
     cmd.insert(cmd.end(), {"--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca",

@@ -1,7 +1,7 @@
 // dp: data parallelism for any model — the default "gradients" plugin.
 //
-// Gradients live in flat buckets (about `parallel.bucket_mb` each, filled in
-// reverse parameter order, which is roughly the order backward produces
+// Gradients live in flat buckets (about `parallel.bucket_mb` each, the first
+// at most 1 MiB, filled in reverse parameter order, which is roughly the order backward produces
 // them); every parameter's .grad is a view into its bucket, so autograd
 // accumulates micro-batches in place. On the last micro-batch of a step a
 // post-hook on each parameter's gradient accumulator counts the bucket's
@@ -145,10 +145,14 @@ class DataParallel : public GradientStrategy {
       current.clear();
       bytes = 0;
     };
+    // The first bucket (the last parameters, ready first) is small, as in
+    // PyTorch DDP, so that communication starts early in backward.
+    constexpr int64_t kFirstBucketBytes = 1 << 20;
     for (size_t k = params_.size(); k-- > 0;) {
       const at::Tensor& t = params_[k].tensor;
+      const int64_t limit = buckets_.empty() ? std::min(bucket_bytes, kFirstBucketBytes) : bucket_bytes;
       if (!current.empty() && (params_[current.front()].tensor.dtype() != t.dtype() ||
-                               bytes + t.numel() * t.element_size() > bucket_bytes)) {
+                               bytes + t.numel() * t.element_size() > limit)) {
         flush();
       }
       current.push_back(k);

@@ -10,19 +10,27 @@
 namespace kolos {
 
 double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh) {
-  // Sum of squares per set of sharded axes, then one all_reduce per set.
-  std::map<uint8_t, double> sums;
+  // Per set of sharded axes: the pieces' norms (in their own dtype, no
+  // copies), squared and summed in double with one host sync per set.
+  std::map<uint8_t, std::vector<at::Tensor>> norms;
   for (const auto& piece : pieces) {
-    if (!piece.grad.defined()) continue;
-    double sq = piece.grad.to(torch::kDouble).pow(2).sum().item<double>();
-    sums[piece.placement.sharded().bits()] += sq;
+    if (!piece.grad.defined() || piece.grad.numel() == 0) continue;
+    norms[piece.placement.sharded().bits()].push_back(piece.grad.norm());
+  }
+  std::map<uint8_t, double> sums;
+  for (const auto& [bits, list] : norms) {
+    sums[bits] = torch::stack(list).to(torch::kDouble).pow(2).sum().item<double>();
   }
   // Every rank must reduce the same sets in the same order: the sets any
-  // rank holds, agreed by a max over one flag per set.
-  uint16_t mine = 0;
-  for (const auto& [bits, sum] : sums) mine |= static_cast<uint16_t>(1u << bits);
+  // rank holds, agreed by a max over one flag per set (no communication
+  // when every piece is replicated, the common case).
   at::Tensor flags = torch::zeros({16}, torch::kInt64);
-  for (int b = 0; b < 16; ++b) flags[b] = (mine >> b) & 1;
+  for (const auto& [bits, sum] : sums) flags[bits] = 1;
+  bool any_sharded = false;
+  for (const auto& [bits, sum] : sums) any_sharded |= bits != 0;
+  at::Tensor any = torch::tensor({static_cast<int64_t>(any_sharded)}, torch::kInt64);
+  mesh.world()->all_reduce(any, comm::ReduceOp::kMax)->wait();
+  if (any.item<int64_t>() == 0) return std::sqrt(sums.count(0) ? sums[0] : 0.0);
   mesh.world()->all_reduce(flags, comm::ReduceOp::kMax)->wait();
   double total = 0.0;
   for (int b = 0; b < 16; ++b) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kolos/core/devices.h"
 #include "kolos/core/error.h"
 
 namespace kolos {
@@ -84,6 +85,7 @@ Runtime::Runtime(int* argc, char*** argv) {
     if (end != env && *end == '\0' && value >= 1) threads_ = static_cast<int>(value);
   }
   at::set_num_threads(threads_);
+  device_ = cuda::select_device(info_.local_rank);
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) set_blas_threads(threads_);
 }
 

@@ -40,10 +40,14 @@ class Runtime {
   // Threads this rank gives LibTorch/BLAS (cores of the node / local ranks,
   // or KOLOS_THREADS).
   int threads() const { return threads_; }
+  // The GPU this rank uses (node-local rank modulo the GPUs of the node),
+  // or -1 without one.
+  int device() const { return device_; }
 
  private:
   RankInfo info_;
   int threads_ = 1;
+  int device_ = -1;
   bool finalize_ = false;
 };
 
