@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""PyTorch DDP peer of kolos's data-parallel GPT run (bench/run_dp_bench.sh).
+
+    /usr/bin/python3 bench/peers/gpt_ddp.py --ranks 2 --threads 1 \
+        --layers 4 --hidden 256 --heads 8 --seq-len 128 --vocab 2048 \
+        --global-batch 16 --micro-batch 8 --steps 30 --warmup 5
+
+The model is written out with torch.nn to match kolos's GPT
+(modules/src/gpt/gpt.cpp, core/src/engine/layer_factory.cpp) op for op:
+token + position embeddings N(0, init_std); pre-LN blocks
+x + attn(ln_1(x)), h + mlp(ln_2(h)); separate q/k/v/o Linear(hidden, hidden)
+with bias; causal softmax(QK^T/sqrt(d))V with the mask built per forward;
+MLP Linear(h, 4h) -> GELU(tanh) -> Linear(4h, h); ln_f; logits tied to wte;
+mean cross-entropy. Output projections use std init_std/sqrt(2*layers), as
+kolos does.
+
+Training: N ranks from torch.multiprocessing.spawn, gloo over 127.0.0.1,
+DistributedDataParallel with its defaults (bucket_cap_mb=25, the same as
+kolos's parallel.bucket_mb), global_batch split over ranks and micro-batches
+(no_sync() on all but the last micro-batch, loss / M), clip_grad_norm_,
+warm-up + cosine learning rate, torch.optim.AdamW (betas 0.9/0.95, eps 1e-8,
+weight decay 0). Data: synthetic arithmetic progressions modulo vocab of
+seq_len + 1 tokens (the same kind of task as kolos's synthetic source; the
+token values do not change the cost of a step).
+
+Timing: a step is timed on each rank from before the data to after
+optimizer.step() (as kolos's step_time_s), and a step's time is the slowest
+rank's. Prints one JSON line: the median over the steps after the first
+--warmup, tokens/s from that median, and every step's time.
+"""
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch/BLAS threads per rank")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--mlp-ratio", type=int, default=4)
+    p.add_argument("--init-std", type=float, default=0.02)
+    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the median")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-lr", type=float, default=3e-4)
+    p.add_argument("--warmup-steps", type=int, default=10, help="learning-rate warm-up")
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--bucket-mb", type=int, default=25)
+    p.add_argument("--seed", type=int, default=1234)
+    a = p.parse_args(argv)
+    if a.hidden % a.heads:
+        p.error("--hidden must be a multiple of --heads")
+    if a.global_batch % (a.micro_batch * a.ranks):
+        p.error("--global-batch must be a multiple of --micro-batch x --ranks")
+    return a
+
+
+def build_model(a):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    out_std = a.init_std / math.sqrt(2.0 * a.layers)
+
+    def linear(i, o, std):
+        m = nn.Linear(i, o, bias=True)
+        nn.init.normal_(m.weight, 0.0, std)
+        nn.init.zeros_(m.bias)
+        return m
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads, self.head_dim = a.heads, a.hidden // a.heads
+            self.q_proj = linear(a.hidden, a.hidden, a.init_std)
+            self.k_proj = linear(a.hidden, a.hidden, a.init_std)
+            self.v_proj = linear(a.hidden, a.hidden, a.init_std)
+            self.o_proj = linear(a.hidden, a.hidden, out_std)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+
+            def split(z):
+                return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+            q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+            scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(mask, float("-inf"))
+            y = torch.matmul(torch.softmax(scores, -1), v)
+            return self.o_proj(y.transpose(1, 2).reshape(b, t, a.hidden))
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up_proj = linear(a.hidden, a.mlp_ratio * a.hidden, a.init_std)
+            self.down_proj = linear(a.mlp_ratio * a.hidden, a.hidden, out_std)
+
+        def forward(self, x):
+            return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(a.hidden), Attention()
+            self.ln_2, self.mlp = nn.LayerNorm(a.hidden), Mlp()
+
+        def forward(self, x):
+            h = x + self.attn(self.ln_1(x))
+            return h + self.mlp(self.ln_2(h))
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(a.vocab, a.hidden)
+            self.wpe = nn.Embedding(a.seq_len, a.hidden)
+            nn.init.normal_(self.wte.weight, 0.0, a.init_std)
+            nn.init.normal_(self.wpe.weight, 0.0, a.init_std)
+            self.h = nn.ModuleList(Block() for _ in range(a.layers))
+            self.ln_f = nn.LayerNorm(a.hidden)
+
+        def forward(self, tokens, targets):
+            pos = torch.arange(tokens.size(1), dtype=torch.long)
+            x = self.wte(tokens) + self.wpe(pos).unsqueeze(0)
+            for block in self.h:
+                x = block(x)
+            logits = torch.matmul(self.ln_f(x), self.wte.weight.t())  # tied head
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    return Gpt()
+
+
+def lr_at(a, step):
+    if step < a.warmup_steps:
+        return a.lr * (step + 1) / a.warmup_steps
+    decay = max(1, a.steps - a.warmup_steps)
+    progress = min(1.0, (step - a.warmup_steps) / decay)
+    return a.min_lr + 0.5 * (a.lr - a.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def synthetic_batch(torch, a, first_index, count):
+    """`count` samples of seq_len + 1 tokens: (start + i*stride) mod vocab."""
+    g = torch.Generator().manual_seed(a.seed * 1_000_003 + first_index)
+    start = torch.randint(0, a.vocab, (count, 1), generator=g)
+    stride = torch.tensor([1, 2, 3, 5])[torch.randint(0, 4, (count, 1), generator=g)]
+    tokens = (start + stride * torch.arange(a.seq_len + 1)) % a.vocab
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def worker(rank, a, port, queue):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(a.threads)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    torch.manual_seed(a.seed)  # the same initial weights on every rank
+    model = DDP(build_model(a), bucket_cap_mb=a.bucket_mb)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                            weight_decay=a.weight_decay)
+    accumulation = a.global_batch // (a.micro_batch * a.ranks)
+    times, losses = [], []
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        loss_sum = 0.0
+        for m in range(accumulation):
+            first = step * a.global_batch + (m * a.ranks + rank) * a.micro_batch
+            inputs, targets = synthetic_batch(torch, a, first, a.micro_batch)
+            if m + 1 < accumulation:
+                with model.no_sync():
+                    loss = model(inputs, targets)
+                    (loss / accumulation).backward()
+            else:
+                loss = model(inputs, targets)
+                (loss / accumulation).backward()
+            loss_sum += loss.item()
+        if a.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(a, step)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss_sum / accumulation)
+    # Slowest rank per step, mean loss over ranks (after the timed loop).
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    l = torch.tensor(losses, dtype=torch.float64)
+    dist.all_reduce(l, op=dist.ReduceOp.SUM)
+    if rank == 0:
+        queue.put((t.tolist(), (l / a.ranks).tolist()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    a = parse_args()
+    # Threads are sized before torch loads (OpenBLAS reads this at load time).
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(a.threads)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.spawn(worker, args=(a, free_port(), queue), nprocs=a.ranks, join=True)
+    times, losses = queue.get()
+    skip = min(a.warmup, max(0, len(times) - 1))
+    med = statistics.median(times[skip:])
+    print(json.dumps({
+        "bench": "pytorch_ddp", "torch": torch.__version__, "backend": "gloo",
+        "ranks": a.ranks, "threads": a.threads, "steps": len(times), "warmup": skip,
+        "global_batch": a.global_batch, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
+        "step_time_s_median": med, "tokens_per_s": a.global_batch * a.seq_len / med,
+        "first_loss": losses[0], "final_loss": losses[-1],
+        "step_times_s": [round(x, 6) for x in times],
+    }))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Data parallelism vs PyTorch DDP, and kolos on one rank vs a plain LibTorch
+# loop, on one GPT shape, all measured in this one invocation.
+#
+#   bench/run_dp_bench.sh [--layers 4] [--hidden 256] [--heads 8] [--seq-len 64]
+#                         [--vocab 2048] [--global-batch 8] [--micro-batch 4]
+#                         [--steps 30] [--warmup 5] [--threads-1rank 1]
+#                         [--threads-2rank 1] [--build build]
+#
+# Builds nothing: it needs build/bin/kolos, build/bin/bench_plain_loop and
+# plugins (ninja -C build kolos bench_plain_loop), OpenMPI's mpirun and
+# Debian's python3-torch (/usr/bin/python3). It writes a temporary TOML for
+# the shape, then runs, in this order:
+#   kolos-1     build/bin/kolos train CFG          (1 rank, the dp plugin)
+#   plain-1     build/bin/bench_plain_loop CFG     (same model, plain loop)
+#   kolos-dp2   build/bin/kolos run -n 2 CFG       (dp over 2 ranks, mpirun)
+#   ddp2        bench/peers/gpt_ddp.py --ranks 2   (PyTorch DDP, gloo)
+# and prints the median step time of each (steps after the first --warmup;
+# for the 2-rank runs a step's time is the slowest rank's), tokens/s from
+# that median, and the ratios kolos-1 / plain-1 and kolos-dp2 / ddp2.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+python=${PYTHON:-/usr/bin/python3}
+
+layers=4 hidden=256 heads=8 seq_len=64 vocab=2048
+global_batch=8 micro_batch=4 steps=30 warmup=5
+threads1=1 threads2=1 build=build
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --layers) layers=$2 ;;
+    --hidden) hidden=$2 ;;
+    --heads) heads=$2 ;;
+    --seq-len) seq_len=$2 ;;
+    --vocab) vocab=$2 ;;
+    --global-batch) global_batch=$2 ;;
+    --micro-batch) micro_batch=$2 ;;
+    --steps) steps=$2 ;;
+    --warmup) warmup=$2 ;;
+    --threads-1rank) threads1=$2 ;;
+    --threads-2rank) threads2=$2 ;;
+    --build) build=$2 ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_dp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+if (( warmup >= steps )); then
+  echo "run_dp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
+fi
+
+cd "$root"
+kolos=$build/bin/kolos
+plain=$build/bin/bench_plain_loop
+for f in "$kolos" "$plain"; do
+  [[ -x $f ]] || { echo "run_dp_bench.sh: $f not built (ninja -C $build kolos bench_plain_loop)" >&2; exit 1; }
+done
+"$python" -c 'import torch.distributed' 2>/dev/null ||
+  { echo "run_dp_bench.sh: $python has no torch (apt-get install python3-torch)" >&2; exit 1; }
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-dp-bench.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+cfg=$tmp/gpt.toml
+cat > "$cfg" <<TOML
+# written by bench/run_dp_bench.sh
+[model]
+name = "gpt"
+layers = $layers
+hidden = $hidden
+heads = $heads
+seq_len = $seq_len
+vocab = $vocab
+
+[data]
+kind = "synthetic"
+
+[optim]
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 10
+grad_clip = 1.0
+
+[train]
+global_batch = $global_batch
+micro_batch = $micro_batch
+steps = $steps
+seed = 1234
+
+[log]
+progress = "off"
+TOML
+
+shape="layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab, global_batch $global_batch, micro_batch $micro_batch, $steps steps (median of the last $((steps - warmup)))"
+echo "shape: $shape"
+echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+echo "BLAS: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
+
+echo "[1/4] kolos-1: $kolos train (1 rank, $threads1 thread)" >&2
+KOLOS_THREADS=$threads1 OMP_NUM_THREADS=$threads1 OPENBLAS_NUM_THREADS=$threads1 \
+  "$kolos" train "$cfg" --set log.metrics="$tmp/kolos1.jsonl" > "$tmp/kolos1.log" 2>&1 ||
+  { cat "$tmp/kolos1.log" >&2; exit 1; }
+
+echo "[2/4] plain-1: $plain (1 process, $threads1 thread)" >&2
+OMP_NUM_THREADS=$threads1 OPENBLAS_NUM_THREADS=$threads1 \
+  "$plain" "$cfg" --threads "$threads1" --warmup "$warmup" > "$tmp/plain1.json" 2> "$tmp/plain1.log" ||
+  { cat "$tmp/plain1.log" >&2; exit 1; }
+
+echo "[3/4] kolos-dp2: $kolos run -n 2 ($threads2 thread per rank)" >&2
+KOLOS_THREADS=$threads2 \
+  "$kolos" run -n 2 "$cfg" --set log.metrics="$tmp/kolosdp2.jsonl" > "$tmp/kolosdp2.log" 2>&1 ||
+  { cat "$tmp/kolosdp2.log" >&2; exit 1; }
+
+echo "[4/4] ddp2: $python bench/peers/gpt_ddp.py --ranks 2 ($threads2 thread per rank)" >&2
+"$python" "$here/peers/gpt_ddp.py" --ranks 2 --threads "$threads2" --layers "$layers" \
+  --hidden "$hidden" --heads "$heads" --seq-len "$seq_len" --vocab "$vocab" \
+  --global-batch "$global_batch" --micro-batch "$micro_batch" --steps "$steps" \
+  --warmup "$warmup" > "$tmp/ddp2.json" 2> "$tmp/ddp2.log" ||
+  { cat "$tmp/ddp2.log" >&2; exit 1; }
+
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$python" - "$tmp" "$warmup" "$global_batch" "$seq_len" "$threads1" "$threads2" <<'PY'
+import json, statistics, sys
+tmp, warmup, batch, seq, t1, t2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+
+def kolos(name):
+    rows = [json.loads(l) for l in open(f"{tmp}/{name}.jsonl") if l.strip()]
+    times = [r["step_time_s"] for r in rows if r["step"] > warmup]
+    return statistics.median(times), rows[0]["loss"], rows[-1]["loss"]
+
+def peer(name):
+    r = json.loads(open(f"{tmp}/{name}.json").read().strip().splitlines()[-1])
+    return r["step_time_s_median"], r["first_loss"], r["final_loss"]
+
+runs = [("kolos-1", "1", t1, kolos("kolos1")), ("plain-1", "1", t1, peer("plain1")),
+        ("kolos-dp2", "2", t2, kolos("kolosdp2")), ("ddp2", "2", t2, peer("ddp2"))]
+print()
+print(f"{'run':<10} {'ranks':>5} {'thr/rank':>8} {'median step ms':>15} {'tokens/s':>10} {'loss first -> last':>20}")
+for name, ranks, thr, (med, first, last) in runs:
+    print(f"{name:<10} {ranks:>5} {thr:>8} {med * 1e3:>15.1f} {batch * seq / med:>10.0f} {first:>9.4f} -> {last:<8.4f}")
+m = {name: v[0] for name, _, _, v in runs}
+print()
+print(f"kolos-1 / plain-1   (overhead of the engine on 1 rank): {m['kolos-1'] / m['plain-1']:.3f}")
+print(f"kolos-dp2 / ddp2    (step time, 2 ranks):               {m['kolos-dp2'] / m['ddp2']:.3f}")
+print(f"kolos-1 / kolos-dp2 (speed-up from 2 ranks):          {m['kolos-1'] / m['kolos-dp2']:.2f}x")
+PY
