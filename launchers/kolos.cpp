@@ -24,6 +24,7 @@
 #include "kolos/core/plugin.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/runtime.h"
+#include "kolos/core/signals.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 #include "launch.h"
@@ -112,8 +113,16 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());
     }
+    install_stop_handlers();
     TrainSummary summary = engine.train();
     if (runtime.rank() == 0) std::fprintf(stderr, "%s\n", format_summary(summary, engine).c_str());
+    if (summary.stopped) {
+      if (runtime.rank() == 0) {
+        std::fprintf(stderr, "kolos: stopped on request after step %lld of %lld\n",
+                     (long long)engine.steps_done(), (long long)engine.config().train.steps);
+      }
+      return kExitStopped;
+    }
     return 0;
   });
 }

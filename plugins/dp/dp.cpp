@@ -21,6 +21,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/gradients.h"
 #include "kolos/core/mesh.h"
+#include "kolos/core/optimizer.h"
 #include "kolos/core/plugin.h"
 
 namespace kolos {
@@ -52,6 +53,7 @@ class DataParallel : public GradientStrategy {
   std::string name() const override { return "dp"; }
 
   void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override {
+    model_ = &model;
     group_ = mesh.group(AxisSet{Axis::kDP, Axis::kSP});
     for (auto& p : model.placed_parameters()) {
       if (p.tensor.requires_grad()) params_.push_back(p);
@@ -62,14 +64,8 @@ class DataParallel : public GradientStrategy {
     build_buckets(std::max<int64_t>(1, bucket_bytes));
     if (group_->size() > 1) install_hooks();
 
-    const AdamWSettings s = adamw_settings(config.optim);
-    std::vector<at::Tensor> tensors;
-    for (auto& p : params_) tensors.push_back(p.tensor);
-    optimizer_ = std::make_unique<torch::optim::AdamW>(
-        tensors, torch::optim::AdamWOptions(s.lr)
-                     .betas({s.beta1, s.beta2})
-                     .eps(s.eps)
-                     .weight_decay(s.weight_decay));
+    optimizer_ = std::make_unique<AdamW>(adamw_settings(config.optim));
+    for (auto& p : params_) optimizer_->add(p.name, p.tensor, p.tensor.grad(), p.placement);
   }
 
   void zero_grad() override {
@@ -100,24 +96,17 @@ class DataParallel : public GradientStrategy {
     return pieces;
   }
 
-  void step(double lr) override {
-    for (auto& group : optimizer_->param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
-    optimizer_->step();
-  }
+  void step(double lr) override { optimizer_->step(lr); }
+
+  std::vector<StatePiece> optimizer_state() override { return optimizer_->state_pieces(); }
+  int64_t optimizer_steps() const override { return optimizer_->step_count(); }
+  void set_optimizer_steps(int64_t steps) override { optimizer_->set_step_count(steps); }
 
   MemoryStats memory() const override {
     MemoryStats m;
     for (const auto& p : params_) m.parameter_bytes += p.tensor.numel() * p.tensor.element_size();
     for (const auto& b : buckets_) m.gradient_bytes += b.buffer.numel() * b.buffer.element_size();
-    for (const auto& p : params_) {
-      auto it = optimizer_->state().find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
-      if (it == optimizer_->state().end()) continue;
-      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-      m.optimizer_bytes += s.exp_avg().numel() * s.exp_avg().element_size() +
-                           s.exp_avg_sq().numel() * s.exp_avg_sq().element_size();
-    }
+    m.optimizer_bytes = optimizer_->state_bytes();
     return m;
   }
 
@@ -195,7 +184,7 @@ class DataParallel : public GradientStrategy {
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<AdamW> optimizer_;
   size_t next_launch_ = 0;
   bool sync_ = true;
 };

@@ -10,6 +10,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/plugin.h"
 #include "kolos/core/runtime.h"
+#include "kolos/core/signals.h"
 #include "engine_detail.h"
 
 namespace kolos {
@@ -185,13 +186,16 @@ StepMetrics Engine::step() {
   mesh_->world()->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  at::Tensor maxes = torch::tensor({seconds, static_cast<double>(peak_rss_bytes())}, torch::kDouble);
+  at::Tensor maxes = torch::tensor({seconds, static_cast<double>(peak_rss_bytes()),
+                                    stop_requested() ? 1.0 : 0.0},
+                                   torch::kDouble);
   mesh_->world()->all_reduce(maxes, comm::ReduceOp::kMax)->wait();
 
   metrics.step = step_;
   metrics.loss = sums[0].item<double>() / std::max(1.0, sums[1].item<double>());
   metrics.step_time_s = maxes[0].item<double>();
   metrics.peak_rss_bytes = static_cast<int64_t>(maxes[1].item<double>());
+  metrics.stop = maxes[2].item<double>() > 0;
   metrics.tokens_per_s = static_cast<double>(config_.train.global_batch * config_.model.seq_len) /
                          std::max(1e-9, metrics.step_time_s);
   metrics.idle_fraction = schedule_->idle_fraction();
@@ -215,6 +219,10 @@ TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_ste
     writer.write(m);
     progress.update(m);
     if (on_step) on_step(m);
+    if (m.stop && step_ < config_.train.steps) {
+      summary.stopped = true;
+      break;
+    }
   }
   summary.steps = static_cast<int64_t>(summary.losses.size());
   summary.seconds =

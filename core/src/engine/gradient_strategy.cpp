@@ -48,6 +48,11 @@ double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& 
   return std::sqrt(total);
 }
 
+std::vector<PlacedParameter> GradientStrategy::parameters_at_rest() {
+  KOLOS_CHECK(model_ != nullptr, "gradients plugin `", name(), "` did not record its model");
+  return model_->placed_parameters();
+}
+
 AdamWSettings adamw_settings(const OptimConfig& config) {
   KOLOS_CHECK_KIND(kConfig, config.name == "adamw", "optim.name: unknown optimizer `",
                    config.name, "`; available: adamw");

@@ -130,6 +130,27 @@ assert [r['step'] for r in rows] == list(range(1, 41))
       --set model.vocab=256 --set train.steps=10
     grep -q "kolos: done: 10 steps" err.txt || fail "no summary"
     ;;
+  stop_signal)
+    # SIGUSR1 (Slurm's warning before a time limit) reaches the ranks through
+    # mpirun; every rank stops after the same step and the job exits with 3.
+    "$KOLOS" run -n 2 "$tiny" --set train.steps=100000 --set log.metrics=m.jsonl \
+      --set log.progress=off >out.txt 2>err.txt &
+    pid=$!
+    for _ in $(seq 1 600); do
+      [[ -s m.jsonl && $(wc -l <m.jsonl) -ge 3 ]] && break
+      sleep 0.1
+    done
+    [[ -s m.jsonl ]] || { kill -9 $pid; fail "the run wrote no metrics"; }
+    kill -USR1 $pid
+    timeout 60 tail --pid=$pid -f /dev/null || { kill -9 $pid; fail "did not stop within 60 s"; }
+    wait $pid
+    rc=$?
+    cat err.txt
+    [[ $rc -eq 3 ]] || fail "exit code $rc, expected 3 (stopped, resumable)"
+    grep -q "stopped on request after step" err.txt || fail "no stop message"
+    steps=$(wc -l <m.jsonl)
+    grep -q "after step $steps of" err.txt || fail "the stop step differs from the metrics file ($steps lines)"
+    ;;
   install)
     prefix="$work/prefix"
     cmake --install "$KOLOS_BINARY_DIR" --prefix "$prefix" >/dev/null || fail "cmake --install failed"

@@ -36,6 +36,7 @@ struct StepMetrics {
   double idle_fraction = 0.0;
   int64_t peak_rss_bytes = 0;  // max over ranks
   MemoryStats memory;          // this rank's model states
+  bool stop = false;           // some rank was asked to stop (signals.h)
 };
 
 struct TrainSummary {
@@ -46,6 +47,7 @@ struct TrainSummary {
   double tokens_per_s = 0.0;
   int64_t peak_rss_bytes = 0;
   std::vector<double> losses;  // per step
+  bool stopped = false;        // ended early on a stop request
 };
 
 // Which plugin serves each role for a config (built-ins: "serial",
@@ -70,6 +72,8 @@ class Engine {
   StepMetrics step();
   // The remaining steps of the run with progress on rank 0 and the metrics
   // file; `on_step` (optional) sees every step's metrics on every rank.
+  // Ends early, on every rank after the same step, when any rank was asked
+  // to stop (SIGTERM/SIGUSR1/SIGINT once install_stop_handlers() ran).
   TrainSummary train(const std::function<void(const StepMetrics&)>& on_step = {});
 
   // Every parameter as its global tensor, by name, in model order

@@ -23,6 +23,13 @@ namespace kolos {
 
 class DeviceMesh;
 
+// A named tensor piece with its placement (checkpoints, metrics).
+struct StatePiece {
+  std::string name;
+  at::Tensor tensor;
+  Placement placement;
+};
+
 struct GradPiece {
   at::Tensor grad;  // this rank's piece (reduced), may be padded with zeros
   Placement placement;
@@ -47,6 +54,20 @@ class GradientStrategy {
   virtual std::vector<GradPiece> grad_pieces() = 0;
   virtual void step(double lr) = 0;
   virtual MemoryStats memory() const = 0;
+
+  // What a checkpoint saves and loads, as live tensors with placements
+  // (loading writes into them):
+  // - the parameters as this strategy stores them at rest (ZeRO-3: shards);
+  //   the default is the model's placed parameters;
+  virtual std::vector<PlacedParameter> parameters_at_rest();
+  // - the optimizer: "exp_avg/<param>", "exp_avg_sq/<param>" pieces, and
+  //   its step count.
+  virtual std::vector<StatePiece> optimizer_state() = 0;
+  virtual int64_t optimizer_steps() const = 0;
+  virtual void set_optimizer_steps(int64_t steps) = 0;
+
+ protected:
+  Model* model_ = nullptr;  // set by setup() implementations
 };
 
 // Global L2 norm of gradient pieces: each piece's squares are summed over

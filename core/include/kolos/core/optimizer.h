@@ -1,0 +1,54 @@
+// AdamW over slots: the optimizer every gradients plugin uses.
+//
+// A slot is a parameter (or a shard of one: ZeRO) with the gradient tensor
+// to apply and its Placement; the slot's state (first and second moments)
+// has the parameter's local shape and placement, so checkpoints and memory
+// accounting see it like any other piece. State is allocated when a slot is
+// added (zeros), so a checkpoint can be loaded into it before the first step.
+// The update is LibTorch's AdamW (decoupled weight decay, bias correction),
+// operation for operation, so results match torch::optim::AdamW.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kolos/core/gradients.h"
+
+namespace kolos {
+
+struct AdamWSlot {
+  std::string name;  // the parameter's name
+  at::Tensor param;  // updated in place
+  at::Tensor grad;   // read at step(); same shape as param
+  Placement placement;
+  at::Tensor exp_avg;
+  at::Tensor exp_avg_sq;
+};
+
+class AdamW {
+ public:
+  explicit AdamW(AdamWSettings settings);
+
+  void add(std::string name, at::Tensor param, at::Tensor grad, Placement placement);
+  // One update of every slot with learning rate `lr`; increments step().
+  void step(double lr);
+
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t step) { step_ = step; }
+  const std::vector<AdamWSlot>& slots() const { return slots_; }
+  std::vector<AdamWSlot>& slots() { return slots_; }
+  const AdamWSettings& settings() const { return settings_; }
+
+  // "exp_avg/<name>" and "exp_avg_sq/<name>" for every slot (live tensors:
+  // writing into them loads a state). The step count is step_count().
+  std::vector<StatePiece> state_pieces() const;
+  int64_t state_bytes() const;
+
+ private:
+  AdamWSettings settings_;
+  std::vector<AdamWSlot> slots_;
+  int64_t step_ = 0;
+};
+
+}  // namespace kolos
