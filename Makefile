@@ -24,7 +24,7 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	@$(BUILD)/bin/kolos run -n 2 examples/gpt-demo.toml
+	@$(BUILD)/bin/kolos run -n 2 examples/gpt-demo.toml --set log.metrics=$(BUILD)/demo-metrics.jsonl
 
 test: build
 	@cd $(BUILD) && ctest -LE gpu --output-on-failure -j $(JOBS) --timeout 900
