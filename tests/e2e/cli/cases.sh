@@ -151,6 +151,27 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     steps=$(wc -l <m.jsonl)
     grep -q "after step $steps of" err.txt || fail "the stop step differs from the metrics file ($steps lines)"
     ;;
+  killed_rank)
+    # A rank killed outright (no chance to report) must not leave the other
+    # waiting in a collective: mpirun ends the job, non-zero, promptly.
+    # A seed no other case uses marks this job's processes.
+    "$KOLOS" run -n 2 "$tiny" --set train.seed=4242017 --set train.steps=100000 --set log.metrics=m.jsonl \
+      --set log.progress=off >out.txt 2>err.txt &
+    pid=$!
+    for _ in $(seq 1 600); do
+      [[ -s m.jsonl && $(wc -l <m.jsonl) -ge 3 ]] && break
+      sleep 0.1
+    done
+    victim=$(pgrep -f -n "train.seed=4242017") || { kill -9 $pid; fail "no rank process found"; }
+    kill -9 "$victim"
+    timeout 60 tail --pid=$pid -f /dev/null || { kill -9 $pid; fail "job still running 60 s after a rank was killed"; }
+    wait $pid
+    rc=$?
+    cat err.txt
+    [[ $rc -ne 0 ]] || fail "exit code 0 after a rank was killed"
+    sleep 1
+    ! pgrep -f "train.seed=4242017" >/dev/null || { pkill -9 -f "train.seed=4242017"; fail "ranks left behind"; }
+    ;;
   install)
     prefix="$work/prefix"
     cmake --install "$KOLOS_BINARY_DIR" --prefix "$prefix" >/dev/null || fail "cmake --install failed"
