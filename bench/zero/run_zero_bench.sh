@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# ZeRO benchmarks, all measured in this one invocation on one GPT shape:
+#   1. per-rank model-state bytes (parameters + gradients + optimizer states,
+#      as the gradients plugin reports them: at rest plus the step's peak of
+#      transient buffers) of dp, zero1, zero2, zero3 at N = 2 and 4 ranks,
+#      against the ideal 16·P/N of fp32 AdamW;
+#   2. peak RSS per rank (max over ranks) of the same runs;
+#   3. median step time of kolos zero1 vs PyTorch's ZeroRedundancyOptimizer
+#      (DDP + ZeRO-1, gloo, python3-torch) on the same model and ranks.
+#
+#   bench/zero/run_zero_bench.sh [--layers 8] [--hidden 512] [--heads 8] [--seq-len 64]
+#       [--vocab 2048] [--global-batch 8] [--micro-batch 2] [--steps 8] [--warmup 3]
+#       [--bucket-mb 4] [--ranks-time 2] [--build build]
+#
+# Builds nothing: needs build/bin/kolos and the dp, zero1, zero2, zero3
+# plugins (kb kolos kolos_dp kolos_zero1 kolos_zero2 kolos_zero3), mpirun and
+# /usr/bin/python3 with torch. One thread per rank everywhere.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+python=${PYTHON:-/usr/bin/python3}
+layers=8 hidden=512 heads=8 seq_len=64 vocab=2048 global_batch=8 micro_batch=2
+steps=8 warmup=3 bucket_mb=4 ranks_time=2 build=build
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --layers) layers=$2 ;; --hidden) hidden=$2 ;; --heads) heads=$2 ;;
+    --seq-len) seq_len=$2 ;; --vocab) vocab=$2 ;; --global-batch) global_batch=$2 ;;
+    --micro-batch) micro_batch=$2 ;; --steps) steps=$2 ;; --warmup) warmup=$2 ;;
+    --bucket-mb) bucket_mb=$2 ;; --ranks-time) ranks_time=$2 ;; --build) build=$2 ;;
+    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_zero_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+
+cd "$root"
+kolos=$build/bin/kolos
+[[ -x $kolos ]] || { echo "run_zero_bench.sh: $kolos not built" >&2; exit 1; }
+"$python" -c 'import torch.distributed.optim' 2>/dev/null ||
+  { echo "run_zero_bench.sh: $python has no torch (apt-get install python3-torch)" >&2; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KOLOS_THREADS=1
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-zero-bench.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+cfg=$tmp/gpt.toml
+cat > "$cfg" <<TOML
+[model]
+name = "gpt"
+layers = $layers
+hidden = $hidden
+heads = $heads
+seq_len = $seq_len
+vocab = $vocab
+[data]
+kind = "synthetic"
+[optim]
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 10
+grad_clip = 1.0
+[train]
+global_batch = $global_batch
+micro_batch = $micro_batch
+steps = $steps
+seed = 1234
+[parallel]
+bucket_mb = $bucket_mb
+[log]
+progress = "off"
+TOML
+echo "shape: layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab, global_batch $global_batch, micro_batch $micro_batch, bucket_mb $bucket_mb, $steps steps (median of the last $((steps - warmup)))"
+echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load $(cut -d' ' -f1-3 /proc/loadavg) at start"
+
+for n in 2 4; do
+  for stage in 0 1 2 3; do
+    name=s${stage}n$n
+    echo "[kolos] zero stage $stage on $n ranks" >&2
+    "$kolos" run -n "$n" "$cfg" --set parallel.zero.stage=$stage \
+      --set log.metrics="$tmp/$name.jsonl" > "$tmp/$name.log" 2>&1 ||
+      { cat "$tmp/$name.log" >&2; exit 1; }
+  done
+done
+echo "[peer] ZeroRedundancyOptimizer on $ranks_time ranks" >&2
+"$python" "$here/gpt_zero_peer.py" --ranks "$ranks_time" --threads 1 --layers "$layers" \
+  --hidden "$hidden" --heads "$heads" --seq-len "$seq_len" --vocab "$vocab" \
+  --global-batch "$global_batch" --micro-batch "$micro_batch" --steps "$steps" \
+  --warmup "$warmup" --bucket-mb 25 > "$tmp/peer.json" 2> "$tmp/peer.log" ||
+  { cat "$tmp/peer.log" >&2; exit 1; }
+echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+"$python" - "$tmp" "$warmup" "$ranks_time" <<'PY'
+import json, statistics, sys
+tmp, warmup, rt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def rows(name):
+    return [json.loads(l) for l in open(f"{tmp}/{name}.jsonl") if l.strip()]
+P = rows("s0n2")[-1]["param_bytes"] // 4  # dp holds every parameter whole, fp32
+print(f"\nP = {P} parameters ({P / 1e6:.2f} M); fp32 AdamW ideal per rank = 16*P/N bytes")
+print(f"{'run':<7} {'N':>2} {'params MiB':>10} {'grads MiB':>9} {'optim MiB':>9} {'states MiB':>10} "
+      f"{'16P/N MiB':>9} {'states/ideal':>12} {'peak RSS MiB':>12} {'median step s':>13}")
+MiB = 2.0 ** 20
+med = {}
+for n in (2, 4):
+    for s in (0, 1, 2, 3):
+        r = rows(f"s{s}n{n}")
+        last = r[-1]
+        states = last["param_bytes"] + last["grad_bytes"] + last["optimizer_bytes"]
+        ideal = 16 * P / n
+        t = statistics.median(x["step_time_s"] for x in r if x["step"] > warmup)
+        med[(s, n)] = t
+        name = "dp" if s == 0 else f"zero{s}"
+        print(f"{name:<7} {n:>2} {last['param_bytes'] / MiB:>10.1f} {last['grad_bytes'] / MiB:>9.1f} "
+              f"{last['optimizer_bytes'] / MiB:>9.1f} {states / MiB:>10.1f} {ideal / MiB:>9.1f} "
+              f"{states / ideal:>12.3f} {last['peak_rss_bytes'] / MiB:>12.1f} {t:>13.3f}")
+peer = json.loads(open(f"{tmp}/peer.json").read().strip().splitlines()[-1])
+print()
+print(f"PyTorch ZeroRedundancyOptimizer (DDP + ZeRO-1, gloo) on {rt} ranks: median step "
+      f"{peer['step_time_s_median']:.3f} s, peak RSS {peer['peak_rss_bytes'] / MiB:.1f} MiB, "
+      f"loss {peer['first_loss']:.4f} -> {peer['final_loss']:.4f}")
+print(f"kolos zero1 / ZeroRedundancyOptimizer (step time, {rt} ranks): "
+      f"{med[(1, rt)] / peer['step_time_s_median']:.3f}")
+for n in (2, 4):
+    print(f"N={n}: zero3 states / 16P/N = "
+          f"{(lambda l: (l['param_bytes'] + l['grad_bytes'] + l['optimizer_bytes']) / (16 * P / n))(rows(f's3n{n}')[-1]):.3f}; "
+          f"peak RSS zero3 / dp = {rows(f's3n{n}')[-1]['peak_rss_bytes'] / rows(f's0n{n}')[-1]['peak_rss_bytes']:.3f}; "
+          f"step time zero1/2/3 / dp = " + ", ".join(f"{med[(s, n)] / med[(0, n)]:.2f}" for s in (1, 2, 3)))
+PY
