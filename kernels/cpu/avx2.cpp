@@ -1,0 +1,189 @@
+// The AVX2 level (AVX2 + FMA + F16C), 8 floats per vector.
+//
+// Every function carries the target attribute and nothing from the standard
+// library is used (see avx512_body.h for why). Tails (n % 8 elements) are
+// copied into zero-padded blocks and run through the same vector code.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernel_table.h"
+
+#define KOLOS_TARGET __attribute__((target("avx2,fma,f16c")))
+
+namespace kolos::kernels::detail {
+namespace {
+
+template <int G>
+KOLOS_TARGET inline __m256 load8(const void* base, int64_t i) {
+  if constexpr (G == 0) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (G == 1) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    if constexpr (G == 2) return _mm256_cvtph_ps(h);
+  }
+}
+
+KOLOS_TARGET inline __m128i to_bf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  const __m256i rne =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  const __m256i signed_zero = _mm256_and_si256(hi, _mm256_set1_epi32(0x8000));
+  const __m256i subnormal = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7F800000)),
+                                               _mm256_setzero_si256());
+  __m256i r = _mm256_blendv_epi8(rne, signed_zero, subnormal);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  // Every lane is <= 0xFFFF, so unsigned saturation packs without change.
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+template <int D>
+KOLOS_TARGET inline void store8(void* base, int64_t i, __m256 x) {
+  if constexpr (D == 0) {
+    _mm256_storeu_ps(static_cast<float*>(base) + i, x);
+  } else {
+    __m128i h;
+    if constexpr (D == 1) h = to_bf16(x);
+    if constexpr (D == 2) h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i), h);
+  }
+}
+
+constexpr int64_t elem_size(int kind) { return kind == 0 ? 4 : 2; }
+
+KOLOS_TARGET inline void copy_bytes(void* dst, const void* src, int64_t bytes) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  for (int64_t i = 0; i < bytes; ++i) d[i] = s[i];
+}
+
+template <int G, int C>
+KOLOS_TARGET inline void adamw8(float* p, const void* g, float* m, float* v, void* copy,
+                                int64_t i, const AdamWScalars& s) {
+  const __m256 gi = _mm256_mul_ps(load8<G>(g, i), _mm256_set1_ps(s.grad_scale));
+  const __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), _mm256_set1_ps(s.weight_decay_factor));
+  const __m256 mi = _mm256_fmadd_ps(gi, _mm256_set1_ps(s.one_minus_beta1),
+                                    _mm256_mul_ps(_mm256_loadu_ps(m + i), _mm256_set1_ps(s.beta1)));
+  const __m256 vi =
+      _mm256_fmadd_ps(_mm256_mul_ps(gi, _mm256_set1_ps(s.one_minus_beta2)), gi,
+                      _mm256_mul_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(s.beta2)));
+  const __m256 denom =
+      _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), _mm256_set1_ps(s.bias_correction2_sqrt)),
+                    _mm256_set1_ps(s.eps));
+  const __m256 pn =
+      _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(s.neg_step_size), mi), denom));
+  _mm256_storeu_ps(p + i, pn);
+  _mm256_storeu_ps(m + i, mi);
+  _mm256_storeu_ps(v + i, vi);
+  if constexpr (C != kNoCopy) store8<C - 1>(copy, i, pn);
+}
+
+template <int G, int C>
+KOLOS_TARGET void adamw(float* p, const void* g, float* m, float* v, void* copy, int64_t n,
+                        const AdamWScalars& s) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) adamw8<G, C>(p, g, m, v, copy, i, s);
+  const int64_t rest = n - i;
+  if (rest == 0) return;
+  alignas(32) float tp[8] = {}, tm[8] = {}, tv[8] = {}, tg[8] = {}, tc[8] = {};
+  const int64_t gsize = elem_size(G), csize = C == kNoCopy ? 0 : elem_size(C - 1);
+  copy_bytes(tp, p + i, rest * 4);
+  copy_bytes(tm, m + i, rest * 4);
+  copy_bytes(tv, v + i, rest * 4);
+  copy_bytes(tg, static_cast<const unsigned char*>(g) + i * gsize, rest * gsize);
+  adamw8<G, C>(tp, tg, tm, tv, tc, 0, s);
+  copy_bytes(p + i, tp, rest * 4);
+  copy_bytes(m + i, tm, rest * 4);
+  copy_bytes(v + i, tv, rest * 4);
+  if constexpr (C != kNoCopy) copy_bytes(static_cast<unsigned char*>(copy) + i * csize, tc, rest * csize);
+}
+
+template <int S, int D>
+KOLOS_TARGET void convert(const void* src, void* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8<D>(dst, i, load8<S>(src, i));
+  const int64_t rest = n - i;
+  if (rest == 0) return;
+  alignas(32) float ts[8] = {}, td[8] = {};
+  copy_bytes(ts, static_cast<const unsigned char*>(src) + i * elem_size(S), rest * elem_size(S));
+  store8<D>(td, 0, load8<S>(ts, 0));
+  copy_bytes(static_cast<unsigned char*>(dst) + i * elem_size(D), td, rest * elem_size(D));
+}
+KOLOS_TARGET void bf16_to_fp32(const uint16_t* src, float* dst, int64_t n) { convert<1, 0>(src, dst, n); }
+KOLOS_TARGET void fp16_to_fp32(const uint16_t* src, float* dst, int64_t n) { convert<2, 0>(src, dst, n); }
+KOLOS_TARGET void fp32_to_bf16(const float* src, uint16_t* dst, int64_t n) { convert<0, 1>(src, dst, n); }
+KOLOS_TARGET void fp32_to_fp16(const float* src, uint16_t* dst, int64_t n) { convert<0, 2>(src, dst, n); }
+
+// 16 elements per round: lanes 0-3, 4-7, 8-11, 12-15 in acc[0..3]; the
+// zero-padded tail adds +0 (exact).
+template <int G>
+KOLOS_TARGET inline void squares16(const void* x, int64_t i, __m256d acc[4]) {
+  const __m256 a = load8<G>(x, i), b = load8<G>(x, i + 8);
+  const __m256d d[4] = {_mm256_cvtps_pd(_mm256_castps256_ps128(a)),
+                        _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)),
+                        _mm256_cvtps_pd(_mm256_castps256_ps128(b)),
+                        _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1))};
+  for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_pd(d[j], d[j], acc[j]);
+}
+
+template <int G>
+KOLOS_TARGET void sum_squares(const void* x, int64_t n, double lanes[16]) {
+  __m256d acc[4];
+  for (int j = 0; j < 4; ++j) acc[j] = _mm256_loadu_pd(lanes + 4 * j);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) squares16<G>(x, i, acc);
+  const int64_t rest = n - i;
+  if (rest > 0) {
+    alignas(32) float t[16] = {};
+    copy_bytes(t, static_cast<const unsigned char*>(x) + i * elem_size(G), rest * elem_size(G));
+    squares16<G>(t, 0, acc);
+  }
+  for (int j = 0; j < 4; ++j) _mm256_storeu_pd(lanes + 4 * j, acc[j]);
+}
+
+template <int G>
+KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
+  const __m256 f = _mm256_set1_ps(factor);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8<G>(x, i, _mm256_mul_ps(load8<G>(x, i), f));
+  const int64_t rest = n - i;
+  if (rest == 0) return;
+  alignas(32) float t[8] = {};
+  unsigned char* tail = static_cast<unsigned char*>(x) + i * elem_size(G);
+  copy_bytes(t, tail, rest * elem_size(G));
+  store8<G>(t, 0, _mm256_mul_ps(load8<G>(t, 0), f));
+  copy_bytes(tail, t, rest * elem_size(G));
+}
+
+}  // namespace
+
+const KernelTable& avx2_table() {
+  static const KernelTable table = [] {
+    KernelTable t{};
+    const AdamWFn rows[kGradKinds][kCopyKinds] = {
+        {&adamw<0, kNoCopy>, &adamw<0, kCopyF32>, &adamw<0, kCopyBF16>, &adamw<0, kCopyF16>},
+        {&adamw<1, kNoCopy>, &adamw<1, kCopyF32>, &adamw<1, kCopyBF16>, &adamw<1, kCopyF16>},
+        {&adamw<2, kNoCopy>, &adamw<2, kCopyF32>, &adamw<2, kCopyBF16>, &adamw<2, kCopyF16>}};
+    for (int gk = 0; gk < kGradKinds; ++gk)
+      for (int ck = 0; ck < kCopyKinds; ++ck) t.adamw[gk][ck] = rows[gk][ck];
+    t.bf16_to_fp32 = &bf16_to_fp32;
+    t.fp16_to_fp32 = &fp16_to_fp32;
+    t.fp32_to_bf16 = &fp32_to_bf16;
+    t.fp32_to_fp16 = &fp32_to_fp16;
+    t.sum_squares[0] = &sum_squares<0>;
+    t.sum_squares[1] = &sum_squares<1>;
+    t.sum_squares[2] = &sum_squares<2>;
+    t.scale[0] = &scale<0>;
+    t.scale[1] = &scale<1>;
+    t.scale[2] = &scale<2>;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace kolos::kernels::detail

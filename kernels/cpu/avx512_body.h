@@ -1,0 +1,153 @@
+// The AVX-512 kernels, included by avx512.cpp (bf16 conversion in integer
+// ops) and avx512_bf16.cpp (vcvtneps2bf16). The includer defines
+// KOLOS_AVX512_TARGET (the target attribute string) and
+// KOLOS_AVX512_HW_BF16 (0 or 1) and calls make_avx512_table().
+//
+// Every function here carries the target attribute; nothing from the
+// standard library is used, so no out-of-line copy of a shared inline
+// function can be compiled with AVX-512 instructions. Tails use masked
+// loads and stores, so the whole buffer runs through the same vector code.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernel_table.h"
+
+#define KOLOS_TARGET __attribute__((target(KOLOS_AVX512_TARGET)))
+
+namespace kolos::kernels::detail {
+namespace {
+
+KOLOS_TARGET inline __mmask16 tail_mask(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+template <int G>
+KOLOS_TARGET inline __m512 load16(const void* base, int64_t i, __mmask16 k) {
+  if constexpr (G == 0) {
+    return _mm512_maskz_loadu_ps(k, static_cast<const float*>(base) + i);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(k, static_cast<const uint16_t*>(base) + i);
+    if constexpr (G == 1) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    if constexpr (G == 2) return _mm512_cvtph_ps(h);
+  }
+}
+
+KOLOS_TARGET inline __m256i to_bf16(__m512 x) {
+#if KOLOS_AVX512_HW_BF16
+  return (__m256i)_mm512_cvtneps_pbh(x);
+#else
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i rne =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  const __m512i signed_zero = _mm512_and_si512(hi, _mm512_set1_epi32(0x8000));
+  const __mmask16 normal = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7F800000));
+  __m512i r = _mm512_mask_mov_epi32(signed_zero, normal, rne);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+#endif
+}
+
+KOLOS_TARGET inline __m256i to_fp16(__m512 x) {
+  return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+// Stores x into a buffer of kind D (0 fp32, 1 bf16, 2 fp16).
+template <int D>
+KOLOS_TARGET inline void store16(void* base, int64_t i, __mmask16 k, __m512 x) {
+  if constexpr (D == 0) _mm512_mask_storeu_ps(static_cast<float*>(base) + i, k, x);
+  if constexpr (D == 1) _mm256_mask_storeu_epi16(static_cast<uint16_t*>(base) + i, k, to_bf16(x));
+  if constexpr (D == 2) _mm256_mask_storeu_epi16(static_cast<uint16_t*>(base) + i, k, to_fp16(x));
+}
+
+template <int G, int C>
+KOLOS_TARGET void adamw(float* p, const void* g, float* m, float* v, void* copy, int64_t n,
+                        const AdamWScalars& s) {
+  const __m512 grad_scale = _mm512_set1_ps(s.grad_scale);
+  const __m512 wd = _mm512_set1_ps(s.weight_decay_factor);
+  const __m512 b1 = _mm512_set1_ps(s.beta1), a1 = _mm512_set1_ps(s.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(s.beta2), a2 = _mm512_set1_ps(s.one_minus_beta2);
+  const __m512 bc2 = _mm512_set1_ps(s.bias_correction2_sqrt);
+  const __m512 eps = _mm512_set1_ps(s.eps);
+  const __m512 step = _mm512_set1_ps(s.neg_step_size);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    const __m512 gi = _mm512_mul_ps(load16<G>(g, i, k), grad_scale);
+    const __m512 pi = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + i), wd);
+    const __m512 mi = _mm512_fmadd_ps(gi, a1, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, m + i), b1));
+    const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(gi, a2), gi,
+                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(k, v + i), b2));
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
+    const __m512 pn = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(step, mi), denom));
+    _mm512_mask_storeu_ps(p + i, k, pn);
+    _mm512_mask_storeu_ps(m + i, k, mi);
+    _mm512_mask_storeu_ps(v + i, k, vi);
+    if constexpr (C != kNoCopy) store16<C - 1>(copy, i, k, pn);
+  }
+}
+
+template <int S, int D>
+KOLOS_TARGET void convert(const void* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    store16<D>(dst, i, k, load16<S>(src, i, k));
+  }
+}
+KOLOS_TARGET void bf16_to_fp32(const uint16_t* src, float* dst, int64_t n) { convert<1, 0>(src, dst, n); }
+KOLOS_TARGET void fp16_to_fp32(const uint16_t* src, float* dst, int64_t n) { convert<2, 0>(src, dst, n); }
+KOLOS_TARGET void fp32_to_bf16(const float* src, uint16_t* dst, int64_t n) { convert<0, 1>(src, dst, n); }
+KOLOS_TARGET void fp32_to_fp16(const float* src, uint16_t* dst, int64_t n) { convert<0, 2>(src, dst, n); }
+
+// Lanes 0-7 in acc0, 8-15 in acc1; a masked-off tail adds +0 (exact).
+template <int G>
+KOLOS_TARGET void sum_squares(const void* x, int64_t n, double lanes[16]) {
+  __m512d acc0 = _mm512_loadu_pd(lanes), acc1 = _mm512_loadu_pd(lanes + 8);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 xi = load16<G>(x, i, tail_mask(n - i));
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(xi));
+    const __m512d hi =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xi), 1)));
+    acc0 = _mm512_fmadd_pd(lo, lo, acc0);  // lo*lo is exact: fma == add
+    acc1 = _mm512_fmadd_pd(hi, hi, acc1);
+  }
+  _mm512_storeu_pd(lanes, acc0);
+  _mm512_storeu_pd(lanes + 8, acc1);
+}
+
+template <int G>
+KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
+  const __m512 f = _mm512_set1_ps(factor);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    store16<G>(x, i, k, _mm512_mul_ps(load16<G>(x, i, k), f));
+  }
+}
+
+KernelTable make_avx512_table() {
+  KernelTable t{};
+  const AdamWFn rows[kGradKinds][kCopyKinds] = {
+      {&adamw<0, kNoCopy>, &adamw<0, kCopyF32>, &adamw<0, kCopyBF16>, &adamw<0, kCopyF16>},
+      {&adamw<1, kNoCopy>, &adamw<1, kCopyF32>, &adamw<1, kCopyBF16>, &adamw<1, kCopyF16>},
+      {&adamw<2, kNoCopy>, &adamw<2, kCopyF32>, &adamw<2, kCopyBF16>, &adamw<2, kCopyF16>}};
+  for (int gk = 0; gk < kGradKinds; ++gk)
+    for (int ck = 0; ck < kCopyKinds; ++ck) t.adamw[gk][ck] = rows[gk][ck];
+  t.bf16_to_fp32 = &bf16_to_fp32;
+  t.fp16_to_fp32 = &fp16_to_fp32;
+  t.fp32_to_bf16 = &fp32_to_bf16;
+  t.fp32_to_fp16 = &fp32_to_fp16;
+  t.sum_squares[0] = &sum_squares<0>;
+  t.sum_squares[1] = &sum_squares<1>;
+  t.sum_squares[2] = &sum_squares<2>;
+  t.scale[0] = &scale<0>;
+  t.scale[1] = &scale<1>;
+  t.scale[2] = &scale<2>;
+  return t;
+}
+
+}  // namespace
+}  // namespace kolos::kernels::detail
+
+#undef KOLOS_TARGET

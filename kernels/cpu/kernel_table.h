@@ -1,0 +1,59 @@
+// The per-ISA kernels behind the public functions (private to kernels/cpu).
+//
+// Each ISA level fills one KernelTable in its own translation unit
+// (scalar.cpp, avx2.cpp, avx512.cpp); only the functions in that unit carry
+// the level's target attribute, so nothing outside them can contain an
+// instruction the running CPU may lack. dispatch.cpp picks the table of
+// active_isa() and splits the work over threads; the table functions are
+// single-threaded and take any n >= 0.
+#pragma once
+
+#include <cstdint>
+
+#include "kolos/kernels/adamw.h"
+#include "kolos/kernels/dtype.h"
+
+namespace kolos::kernels::detail {
+
+// The fp32 scalars of one AdamW step, rounded from double as LibTorch does.
+struct AdamWScalars {
+  float weight_decay_factor;  // 1 - lr * weight_decay
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^step)
+  float grad_scale;
+};
+
+// Copy kinds of AdamW's optional low-precision parameter copy.
+enum CopyKind : int { kNoCopy = 0, kCopyF32 = 1, kCopyBF16 = 2, kCopyF16 = 3 };
+constexpr int kGradKinds = 3;  // DType values
+constexpr int kCopyKinds = 4;
+
+using AdamWFn = void (*)(float* p, const void* g, float* m, float* v, void* copy, int64_t n,
+                         const AdamWScalars& s);
+using ToFloatFn = void (*)(const uint16_t* src, float* dst, int64_t n);
+using FromFloatFn = void (*)(const float* src, uint16_t* dst, int64_t n);
+// Adds x[i]^2 to lanes[i % 16] in increasing i (x starts a 16-aligned run).
+using SumSquaresFn = void (*)(const void* x, int64_t n, double lanes[16]);
+using ScaleFn = void (*)(void* x, int64_t n, float factor);
+
+struct KernelTable {
+  AdamWFn adamw[kGradKinds][kCopyKinds];
+  ToFloatFn bf16_to_fp32, fp16_to_fp32;
+  FromFloatFn fp32_to_bf16, fp32_to_fp16;
+  SumSquaresFn sum_squares[kGradKinds];
+  ScaleFn scale[kGradKinds];
+};
+
+// The scalars of `config`, checked (step >= 1); shared with the CUDA kernels
+// so that both round them alike.
+AdamWScalars adamw_scalars(const AdamWConfig& config);
+
+const KernelTable& scalar_table();
+const KernelTable& avx2_table();
+const KernelTable& avx512_table();
+const KernelTable& avx512_bf16_table();
+
+}  // namespace kolos::kernels::detail
