@@ -1,0 +1,184 @@
+// Sharded HDF5 checkpoints: each rank writes its pieces in place, any mesh
+// reads them back (resharding on load, no conversion step).
+//
+// A checkpoint is a directory:
+//   shard-R.h5   one plain serial HDF5 file per writing rank R: each piece
+//                this rank holds, as a dataset of the piece's (unpadded)
+//                shape, with attributes kolos.offset (into the global
+//                tensor), kolos.global_shape, kolos.dtype and kolos.crc32c.
+//                Replicas are written once: a piece is written by the rank
+//                whose coordinate is 0 on every mesh axis the piece is NOT
+//                sharded along.
+//   index.h5     one HDF5 virtual dataset (VDS) per global tensor, under its
+//                name (/model/<param>, /optim/exp_avg/<param>,
+//                /optim/exp_avg_sq/<param>), mapping each piece's hyperslab
+//                to its shard file; the run's attributes (step, data
+//                position, optimizer steps, config, mesh, kolos version) and
+//                /rng/cpu (every rank's LibTorch CPU generator state).
+// Any HDF5 reader (h5dump, h5py) sees whole global tensors by name.
+//
+// Saving is atomic: every rank writes into <root>/.tmp-step-N, files are
+// fsynced, rank 0 writes the index, fsyncs, renames the directory to
+// <root>/step-N, fsyncs <root>, then replaces <root>/latest (a one-line file
+// naming the directory) by rename. A save that dies half-way leaves the
+// previous checkpoint and `latest` untouched; the next save removes the
+// leftover temporary directory.
+//
+// Loading: each rank reads, for each of its pieces, the hyperslab its own
+// Placement names from the index's virtual dataset. Before any tensor is
+// written, every source dataset is checked (present, shape, checksum) by
+// exactly one rank, and the verdict is agreed: a damaged checkpoint fails on
+// every rank with a message naming the file and dataset, and loads nothing.
+//
+// Threads: HDF5 (the Debian build) is not thread-safe; this library
+// serialises every HDF5 call behind one mutex, so a background save and a
+// tool call in the same process are safe.
+#pragma once
+
+#include <mpi.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolos/checkpoint/error.h"
+#include "kolos/core/mesh.h"
+#include "kolos/core/placement.h"
+
+namespace kolos {
+
+class Engine;
+
+namespace checkpoint {
+
+inline constexpr int kFormatVersion = 1;
+
+// One tensor piece: `path` is the dataset path of its global tensor
+// ("model/h.0.mlp.fc.weight"), `tensor` this rank's local (possibly padded)
+// tensor, `placement` where it sits.
+struct Piece {
+  std::string path;
+  at::Tensor tensor;
+  Placement placement;
+};
+
+// What a checkpoint records besides tensors.
+struct Metadata {
+  int64_t step = 0;             // optimizer steps the engine has taken
+  int64_t data_position = 0;    // global samples consumed (step x global batch)
+  int64_t optimizer_steps = 0;  // the optimizer's own step count (bias correction)
+  std::string config_toml;      // the effective configuration
+  std::string kolos_version;
+  MeshShape mesh;               // the writing mesh
+  int64_t world_size = 1;
+  // Every rank's LibTorch CPU generator state, in rank order (may be empty).
+  std::vector<std::vector<uint8_t>> rng_cpu;
+};
+
+// ---- Engine-free, collective layer (Placement level) -----------------------
+
+// Collective over `comm` (whose ranks are the mesh `layout`'s, in order):
+// writes `pieces` and `meta` as the checkpoint directory `dir` atomically
+// (temporary directory, fsync, rename). Does not touch `latest`.
+void save_pieces(MPI_Comm comm, const MeshLayout& layout, const std::string& dir,
+                 const std::vector<Piece>& pieces, const Metadata& meta);
+
+// Collective over `comm`: verifies the checkpoint `dir` (each source dataset
+// by one rank), then reads into each piece's tensor the hyperslab its
+// placement names. Throws CheckpointError (the same on every rank) naming the
+// file and dataset on a missing tensor, a shape mismatch or damage; nothing
+// is written into any tensor then. Returns the checkpoint's metadata.
+Metadata load_pieces(MPI_Comm comm, const std::string& dir, const std::vector<Piece>& pieces);
+
+// ---- directories ------------------------------------------------------------
+
+// "step-00000020"
+std::string step_dir_name(int64_t step);
+// The directory `latest` in `root` names, or "" when there is none.
+std::string latest(const std::string& root);
+// `path` itself when it holds an index.h5, else the checkpoint that
+// <path>/latest names. Throws CheckpointError when neither exists.
+std::string resolve(const std::string& path);
+
+// ---- the engine's checkpoints -----------------------------------------------
+
+struct Options {
+  std::string root;       // checkpoints go to <root>/step-N
+  int64_t keep_last = 0;  // after a save, keep only the newest N (0: keep all)
+  bool async = false;     // write in a background thread after a host copy
+};
+
+// Saves and loads an Engine's state: parameters at rest, optimizer states and
+// step count, engine step (= data position), RNG states, config, mesh.
+// Construction is collective over the engine's communicator (duplicates it).
+class Checkpointer {
+ public:
+  Checkpointer(Engine& engine, Options options);
+  ~Checkpointer();  // waits for a pending save; never throws
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Collective. Saves the engine's current state as <root>/step-N, updates
+  // `latest` and prunes. Waits for the previous save first (rethrowing its
+  // error). With async, returns once the state is copied to host buffers;
+  // the files are written by a background thread.
+  void save();
+  // Collective: waits for a pending asynchronous save; rethrows its error
+  // (the same CheckpointError on every rank).
+  void wait();
+  // Collective: loads the checkpoint at `path` (a checkpoint directory, or a
+  // root whose `latest` names one) into the engine. Returns the directory.
+  std::string load(const std::string& path);
+
+  int64_t last_saved_step() const { return last_saved_step_; }
+  const Options& options() const { return options_; }
+
+ private:
+  struct Pending;
+  Engine& engine_;
+  Options options_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<Pending> pending_;
+  int64_t last_saved_step_ = -1;
+};
+
+// The checkpoint state of an engine as pieces: "model/<p>" for the
+// parameters at rest, "optim/<state>" for the optimizer's pieces.
+std::vector<Piece> engine_pieces(Engine& engine);
+
+// ---- tools (no MPI; `kolos ckpt`) -------------------------------------------
+
+struct TensorInfo {
+  std::string path;
+  std::vector<int64_t> shape;
+  std::string dtype;
+  int64_t pieces = 0;
+};
+struct Inspection {
+  std::string dir;
+  Metadata meta;
+  std::vector<int64_t> writers;
+  std::vector<TensorInfo> tensors;
+};
+Inspection inspect(const std::string& path);
+std::string format_inspection(const Inspection& inspection);
+
+// Checks every dataset's checksum and shape, every shard's presence, and
+// that the pieces of each tensor cover it exactly. Returns the problems
+// found, each naming the file and dataset (empty: the checkpoint is sound).
+std::vector<std::string> verify(const std::string& path);
+
+// Writes the global model weights (/model/*) as one safetensors file.
+// Returns the number of tensors written.
+int64_t export_safetensors(const std::string& path, const std::string& out_file);
+
+// Test hook (fault injection): when the environment variable
+// KOLOS_CKPT_TEST_DIE_RANK=R and KOLOS_CKPT_TEST_DIE_STEP=S are set, rank R
+// _exit()s with code 9 right after writing its shard of the save of step S,
+// before the save commits, as a rank killed mid-save would.
+
+}  // namespace checkpoint
+}  // namespace kolos

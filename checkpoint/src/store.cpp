@@ -1,0 +1,811 @@
+// The save and load protocols (see checkpoint.h for the format).
+//
+// Save, collective over the checkpoint communicator:
+//   1. rank 0 creates <root>/.tmp-step-N (removing a leftover one);  agree
+//   2. each writing rank writes shard-R.h5 into it and fsyncs it;     agree
+//   3. the pieces' records (path, offsets, extents, crc) go to rank 0;
+//   4. rank 0 checks that the pieces of every tensor cover it exactly once,
+//      writes index.h5 (virtual datasets), fsyncs it and the directory,
+//      renames .tmp-step-N to step-N and fsyncs <root>;                agree
+// "agree" is detail::agree_on_error: every rank learns the first failure and
+// throws the same error. A rank that dies anywhere before step 4's rename
+// leaves only the temporary directory behind.
+//
+// Load, collective:
+//   1. every rank reads the index (bounded), checks that this run's tensors
+//      and the checkpoint's are the same set with the same global shapes and
+//      dtypes, and verifies the sources assigned to it (mapping i is checked
+//      by rank i mod size: presence, shape, offset, checksum);      agree
+//   2. every rank reads, for each of its pieces, the hyperslab its placement
+//      names from the index's virtual dataset into the local tensor.  agree
+#include <fcntl.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "crc32c.h"
+#include "h5.h"
+#include "kolos/config.h"
+#include "kolos/core/runtime.h"
+#include "store_detail.h"
+
+namespace fs = std::filesystem;
+
+namespace kolos::checkpoint {
+namespace detail {
+namespace {
+
+using h5::H5Id;
+
+void agree(MPI_Comm comm, const std::string& error) {
+  kolos::detail::agree_on_error(comm, error, static_cast<int>(ErrorKind::kCheckpoint));
+}
+
+template <typename Body>
+std::string capture(Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string shape_string(const std::vector<int64_t>& v) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
+  out << ']';
+  return out.str();
+}
+
+std::string slash(const std::string& path) { return "/" + path; }
+
+void check_path(const std::string& path) {
+  if (path.empty() || path.size() > static_cast<size_t>(kMaxName) ||
+      path.find_first_of("%\t\n\r") != std::string::npos || path.front() == '/' ||
+      path.find("//") != std::string::npos) {
+    throw CheckpointError("tensor name `" + path +
+                          "` cannot be stored (empty, too long, or holds %, a tab or a newline)");
+  }
+}
+
+std::string shard_name(int64_t rank) { return "shard-" + std::to_string(rank) + ".h5"; }
+
+// Records travel to rank 0 as text, one per line, tab-separated.
+std::string serialize(const std::vector<HostPiece>& pieces) {
+  std::ostringstream out;
+  for (const auto& p : pieces) {
+    const Record& r = p.record;
+    out << r.path << '\t' << r.dtype << '\t' << r.rank << '\t' << r.crc << '\t'
+        << r.global_shape.size();
+    for (auto v : r.global_shape) out << '\t' << v;
+    for (auto v : r.offset) out << '\t' << v;
+    for (auto v : r.length) out << '\t' << v;
+    out << '\n';
+  }
+  return out.str();
+}
+
+std::vector<Record> deserialize(const std::string& text) {
+  std::vector<Record> records;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    Record r;
+    size_t ndim = 0;
+    std::getline(fields, r.path, '\t');
+    std::getline(fields, r.dtype, '\t');
+    fields >> r.rank >> r.crc >> ndim;
+    r.global_shape.resize(ndim);
+    r.offset.resize(ndim);
+    r.length.resize(ndim);
+    for (auto& v : r.global_shape) fields >> v;
+    for (auto& v : r.offset) fields >> v;
+    for (auto& v : r.length) fields >> v;
+    records.push_back(std::move(r));
+  }
+  return records;
+}
+
+// Gathers every rank's text on rank 0 (in rank order).
+std::vector<std::string> gather_text(MPI_Comm comm, const std::string& mine) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(size);
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
+  std::vector<int> displs(size, 0);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[r] = total;
+    total += lengths[r];
+  }
+  std::string all(rank == 0 ? total : 0, '\0');
+  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR,
+              0, comm);
+  std::vector<std::string> out;
+  if (rank == 0) {
+    for (int r = 0; r < size; ++r) out.push_back(all.substr(displs[r], lengths[r]));
+  }
+  return out;
+}
+
+void maybe_die(int rank, int64_t step) {
+  const char* die_rank = std::getenv("KOLOS_CKPT_TEST_DIE_RANK");
+  const char* die_step = std::getenv("KOLOS_CKPT_TEST_DIE_STEP");
+  if (die_rank && die_step && std::atoi(die_rank) == rank && std::atoll(die_step) == step) {
+    std::fprintf(stderr, "kolos: test hook: rank %d dies in the middle of saving step %lld\n",
+                 rank, static_cast<long long>(step));
+    std::fflush(stderr);
+    _exit(9);
+  }
+}
+
+void write_shard(const std::string& path, int rank, const std::vector<HostPiece>& pieces) {
+  auto lock = h5::h5_lock();
+  H5Id file = h5::create_file(path);
+  h5::write_attr(file, "kolos.format", static_cast<int64_t>(kFormatVersion));
+  h5::write_attr(file, "kolos.rank", static_cast<int64_t>(rank));
+  for (const auto& p : pieces) {
+    const Record& r = p.record;
+    const std::string where = path + ": dataset " + slash(r.path);
+    H5Id ds = h5::create_dataset(file, slash(r.path), r.dtype, r.length);
+    if (H5Dwrite(ds, h5::memory_type(r.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                 p.data.data_ptr()) < 0) {
+      h5::fail("cannot write " + where);
+    }
+    h5::write_attr(ds, "kolos.offset", r.offset);
+    h5::write_attr(ds, "kolos.global_shape", r.global_shape);
+    h5::write_attr(ds, "kolos.dtype", r.dtype);
+    h5::write_attr(ds, "kolos.crc32c", static_cast<int64_t>(r.crc));
+  }
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) h5::fail("cannot flush " + path);
+  file.reset();
+  fsync_path(path, false);
+}
+
+// Rank 0: every tensor's pieces agree on shape and dtype and cover it
+// exactly once (their volumes add up and no two overlap).
+void check_records(const std::vector<Record>& records) {
+  std::map<std::string, std::vector<const Record*>> by_path;
+  for (const auto& r : records) by_path[r.path].push_back(&r);
+  for (const auto& [path, list] : by_path) {
+    int64_t global = 1, sum = 0;
+    for (auto d : list[0]->global_shape) global *= d;
+    for (const Record* r : list) {
+      if (r->global_shape != list[0]->global_shape || r->dtype != list[0]->dtype) {
+        throw CheckpointError("tensor " + path + ": rank " + std::to_string(r->rank) + " holds a " +
+                              r->dtype + " piece of " + shape_string(r->global_shape) +
+                              ", rank " + std::to_string(list[0]->rank) + " a " + list[0]->dtype +
+                              " piece of " + shape_string(list[0]->global_shape));
+      }
+      sum += r->numel();
+    }
+    for (size_t i = 0; i < list.size() && list.size() <= 4096; ++i) {
+      for (size_t j = i + 1; j < list.size(); ++j) {
+        bool overlap = true;
+        for (size_t d = 0; d < list[i]->offset.size(); ++d) {
+          const int64_t a0 = list[i]->offset[d], a1 = a0 + list[i]->length[d];
+          const int64_t b0 = list[j]->offset[d], b1 = b0 + list[j]->length[d];
+          overlap &= std::max(a0, b0) < std::min(a1, b1);
+        }
+        if (overlap) {
+          throw CheckpointError("tensor " + path + ": the pieces of ranks " +
+                                std::to_string(list[i]->rank) + " and " +
+                                std::to_string(list[j]->rank) +
+                                " overlap (a placement that does not mark its sharded axes?)");
+        }
+      }
+    }
+    if (sum != global) {
+      throw CheckpointError("tensor " + path + ": its pieces hold " + std::to_string(sum) +
+                            " of its " + std::to_string(global) + " elements");
+    }
+  }
+}
+
+void write_index(const std::string& path, const std::vector<Record>& records, const Metadata& meta,
+                 const std::vector<int64_t>& writers) {
+  auto lock = h5::h5_lock();
+  H5Id file = h5::create_file(path);
+  h5::write_attr(file, "kolos.format", static_cast<int64_t>(kFormatVersion));
+  h5::write_attr(file, "kolos.version", meta.kolos_version);
+  h5::write_attr(file, "step", meta.step);
+  h5::write_attr(file, "data_position", meta.data_position);
+  h5::write_attr(file, "optimizer_steps", meta.optimizer_steps);
+  h5::write_attr(file, "config", meta.config_toml);
+  h5::write_attr(file, "mesh", std::vector<int64_t>{meta.mesh.pp, meta.mesh.dp, meta.mesh.sp,
+                                                    meta.mesh.tp});
+  h5::write_attr(file, "mesh_axes", std::string("pp,dp,sp,tp"));
+  h5::write_attr(file, "world_size", meta.world_size);
+  h5::write_attr(file, "writers", writers);
+
+  // Tensors in the order of their first appearance (rank 0's model order).
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const Record*>> by_path;
+  for (const auto& r : records) {
+    if (!by_path.count(r.path)) order.push_back(r.path);
+    by_path[r.path].push_back(&r);
+  }
+  std::string list;
+  for (const auto& p : order) list += p + "\n";
+  h5::write_attr(file, "tensors", list);
+
+  if (!meta.rng_cpu.empty()) {
+    const size_t n = meta.rng_cpu[0].size();
+    bool same = n > 0;
+    for (const auto& s : meta.rng_cpu) same &= s.size() == n;
+    if (same) {
+      std::vector<uint8_t> flat;
+      for (const auto& s : meta.rng_cpu) flat.insert(flat.end(), s.begin(), s.end());
+      H5Id ds = h5::create_dataset(
+          file, "/rng/cpu", "uint8",
+          {static_cast<int64_t>(meta.rng_cpu.size()), static_cast<int64_t>(n)});
+      if (H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, flat.data()) < 0) {
+        h5::fail("cannot write " + path + ": /rng/cpu");
+      }
+    }
+  }
+
+  for (const auto& tensor : order) {
+    const auto& list_of = by_path[tensor];
+    const Record& first = *list_of[0];
+    const std::vector<int64_t> global = first.global_shape;
+    std::vector<hsize_t> gdims(global.begin(), global.end());
+    H5Id dcpl = h5::plist(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate");
+    // Unmapped (missing) data reads as NaN, never as plausible zeros.
+    if (first.dtype == "float32") {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &nan);
+    } else if (first.dtype == "float64") {
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      H5Pset_fill_value(dcpl, H5T_NATIVE_DOUBLE, &nan);
+    }
+    for (const Record* r : list_of) {
+      H5Id vspace = h5::space(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr),
+                              "dataspace");
+      std::vector<hsize_t> start(r->offset.begin(), r->offset.end());
+      std::vector<hsize_t> block(r->length.begin(), r->length.end());
+      std::vector<hsize_t> ones(block.size(), 1);
+      H5Sselect_hyperslab(vspace, H5S_SELECT_SET, start.data(), nullptr, ones.data(),
+                          block.data());
+      H5Id sspace = h5::space(
+          H5Screate_simple(static_cast<int>(block.size()), block.data(), nullptr), "dataspace");
+      if (H5Pset_virtual(dcpl, vspace, shard_name(r->rank).c_str(), slash(tensor).c_str(),
+                         sspace) < 0) {
+        h5::fail("cannot map " + tensor + " to " + shard_name(r->rank));
+      }
+    }
+    H5Id ds = h5::create_dataset(file, slash(tensor), first.dtype, global, dcpl);
+    h5::write_attr(ds, "kolos.dtype", first.dtype);
+    h5::write_attr(ds, "kolos.pieces", static_cast<int64_t>(list_of.size()));
+  }
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) h5::fail("cannot flush " + path);
+  file.reset();
+  fsync_path(path, false);
+}
+
+}  // namespace
+
+int64_t Record::numel() const {
+  int64_t n = 1;
+  for (auto v : length) n *= v;
+  return n;
+}
+
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kByte: return "uint8";
+    default:
+      throw CheckpointError(std::string("tensors of dtype ") + c10::toString(type) +
+                            " cannot be checkpointed yet");
+  }
+}
+
+std::vector<int64_t> file_shape(const std::vector<int64_t>& shape) {
+  return shape.empty() ? std::vector<int64_t>{1} : shape;
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
+  if (fd < 0) throw CheckpointError("cannot open " + path + " to fsync: " + std::strerror(errno));
+  const int r = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (r != 0) throw CheckpointError("fsync " + path + ": " + std::strerror(err));
+}
+
+SaveJob snapshot(const MeshLayout& layout, int rank, const std::string& dir,
+                 const std::vector<Piece>& pieces, Metadata meta, bool copy) {
+  SaveJob job;
+  job.dir = dir;
+  job.rank = rank;
+  job.meta = std::move(meta);
+  const Coords coords = layout.coords(rank);
+  torch::NoGradGuard no_grad;
+  for (const auto& p : pieces) {
+    check_path(p.path);
+    const Placement& pl = p.placement;
+    // Replicas write once: the one at coordinate 0 on every unsharded axis.
+    bool writer = pl.piece_numel() > 0;
+    for (int a = 0; a < kNumAxes && writer; ++a) {
+      if (!pl.sharded().contains(static_cast<Axis>(a)) && coords[a] != 0) writer = false;
+    }
+    if (!writer) continue;
+    KOLOS_CHECK_KIND(kCheckpoint, p.tensor.defined(), "piece ", p.path, " has no tensor");
+    KOLOS_CHECK_KIND(kCheckpoint, p.tensor.dim() == pl.dim(), "piece ", p.path, " is ",
+                     p.tensor.dim(), "-d but its placement ", pl.to_string(), " is ", pl.dim(),
+                     "-d");
+    at::Tensor t = p.tensor.detach();
+    for (int d = 0; d < pl.dim(); ++d) {
+      KOLOS_CHECK_KIND(kCheckpoint, t.size(d) == pl.slice(d).padded, "piece ", p.path,
+                       ": local extent ", t.size(d), " along dim ", d, ", placement says ",
+                       pl.slice(d).padded);
+      if (pl.slice(d).length != pl.slice(d).padded) t = t.narrow(d, 0, pl.slice(d).length);
+    }
+    t = t.to(at::kCPU);
+    t = copy ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous();
+    HostPiece hp;
+    hp.record.path = p.path;
+    hp.record.dtype = dtype_name(t.scalar_type());
+    hp.record.rank = rank;
+    hp.record.global_shape = file_shape(pl.global_shape());
+    for (int d = 0; d < pl.dim(); ++d) {
+      hp.record.offset.push_back(pl.slice(d).offset);
+      hp.record.length.push_back(pl.slice(d).length);
+    }
+    if (pl.dim() == 0) {
+      hp.record.offset = {0};
+      hp.record.length = {1};
+    }
+    hp.data = t;
+    job.mine.push_back(std::move(hp));
+  }
+  return job;
+}
+
+void run_job(MPI_Comm comm, SaveJob& job) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const fs::path final_dir(job.dir);
+  const fs::path root = final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path();
+  const std::string name = final_dir.filename().string();
+  const fs::path tmp = root / (".tmp-" + name);
+
+  agree(comm, rank != 0 ? "" : capture([&] {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) throw CheckpointError("cannot create " + root.string() + ": " + ec.message());
+    fs::remove_all(tmp, ec);  // a save that died before
+    if (!fs::create_directory(tmp, ec)) {
+      throw CheckpointError("cannot create " + tmp.string() + ": " + ec.message());
+    }
+  }));
+
+  agree(comm, capture([&] {
+    for (auto& p : job.mine) {
+      const size_t bytes = static_cast<size_t>(p.data.numel()) * p.data.element_size();
+      p.record.crc = crc32c(0, p.data.data_ptr(), bytes);
+    }
+    if (!job.mine.empty()) write_shard((tmp / shard_name(job.rank)).string(), job.rank, job.mine);
+    maybe_die(job.rank, job.meta.step);
+  }));
+
+  std::vector<std::string> texts = gather_text(comm, serialize(job.mine));
+  agree(comm, rank != 0 ? "" : capture([&] {
+    std::vector<Record> records;
+    std::vector<int64_t> writers;
+    for (size_t r = 0; r < texts.size(); ++r) {
+      std::vector<Record> part = deserialize(texts[r]);
+      if (!part.empty()) writers.push_back(static_cast<int64_t>(r));
+      records.insert(records.end(), part.begin(), part.end());
+    }
+    check_records(records);
+    write_index((tmp / "index.h5").string(), records, job.meta, writers);
+    fsync_path(tmp.string(), true);
+    std::error_code ec;
+    const fs::path old = root / (".old-" + name);
+    if (fs::exists(final_dir)) {  // saved again at the same step: replace
+      fs::remove_all(old, ec);
+      fs::rename(final_dir, old);
+    }
+    fs::rename(tmp, final_dir, ec);
+    if (ec) {
+      throw CheckpointError("cannot rename " + tmp.string() + " to " + final_dir.string() + ": " +
+                            ec.message());
+    }
+    fsync_path(root.string(), true);
+    fs::remove_all(old, ec);
+  }));
+}
+
+void update_latest(const std::string& root, const std::string& name) {
+  const fs::path tmp = fs::path(root) / ".latest.tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << name << "\n";
+    out.flush();
+    if (!out) throw CheckpointError("cannot write " + tmp.string());
+  }
+  fsync_path(tmp.string(), false);
+  std::error_code ec;
+  fs::rename(tmp, fs::path(root) / "latest", ec);
+  if (ec) throw CheckpointError("cannot update " + root + "/latest: " + ec.message());
+  fsync_path(root, true);
+}
+
+void prune(const std::string& root, int64_t keep_last) {
+  if (keep_last <= 0) return;
+  std::vector<std::string> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (entry.is_directory() && n.rfind("step-", 0) == 0) steps.push_back(n);
+  }
+  std::sort(steps.begin(), steps.end());  // zero-padded: name order is step order
+  const std::string keep = latest(root);
+  for (size_t i = 0; i + keep_last < steps.size(); ++i) {
+    if (steps[i] == keep) continue;  // never the one `latest` names
+    fs::remove_all(fs::path(root) / steps[i], ec);
+  }
+}
+
+// ---- reading ----------------------------------------------------------------
+
+IndexInfo read_index(const std::string& dir, bool with_rng) {
+  auto lock = h5::h5_lock();
+  IndexInfo info;
+  info.dir = dir;
+  const std::string path = dir + "/index.h5";
+  if (!fs::exists(path)) throw CheckpointError(dir + " is not a checkpoint: no index.h5");
+  H5Id file = h5::open_file_read(path);
+  const int64_t format = h5::read_attr_int(file, "kolos.format", path);
+  if (format != kFormatVersion) {
+    throw CheckpointError(path + ": checkpoint format " + std::to_string(format) +
+                          ", this kolos reads format " + std::to_string(kFormatVersion));
+  }
+  Metadata& m = info.meta;
+  m.kolos_version = h5::read_attr_string(file, "kolos.version", 256, path);
+  m.step = h5::read_attr_int(file, "step", path);
+  m.data_position = h5::read_attr_int(file, "data_position", path);
+  m.optimizer_steps = h5::read_attr_int(file, "optimizer_steps", path);
+  m.config_toml = h5::read_attr_string(file, "config", kMaxText, path);
+  const auto mesh = h5::read_attr_ints(file, "mesh", 4, path);
+  if (mesh.size() != 4) throw CheckpointError(path + ": attribute mesh needs 4 sizes");
+  m.mesh = MeshShape{mesh[0], mesh[1], mesh[2], mesh[3]};
+  m.world_size = h5::read_attr_int(file, "world_size", path);
+  info.writers = h5::read_attr_ints(file, "writers", kMaxMappings, path);
+  std::istringstream tensors(h5::read_attr_string(file, "tensors", kMaxText, path));
+  for (std::string t; std::getline(tensors, t);) {
+    if (!t.empty()) info.tensors.push_back(t);
+  }
+  if (static_cast<int64_t>(info.tensors.size()) > kMaxTensors) {
+    throw CheckpointError(path + ": more than " + std::to_string(kMaxTensors) + " tensors");
+  }
+
+  if (with_rng && h5::exists(file, "/rng/cpu")) {
+    const std::string where = path + ": dataset /rng/cpu";
+    H5Id ds = h5::dataset(H5Dopen2(file, "/rng/cpu", H5P_DEFAULT), where);
+    const auto dims = h5::extents(ds, kMaxRngBytes, where);
+    if (dims.size() != 2) throw CheckpointError(where + ": expected 2 dimensions");
+    std::vector<uint8_t> flat(static_cast<size_t>(dims[0] * dims[1]));
+    if (!flat.empty() &&
+        H5Dread(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, flat.data()) < 0) {
+      h5::fail("cannot read " + where);
+    }
+    for (int64_t r = 0; r < dims[0]; ++r) {
+      m.rng_cpu.emplace_back(flat.begin() + r * dims[1], flat.begin() + (r + 1) * dims[1]);
+    }
+  }
+
+  for (const auto& tensor : info.tensors) {
+    const std::string where = path + ": dataset /" + tensor;
+    if (tensor.find('%') != std::string::npos || !h5::exists(file, slash(tensor))) {
+      throw CheckpointError(where + " is listed but missing");
+    }
+    H5Id ds = h5::dataset(H5Dopen2(file, slash(tensor).c_str(), H5P_DEFAULT), where);
+    const auto shape = h5::extents(ds, std::numeric_limits<int64_t>::max() / 8, where);
+    const std::string dtype = h5::read_attr_string(ds, "kolos.dtype", 32, where);
+    if (!h5::known_dtype(dtype)) throw CheckpointError(where + ": unknown dtype " + dtype);
+    info.shapes[tensor] = shape;
+    info.dtypes[tensor] = dtype;
+    H5Id dcpl = h5::plist(H5Dget_create_plist(ds), where);
+    if (H5Pget_layout(dcpl) != H5D_VIRTUAL) {
+      throw CheckpointError(where + " is not a virtual dataset");
+    }
+    size_t count = 0;
+    if (H5Pget_virtual_count(dcpl, &count) < 0) h5::fail(where + ": mappings");
+    if (count > static_cast<size_t>(kMaxMappings)) {
+      throw CheckpointError(where + ": " + std::to_string(count) + " pieces, at most " +
+                            std::to_string(kMaxMappings) + " accepted");
+    }
+    for (size_t i = 0; i < count; ++i) {
+      Mapping mp;
+      mp.tensor = tensor;
+      for (int which = 0; which < 2; ++which) {
+        const ssize_t n = which == 0 ? H5Pget_virtual_filename(dcpl, i, nullptr, 0)
+                                     : H5Pget_virtual_dsetname(dcpl, i, nullptr, 0);
+        if (n < 0 || n > kMaxName) throw CheckpointError(where + ": bad source name length");
+        std::string s(static_cast<size_t>(n) + 1, '\0');
+        if (which == 0) {
+          H5Pget_virtual_filename(dcpl, i, s.data(), s.size());
+        } else {
+          H5Pget_virtual_dsetname(dcpl, i, s.data(), s.size());
+        }
+        s.resize(static_cast<size_t>(n));
+        (which == 0 ? mp.file : mp.dataset) = s;
+      }
+      H5Id vspace = h5::space(H5Pget_virtual_vspace(dcpl, i), where);
+      const int nd = H5Sget_simple_extent_ndims(vspace);
+      if (nd != static_cast<int>(shape.size())) {
+        throw CheckpointError(where + ": piece " + std::to_string(i) + " has the wrong rank");
+      }
+      std::vector<hsize_t> start(nd), stride(nd), cnt(nd), block(nd);
+      if (H5Sget_regular_hyperslab(vspace, start.data(), stride.data(), cnt.data(),
+                                   block.data()) < 0) {
+        h5::fail(where + ": piece " + std::to_string(i) + " is not a regular hyperslab");
+      }
+      for (int d = 0; d < nd; ++d) {
+        mp.offset.push_back(static_cast<int64_t>(start[d]));
+        mp.length.push_back(static_cast<int64_t>(cnt[d] * block[d]));
+      }
+      info.mappings.push_back(std::move(mp));
+    }
+  }
+  return info;
+}
+
+std::string verify_mapping(const IndexInfo& index, const Mapping& m) {
+  auto lock = h5::h5_lock();
+  const std::string file = index.dir + "/" + m.file;
+  const std::string where = file + ": dataset " + m.dataset;
+  try {
+    // Source names come from the file: accept only our own shard names.
+    const bool ours = m.file.size() > 9 && m.file.rfind("shard-", 0) == 0 &&
+                      m.file.compare(m.file.size() - 3, 3, ".h5") == 0 &&
+                      m.file.find_first_not_of("0123456789", 6) == m.file.size() - 3;
+    if (!ours) return index.dir + "/index.h5: " + m.tensor + " maps to `" + m.file + "`, not a shard";
+    if (m.dataset != slash(m.tensor)) {
+      return index.dir + "/index.h5: " + m.tensor + " maps to dataset " + m.dataset;
+    }
+    std::error_code ec;
+    const auto file_size = fs::file_size(file, ec);
+    if (ec) {
+      return "missing shard " + file + " (holds dataset " + m.dataset + " " +
+             shape_string(m.length) + " at " + shape_string(m.offset) + ")";
+    }
+    H5Id f = h5::open_file_read(file);
+    if (!h5::exists(f, m.dataset)) return where + " is missing";
+    H5Id ds = h5::dataset(H5Dopen2(f, m.dataset.c_str(), H5P_DEFAULT), where);
+    const std::string dtype = h5::read_attr_string(ds, "kolos.dtype", 32, where);
+    const auto it = index.dtypes.find(m.tensor);
+    if (it == index.dtypes.end() || dtype != it->second) {
+      return where + ": dtype " + dtype + " differs from the index's";
+    }
+    H5Id dcpl = h5::plist(H5Dget_create_plist(ds), where);
+    if (H5Pget_layout(dcpl) != H5D_CONTIGUOUS) return where + " is not contiguous";
+    const int64_t esize = h5::element_size(dtype);
+    // A contiguous dataset cannot hold more than its file's bytes.
+    const auto shape = h5::extents(ds, static_cast<int64_t>(file_size) / esize, where);
+    if (shape != m.length) {
+      return where + ": shape " + shape_string(shape) + ", the index expects " +
+             shape_string(m.length);
+    }
+    const auto offset = h5::read_attr_ints(ds, "kolos.offset", H5S_MAX_RANK, where);
+    if (offset != m.offset) {
+      return where + ": offset " + shape_string(offset) + ", the index maps it at " +
+             shape_string(m.offset);
+    }
+    const uint32_t stored =
+        static_cast<uint32_t>(h5::read_attr_int(ds, "kolos.crc32c", where));
+    // Checksum in bounded chunks of whole rows (dim 0).
+    uint32_t crc = 0;
+    const int nd = static_cast<int>(shape.size());
+    int64_t row = esize;
+    for (int d = 1; d < nd; ++d) row *= shape[d];
+    const int64_t rows_per = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, row));
+    std::vector<char> buf;
+    H5Id fspace = h5::space(H5Dget_space(ds), where);
+    for (int64_t r0 = 0; nd > 0 && r0 < shape[0]; r0 += rows_per) {
+      const int64_t rows = std::min(rows_per, shape[0] - r0);
+      std::vector<hsize_t> start(nd, 0), count(shape.begin(), shape.end());
+      start[0] = static_cast<hsize_t>(r0);
+      count[0] = static_cast<hsize_t>(rows);
+      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+      H5Id mspace = h5::space(H5Screate_simple(nd, count.data(), nullptr), where);
+      buf.resize(static_cast<size_t>(rows * row));
+      if (H5Dread(ds, h5::memory_type(dtype), mspace, fspace, H5P_DEFAULT, buf.data()) < 0) {
+        h5::fail("cannot read " + where);
+      }
+      crc = crc32c(crc, buf.data(), buf.size());
+    }
+    if (crc != stored) {
+      char line[128];
+      std::snprintf(line, sizeof line, ": checksum mismatch (stored %08x, read %08x)", stored, crc);
+      return where + line + ": the file is damaged";
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<std::string> coverage_problems(const IndexInfo& index) {
+  std::vector<std::string> problems;
+  std::map<std::string, int64_t> covered;
+  for (const auto& m : index.mappings) {
+    int64_t n = 1;
+    const auto& shape = index.shapes.at(m.tensor);
+    for (size_t d = 0; d < m.length.size(); ++d) {
+      if (m.offset[d] < 0 || m.length[d] < 0 || m.offset[d] + m.length[d] > shape[d]) {
+        problems.push_back(index.dir + "/index.h5: " + m.tensor + ": a piece lies outside it");
+      }
+      n *= m.length[d];
+    }
+    covered[m.tensor] += n;
+  }
+  for (const auto& t : index.tensors) {
+    int64_t n = 1;
+    for (auto d : index.shapes.at(t)) n *= d;
+    if (covered[t] != n) {
+      problems.push_back(index.dir + "/index.h5: dataset /" + t + ": pieces hold " +
+                         std::to_string(covered[t]) + " of its " + std::to_string(n) +
+                         " elements (incomplete checkpoint)");
+    }
+  }
+  return problems;
+}
+
+}  // namespace detail
+
+// ---- public --------------------------------------------------------------------
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string latest(const std::string& root) {
+  std::ifstream in(fs::path(root) / "latest");
+  std::string name;
+  if (!in || !std::getline(in, name) || name.empty() || name.size() > 256 ||
+      name.find('/') != std::string::npos) {
+    return "";
+  }
+  return (fs::path(root) / name).string();
+}
+
+std::string resolve(const std::string& path) {
+  if (fs::exists(fs::path(path) / "index.h5")) return path;
+  const std::string l = latest(path);
+  if (!l.empty()) {
+    if (!fs::exists(fs::path(l) / "index.h5")) {
+      throw CheckpointError(path + "/latest names " + l + ", which holds no index.h5");
+    }
+    return l;
+  }
+  if (!fs::exists(path)) throw CheckpointError("no checkpoint at " + path + ": it does not exist");
+  throw CheckpointError("no checkpoint at " + path + ": neither an index.h5 nor a `latest` file");
+}
+
+void save_pieces(MPI_Comm comm, const MeshLayout& layout, const std::string& dir,
+                 const std::vector<Piece>& pieces, const Metadata& meta) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  detail::SaveJob job;
+  detail::agree(comm, detail::capture([&] {
+    job = detail::snapshot(layout, rank, dir, pieces, meta, /*copy=*/false);
+  }));
+  detail::run_job(comm, job);
+}
+
+Metadata load_pieces(MPI_Comm comm, const std::string& dir_or_root,
+                     const std::vector<Piece>& pieces) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  detail::IndexInfo index;
+  detail::agree(comm, detail::capture([&] {
+    index = detail::read_index(resolve(dir_or_root), /*with_rng=*/true);
+    const std::string where = index.dir + "/index.h5";
+    // This run's tensors and the checkpoint's must be the same set.
+    std::set<std::string> ours, theirs(index.tensors.begin(), index.tensors.end());
+    for (const auto& p : pieces) {
+      if (p.placement.global_numel() > 0) ours.insert(p.path);
+    }
+    std::vector<std::string> missing, extra;
+    for (const auto& t : ours) {
+      if (!theirs.count(t)) missing.push_back(t);
+    }
+    for (const auto& t : theirs) {
+      if (!ours.count(t)) extra.push_back(t);
+    }
+    if (!missing.empty() || !extra.empty()) {
+      std::string msg = where + ": the checkpoint does not hold this run's tensors";
+      if (!missing.empty()) msg += "; missing dataset /" + missing[0];
+      if (missing.size() > 1) msg += " and " + std::to_string(missing.size() - 1) + " more";
+      if (!extra.empty()) msg += "; dataset /" + extra[0] + " is not in this run";
+      if (extra.size() > 1) msg += " (and " + std::to_string(extra.size() - 1) + " more)";
+      throw CheckpointError(msg + " (a checkpoint of another model?)");
+    }
+    for (const auto& p : pieces) {
+      if (p.placement.global_numel() == 0) continue;
+      const auto shape = detail::file_shape(p.placement.global_shape());
+      if (index.shapes.at(p.path) != shape) {
+        throw CheckpointError(where + ": dataset /" + p.path + " has shape " +
+                              detail::shape_string(index.shapes.at(p.path)) + ", this run's is " +
+                              detail::shape_string(shape) + " (a checkpoint of another model shape?)");
+      }
+      const std::string dtype = detail::dtype_name(p.tensor.scalar_type());
+      if (index.dtypes.at(p.path) != dtype) {
+        throw CheckpointError(where + ": dataset /" + p.path + " is " + index.dtypes.at(p.path) +
+                              ", this run's tensor is " + dtype);
+      }
+    }
+    for (const auto& problem : detail::coverage_problems(index)) throw CheckpointError(problem);
+    for (size_t i = static_cast<size_t>(rank); i < index.mappings.size();
+         i += static_cast<size_t>(size)) {
+      const std::string problem = detail::verify_mapping(index, index.mappings[i]);
+      if (!problem.empty()) throw CheckpointError(problem);
+    }
+  }));
+
+  detail::agree(comm, detail::capture([&] {
+    auto lock = h5::h5_lock();
+    const std::string path = index.dir + "/index.h5";
+    h5::H5Id file = h5::open_file_read(path);
+    torch::NoGradGuard no_grad;
+    for (const auto& p : pieces) {
+      const Placement& pl = p.placement;
+      if (pl.has_padding() || pl.piece_numel() == 0) p.tensor.zero_();  // padding reads as 0
+      if (pl.global_numel() == 0 || pl.piece_numel() == 0) continue;
+      const std::string where = path + ": dataset /" + p.path;
+      h5::H5Id ds = h5::dataset(H5Dopen2(file, ("/" + p.path).c_str(), H5P_DEFAULT), where);
+      std::vector<hsize_t> start, count;
+      std::vector<int64_t> piece_shape;
+      for (int d = 0; d < pl.dim(); ++d) {
+        start.push_back(static_cast<hsize_t>(pl.slice(d).offset));
+        count.push_back(static_cast<hsize_t>(pl.slice(d).length));
+        piece_shape.push_back(pl.slice(d).length);
+      }
+      if (pl.dim() == 0) {
+        start = {0};
+        count = {1};
+      }
+      h5::H5Id fspace = h5::space(H5Dget_space(ds), where);
+      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+      h5::H5Id mspace = h5::space(
+          H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), where);
+      at::Tensor buffer = torch::empty(piece_shape, p.tensor.options().device(at::kCPU));
+      const std::string dtype = detail::dtype_name(buffer.scalar_type());
+      if (H5Dread(ds, h5::memory_type(dtype), mspace, fspace, H5P_DEFAULT, buffer.data_ptr()) < 0) {
+        h5::fail("cannot read " + where);
+      }
+      at::Tensor target = p.tensor;
+      for (int d = 0; d < pl.dim(); ++d) target = target.narrow(d, 0, pl.slice(d).length);
+      target.copy_(buffer);
+    }
+  }));
+  return index.meta;
+}
+
+}  // namespace kolos::checkpoint

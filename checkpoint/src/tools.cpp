@@ -1,0 +1,197 @@
+// `kolos ckpt inspect | verify | export`: single-process readers of a
+// checkpoint directory. Every size they take from a file is bounded before
+// anything is allocated (see store_detail.h's limits and h5::extents).
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "h5.h"
+#include "kolos/checkpoint/checkpoint.h"
+#include "store_detail.h"
+
+namespace fs = std::filesystem;
+
+namespace kolos::checkpoint {
+namespace {
+
+std::string shape_string(const std::vector<int64_t>& v) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
+  out << ']';
+  return out.str();
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+const char* safetensors_dtype(const std::string& dtype) {
+  if (dtype == "float32") return "F32";
+  if (dtype == "float64") return "F64";
+  if (dtype == "bfloat16") return "BF16";
+  if (dtype == "float16") return "F16";
+  if (dtype == "int64") return "I64";
+  if (dtype == "int32") return "I32";
+  if (dtype == "uint8") return "U8";
+  throw CheckpointError("no safetensors dtype for " + dtype);
+}
+
+}  // namespace
+
+Inspection inspect(const std::string& path) {
+  const std::string dir = resolve(path);
+  detail::IndexInfo index = detail::read_index(dir, /*with_rng=*/true);
+  Inspection out;
+  out.dir = dir;
+  out.meta = index.meta;
+  out.writers = index.writers;
+  for (const auto& t : index.tensors) {
+    TensorInfo info{t, index.shapes[t], index.dtypes[t], 0};
+    for (const auto& m : index.mappings) info.pieces += m.tensor == t;
+    out.tensors.push_back(info);
+  }
+  return out;
+}
+
+std::string format_inspection(const Inspection& in) {
+  std::ostringstream out;
+  const Metadata& m = in.meta;
+  out << "checkpoint " << in.dir << "\n"
+      << "  kolos " << m.kolos_version << ", step " << m.step << ", data position "
+      << m.data_position << " samples, optimizer steps " << m.optimizer_steps << "\n"
+      << "  written by mesh pp=" << m.mesh.pp << " dp=" << m.mesh.dp << " sp=" << m.mesh.sp
+      << " tp=" << m.mesh.tp << " (" << m.world_size << " ranks; " << in.writers.size()
+      << " wrote shards)\n"
+      << "  rng states: " << m.rng_cpu.size() << " ranks\n";
+  int64_t total = 0;
+  size_t width = 0;
+  for (const auto& t : in.tensors) width = std::max(width, t.path.size());
+  out << "  tensors (" << in.tensors.size() << "):\n";
+  for (const auto& t : in.tensors) {
+    int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    total += n;
+    out << "    /" << t.path << std::string(width - t.path.size() + 2, ' ') << t.dtype << " "
+        << shape_string(t.shape) << "  " << t.pieces << (t.pieces == 1 ? " piece" : " pieces")
+        << "\n";
+  }
+  out << "  " << total << " elements in all\n";
+  return out.str();
+}
+
+std::vector<std::string> verify(const std::string& path) {
+  std::vector<std::string> problems;
+  detail::IndexInfo index;
+  try {
+    index = detail::read_index(resolve(path), /*with_rng=*/true);
+  } catch (const std::exception& e) {
+    return {e.what()};
+  }
+  for (const auto& w : index.writers) {
+    const std::string shard = index.dir + "/shard-" + std::to_string(w) + ".h5";
+    if (!fs::exists(shard)) problems.push_back("missing shard " + shard);
+  }
+  for (auto& p : detail::coverage_problems(index)) problems.push_back(std::move(p));
+  for (const auto& m : index.mappings) {
+    std::string problem = detail::verify_mapping(index, m);
+    if (!problem.empty()) problems.push_back(std::move(problem));
+  }
+  return problems;
+}
+
+int64_t export_safetensors(const std::string& path, const std::string& out_file) {
+  const std::string dir = resolve(path);
+  const std::vector<std::string> problems = verify(dir);
+  if (!problems.empty()) {
+    throw CheckpointError(problems[0] + (problems.size() > 1
+                                             ? " (and " + std::to_string(problems.size() - 1) +
+                                                   " more problems; see `kolos ckpt verify`)"
+                                             : std::string()));
+  }
+  detail::IndexInfo index = detail::read_index(dir, /*with_rng=*/false);
+  // Header: name -> dtype, shape, byte range; then the data, in that order.
+  std::vector<std::string> names;
+  for (const auto& t : index.tensors) {
+    if (t.rfind("model/", 0) == 0) names.push_back(t);
+  }
+  std::ostringstream header;
+  header << "{\"__metadata__\":{\"format\":\"pt\",\"kolos.step\":\"" << index.meta.step
+         << "\",\"kolos.version\":\"" << json_escape(index.meta.kolos_version) << "\"}";
+  int64_t offset = 0;
+  for (const auto& t : names) {
+    int64_t n = 1;
+    for (auto d : index.shapes[t]) n *= d;
+    const int64_t bytes = n * h5::element_size(index.dtypes[t]);
+    header << ",\"" << json_escape(t.substr(6)) << "\":{\"dtype\":\""
+           << safetensors_dtype(index.dtypes[t]) << "\",\"shape\":[";
+    const auto& shape = index.shapes[t];
+    for (size_t i = 0; i < shape.size(); ++i) header << (i ? "," : "") << shape[i];
+    header << "],\"data_offsets\":[" << offset << "," << offset + bytes << "]}";
+    offset += bytes;
+  }
+  header << "}";
+  std::string text = header.str();
+  while (text.size() % 8 != 0) text += ' ';
+
+  const std::string tmp = out_file + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) throw CheckpointError("cannot write " + tmp);
+  const uint64_t header_size = text.size();
+  out.write(reinterpret_cast<const char*>(&header_size), 8);  // little-endian (x86, arm64)
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+
+  auto lock = h5::h5_lock();
+  h5::H5Id file = h5::open_file_read(dir + "/index.h5");
+  std::vector<char> buf;
+  for (const auto& t : names) {
+    // Whole rows at a time (dim 0), a bounded buffer, through the VDS.
+    const std::string where = dir + "/index.h5: dataset /" + t;
+    h5::H5Id ds = h5::dataset(H5Dopen2(file, ("/" + t).c_str(), H5P_DEFAULT), where);
+    const auto& shape = index.shapes[t];
+    const int nd = static_cast<int>(shape.size());
+    const int64_t esize = h5::element_size(index.dtypes[t]);
+    int64_t row = esize;
+    for (int d = 1; d < nd; ++d) row *= shape[d];
+    const int64_t rows_per = std::max<int64_t>(1, detail::kChunkBytes / std::max<int64_t>(1, row));
+    h5::H5Id fspace = h5::space(H5Dget_space(ds), where);
+    for (int64_t r0 = 0; nd > 0 && r0 < shape[0]; r0 += rows_per) {
+      const int64_t rows = std::min(rows_per, shape[0] - r0);
+      std::vector<hsize_t> start(nd, 0), count(shape.begin(), shape.end());
+      start[0] = static_cast<hsize_t>(r0);
+      count[0] = static_cast<hsize_t>(rows);
+      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+      h5::H5Id mspace = h5::space(H5Screate_simple(nd, count.data(), nullptr), where);
+      buf.resize(static_cast<size_t>(rows * row));
+      if (H5Dread(ds, h5::memory_type(index.dtypes[t]), mspace, fspace, H5P_DEFAULT,
+                  buf.data()) < 0) {
+        h5::fail("cannot read " + where);
+      }
+      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+    }
+  }
+  out.close();
+  if (!out) throw CheckpointError("cannot write " + tmp);
+  detail::fsync_path(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, out_file, ec);
+  if (ec) throw CheckpointError("cannot rename " + tmp + " to " + out_file + ": " + ec.message());
+  return static_cast<int64_t>(names.size());
+}
+
+}  // namespace kolos::checkpoint

@@ -1,0 +1,83 @@
+// `kolos ckpt inspect|verify|export`: look into a checkpoint without MPI or a
+// model. DIR is a checkpoint directory (step-N) or a checkpoint root, whose
+// `latest` file names one.
+#include "ckpt_command.h"
+
+#include <iostream>
+
+#include "kolos/checkpoint/checkpoint.h"
+#include "kolos/core/error.h"
+
+namespace kolos::cli {
+
+namespace {
+
+constexpr const char* kCkptUsage = R"(usage: kolos ckpt <inspect|verify|export> DIR [options]
+
+  inspect DIR                                  tensors, shapes, dtypes, step, the writing mesh
+  verify DIR                                   every checksum, shard and piece; exit 1 if damaged
+  export DIR --format safetensors -o FILE      the global model weights as one safetensors file
+
+DIR is a checkpoint (a step-N directory) or a checkpoint root (its `latest`).
+)";
+
+}  // namespace
+
+int ckpt_command(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    (args.empty() ? std::cerr : std::cout) << kCkptUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const std::string sub = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  std::string dir, format = "safetensors", out;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const std::string& a = rest[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << kCkptUsage;
+      return 0;
+    }
+    if ((a == "--format" || a == "-o" || a == "--output") && i + 1 < rest.size()) {
+      (a == "--format" ? format : out) = rest[++i];
+    } else if (a.rfind("--format=", 0) == 0) {
+      format = a.substr(9);
+    } else if (!a.empty() && a[0] == '-') {
+      throw UsageError("kolos ckpt " + sub + ": unknown option `" + a + "`");
+    } else if (dir.empty()) {
+      dir = a;
+    } else {
+      throw UsageError("kolos ckpt " + sub + ": unexpected argument `" + a + "`");
+    }
+  }
+  if (dir.empty()) throw UsageError("kolos ckpt " + sub + ": missing DIR (see `kolos ckpt --help`)");
+
+  if (sub == "inspect") {
+    std::cout << checkpoint::format_inspection(checkpoint::inspect(dir));
+    return 0;
+  }
+  if (sub == "verify") {
+    const std::string resolved = checkpoint::resolve(dir);
+    const auto problems = checkpoint::verify(resolved);
+    for (const auto& p : problems) std::cerr << "kolos: checkpoint: " << p << "\n";
+    if (!problems.empty()) {
+      std::cerr << "kolos: " << resolved << ": " << problems.size() << " problem"
+                << (problems.size() == 1 ? "" : "s") << "\n";
+      return 1;
+    }
+    std::cout << "kolos: " << resolved << ": ok (every checksum, shard and piece)\n";
+    return 0;
+  }
+  if (sub == "export") {
+    if (format != "safetensors") {
+      throw UsageError("kolos ckpt export: unknown --format `" + format +
+                       "`; valid: safetensors");
+    }
+    if (out.empty()) throw UsageError("kolos ckpt export: missing -o FILE");
+    const int64_t n = checkpoint::export_safetensors(dir, out);
+    std::cout << "kolos: wrote " << n << " tensors to " << out << "\n";
+    return 0;
+  }
+  throw UsageError("kolos ckpt: unknown subcommand `" + sub + "`; valid: inspect, verify, export");
+}
+
+}  // namespace kolos::cli
