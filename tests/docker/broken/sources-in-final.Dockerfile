@@ -1,0 +1,8 @@
+# expect: COPY '. /src' in the final stage does not come from a build stage
+FROM debian:12.11-slim AS build
+RUN ./scripts/install-deps.sh && cmake --install /tmp/build --prefix /opt/kolos
+FROM debian:12.11-slim
+COPY --from=build /opt/kolos /opt/kolos
+COPY . /src
+RUN apt-get update && apt-get install -y --no-install-recommends openssh-server && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd
+LABEL org.opencontainers.image.version="0.1.0"

@@ -1,0 +1,158 @@
+# shellcheck shell=bash
+# A real single-node Slurm (munged, slurmctld, slurmd) as plain processes,
+# everything under one temporary directory. Source it, then:
+#   slurm_up DIR [GONE] start; exports SLURM_CONF; returns when the node is idle
+#   slurm_down          stop the daemons (safe to call twice, from a trap)
+# A watchdog outside the caller's process group stops the daemons and removes
+# GONE (default DIR) if the caller dies without running slurm_down (CTest's
+# timeout kills with SIGKILL, which no trap sees).
+# Facts it relies on: ../shared/OPS.md ("A real single-node Slurm").
+# Ports are chosen free at start, and munged gets its own socket, so a
+# developer's own Slurm or munge on the machine is left alone.
+
+_slurm_pids=()
+_slurm_dir=""
+_slurm_watchdog=""
+
+_slurm_log() { echo "slurm_cluster: $*" >&2; }
+
+# Prints two free TCP ports on 127.0.0.1.
+_slurm_free_ports() {
+  python3 - <<'PY'
+import socket
+socks = []
+for _ in range(2):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+slurm_up() {
+  local dir=$1 gone=${2:-$1}
+  _slurm_dir=$dir
+  local tool
+  for tool in munged slurmctld slurmd sbatch; do
+    command -v "$tool" >/dev/null || PATH=$PATH:/usr/sbin
+    command -v "$tool" >/dev/null || {
+      _slurm_log "$tool not found: install slurm-wlm and munge (scripts/install-deps.sh)"
+      return 1
+    }
+  done
+  mkdir -p "$dir"/{munge,state,spool,log}
+  chmod 755 "$dir"
+  runuser -u munge -- test -x "$dir" || {
+    _slurm_log "user munge cannot reach $dir (make its parent directories searchable)"
+    return 1
+  }
+  chown munge:munge "$dir/munge" && chmod 755 "$dir/munge"  # munged wants its socket directory searchable by all
+  # munged as user munge with its own socket, pid, log and seed files.
+  runuser -u munge -- munged --key-file=/etc/munge/munge.key \
+    --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
+    --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" ||
+    { _slurm_log "munged did not start"; cat "$dir/munge/munged.log" >&2; return 1; }
+
+  local ports cpus
+  read -r -a ports < <(_slurm_free_ports)
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys OMP_NUM_THREADS
+  cat >"$dir/slurm.conf" <<CONF
+ClusterName=kolostest
+SlurmctldHost=localhost
+SlurmctldPort=${ports[0]}
+SlurmdPort=${ports[1]}
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=5
+MpiDefault=pmix
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+ReturnToService=2
+JobRequeue=1
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+CONF
+  export SLURM_CONF=$dir/slurm.conf
+  slurmctld -i -f "$SLURM_CONF" || { _slurm_log "slurmctld did not start"; return 1; }
+  _slurm_wait_pidfile "$dir/slurmctld.pid" || { cat "$dir/log/slurmctld.log" >&2; return 1; }
+  slurmd -N localhost -f "$SLURM_CONF" || { _slurm_log "slurmd did not start"; return 1; }
+  _slurm_wait_pidfile "$dir/slurmd.pid" || { cat "$dir/log/slurmd.log" >&2; return 1; }
+  local state=""
+  for _ in $(seq 1 100); do
+    state=$(sinfo -h -n localhost -o %T 2>/dev/null)
+    if [[ $state == idle ]]; then
+      _slurm_log "node idle ($cpus CPUs)"
+      _slurm_start_watchdog "$gone"
+      return 0
+    fi
+    sleep 0.2
+  done
+  _slurm_log "node not idle after 20 s (state: '$state')"
+  cat "$dir/log/slurmctld.log" "$dir/log/slurmd.log" >&2
+  return 1
+}
+
+_slurm_wait_pidfile() {
+  for _ in $(seq 1 50); do
+    [[ -s $1 ]] && { _slurm_pids+=("$(cat "$1")"); return 0; }
+    sleep 0.1
+  done
+  _slurm_log "no pid file $1 after 5 s"
+  return 1
+}
+
+_slurm_start_watchdog() {
+  local pids=("${_slurm_pids[@]}")
+  [[ -s $_slurm_dir/munge/munged.pid ]] && pids+=("$(cat "$_slurm_dir/munge/munged.pid")")
+  # shellcheck disable=SC2016  # expanded by the watchdog's shell
+  setsid bash -c '
+    parent=$1 gone=$2; shift 2
+    while kill -0 "$parent" 2>/dev/null; do sleep 1; done
+    scancel --quiet --signal=KILL --partition=debug 2>/dev/null
+    sleep 2
+    timeout 10 scontrol shutdown >/dev/null 2>&1
+    sleep 2
+    kill -9 "$@" 2>/dev/null
+    rm -rf "$gone"
+  ' slurm-watchdog $$ "$gone" "${pids[@]}" </dev/null >/dev/null 2>&1 &
+  _slurm_watchdog=$!
+}
+
+slurm_down() {
+  [[ -n $_slurm_dir ]] || return 0
+  [[ -n $_slurm_watchdog ]] && kill "$_slurm_watchdog" 2>/dev/null
+  if [[ -n ${SLURM_CONF:-} ]]; then
+    scancel --quiet --signal=KILL --partition=debug 2>/dev/null
+    for _ in $(seq 1 40); do
+      [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break
+      sleep 0.25
+    done
+    timeout 10 scontrol shutdown >/dev/null 2>&1
+  fi
+  local pid
+  for pid in "${_slurm_pids[@]}"; do
+    timeout 10 tail --pid="$pid" -f /dev/null 2>/dev/null || kill -9 "$pid" 2>/dev/null
+  done
+  if [[ -s $_slurm_dir/munge/munged.pid ]]; then
+    pid=$(cat "$_slurm_dir/munge/munged.pid")
+    kill "$pid" 2>/dev/null
+    timeout 5 tail --pid="$pid" -f /dev/null 2>/dev/null || kill -9 "$pid" 2>/dev/null
+  fi
+  _slurm_pids=()
+  _slurm_dir=""
+  _slurm_watchdog=""
+}

@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# Slurm launch tests: a real single-node Slurm (slurm_cluster.sh) runs the
+# sbatch template (launchers/slurm/kolos.sbatch) and scripts written by
+# `kolos slurm gen`. One case per CTest test:
+#   slurm_test.sh CASE      (environment: KOLOS, KOLOS_SOURCE_DIR)
+# Every job is waited for under a timeout; the daemons are stopped and the
+# temporary directory removed on any exit (trap), pass or fail.
+set -uo pipefail
+case_name=$1
+here=$(cd "$(dirname "$0")" && pwd)
+src=${KOLOS_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
+template=$src/launchers/slurm/kolos.sbatch
+tiny=$src/examples/gpt-tiny.toml
+work=$(mktemp -d /tmp/kolos-slurm-test.XXXXXX)
+chmod 755 "$work"  # munged runs as user munge and needs to reach its directory
+# shellcheck source-path=SCRIPTDIR source=slurm_cluster.sh
+source "$here/slurm_cluster.sh"
+cleanup() {
+  local rc=$?
+  slurm_down
+  rm -rf "$work"
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cd "$work" || exit 1
+
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$work"/*.out; do [[ -f $f ]] && { echo "--- $f" >&2; cat "$f" >&2; }; done
+  exit 1
+}
+
+# job_field JOBID FIELD: one field of `scontrol show job`.
+job_field() { scontrol show job -o "$1" 2>/dev/null | grep -o "\b$2=[^ ]*" | cut -d= -f2-; }
+
+# wait_job JOBID SECONDS: waits until the job has finished (polling faster
+# than `sbatch --wait`); prints its final state.
+wait_job() {
+  local state=""
+  for _ in $(seq 1 $(($2 * 4))); do
+    state=$(job_field "$1" JobState)
+    case $state in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | BOOT_FAIL | DEADLINE)
+        echo "$state"; return 0 ;;
+    esac
+    sleep 0.25
+  done
+  scontrol show job "$1" >&2
+  fail "job $1 not finished after $2 s (state ${state:-unknown})"
+}
+
+# wait_metrics FILE LINES SECONDS: until the metrics file has LINES lines.
+wait_metrics() {
+  for _ in $(seq 1 $(($3 * 10))); do
+    [[ -f $1 && $(wc -l <"$1") -ge $2 ]] && return 0
+    sleep 0.1
+  done
+  fail "$1 has not $2 lines after $3 s"
+}
+
+# check_trained OUTPUT METRICS STEPS: the run finished STEPS steps, its
+# loss fell, and the metrics file has one row per step.
+check_trained() {
+  grep -q "kolos: done: $3 steps" "$1" || fail "no 'kolos: done: $3 steps' in $1"
+  [[ $(wc -l <"$2") -eq $3 ]] || fail "$2 has $(wc -l <"$2") rows, expected $3"
+  python3 - "$2" "$3" <<'PY' || fail "the metrics in $2 do not show training"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == list(range(1, int(sys.argv[2]) + 1)), "steps"
+first, last = rows[0]["loss"], rows[-1]["loss"]
+print(f"loss {first:.3f} -> {last:.3f} over {len(rows)} steps")
+assert last < first - 0.5, "loss did not fall"
+PY
+}
+
+# submit SBATCH-ARGS...: prints the job id.
+submit() { sbatch --parsable "$@" || fail "sbatch $* refused the job"; }
+
+start_slurm() { slurm_up "$work/slurm" "$work" || fail "could not start Slurm"; }
+
+case "$case_name" in
+  gen_2_tasks)
+    # `kolos slurm gen` writes the script; sbatch --wait runs it to the end.
+    start_slurm
+    "$KOLOS" slurm gen "$tiny" --tasks-per-node 2 --job-name tiny --set train.steps=40 \
+      --set "log.metrics=$work/m.jsonl" -o job.sbatch || fail "kolos slurm gen"
+    jid=$(timeout 120 sbatch --parsable --wait job.sbatch)
+    rc=$?
+    [[ $rc -ne 124 ]] || fail "the job did not finish within 120 s"
+    [[ $rc -eq 0 ]] || fail "sbatch --wait: exit $rc"
+    [[ $(job_field "$jid" ExitCode) == 0:0 ]] || fail "job exit code $(job_field "$jid" ExitCode)"
+    out=kolos-tiny-$jid.out
+    grep -q "2 ranks" "$out" || fail "the job did not run 2 ranks"
+    grep -q "mesh pp=1 dp=2" "$out" || fail "no dp=2 mesh in $out"
+    check_trained "$out" m.jsonl 40
+    ;;
+  template_4_tasks_overcommit)
+    # The template itself, 4 ranks on 2 CPUs, options on the sbatch command line.
+    start_slurm
+    export KOLOS
+    jid=$(submit --ntasks=4 --overcommit --job-name=four "$template" "$tiny" --set parallel.data=4 --set train.micro_batch=4 \
+      --set train.steps=30 --set "log.metrics=$work/m.jsonl")
+    state=$(wait_job "$jid" 120)
+    [[ $state == COMPLETED && $(job_field "$jid" ExitCode) == 0:0 ]] ||
+      fail "job $jid: $state, exit $(job_field "$jid" ExitCode)"
+    out=kolos-four-$jid.out
+    grep -q "4 ranks" "$out" || fail "the job did not run 4 ranks"
+    grep -q "mesh pp=1 dp=4" "$out" || fail "no dp=4 mesh in $out"
+    check_trained "$out" m.jsonl 30
+    ;;
+  stop_not_requeued)
+    # SIGUSR1 to the batch shell (what --signal=B:USR1@N sends before the
+    # time limit): every rank stops at one step boundary, kolos exits 3, and
+    # without a checkpoint to resume from the job is not requeued.
+    start_slurm
+    "$KOLOS" slurm gen "$tiny" --job-name stop --set train.steps=1000000 --set log.progress=off \
+      --set "log.metrics=$work/m.jsonl" -o job.sbatch || fail "kolos slurm gen"
+    jid=$(submit job.sbatch)
+    wait_metrics m.jsonl 3 60
+    scancel --batch --signal=USR1 "$jid" || fail "scancel --signal=USR1"
+    state=$(wait_job "$jid" 60)
+    out=kolos-stop-$jid.out
+    cat "$out"
+    [[ $(job_field "$jid" ExitCode) == 3:0 ]] || fail "job exit code $(job_field "$jid" ExitCode), expected 3:0"
+    [[ $(job_field "$jid" Restarts) == 0 ]] || fail "the job was requeued"
+    grep -q "got SIGUSR1" "$out" || fail "the batch script did not see SIGUSR1"
+    steps=$(wc -l <m.jsonl)
+    grep -q "stopped on request after step $steps of" "$out" || fail "no stop message at step $steps"
+    grep -q "not requeued: no checkpoint to resume from" "$out" || fail "no 'not requeued' reason"
+    echo "stopped after step $steps, state $state, exit 3, not requeued"
+    ;;
+  stop_requeue)
+    # As stop_not_requeued, with KOLOS_REQUEUE=always: the job is requeued,
+    # runs again (SLURM_RESTART_COUNT=1, output appended), is stopped again
+    # and then, at KOLOS_MAX_REQUEUES=1, left stopped with exit code 3.
+    start_slurm
+    "$KOLOS" slurm gen "$tiny" --job-name requeue --requeue always --max-requeues 1 \
+      --set train.steps=1000000 --set log.progress=off --set "log.metrics=$work/m.jsonl" \
+      -o job.sbatch || fail "kolos slurm gen"
+    jid=$(submit job.sbatch)
+    wait_metrics m.jsonl 3 60
+    scancel --batch --signal=USR1 "$jid" || fail "scancel --signal=USR1"
+    for _ in $(seq 1 240); do
+      [[ $(job_field "$jid" Restarts) == 1 && $(job_field "$jid" JobState) == RUNNING ]] && break
+      sleep 0.25
+    done
+    [[ $(job_field "$jid" Restarts) == 1 ]] || fail "the job was not requeued"
+    # Signal the requeued run once its ranks are up (the engine line printed).
+    for _ in $(seq 1 600); do
+      [[ $(grep -c "^kolos: gpt" kolos-requeue-"$jid".out) -ge 2 ]] && break
+      sleep 0.1
+    done
+    grep -q "job $jid run 2" kolos-requeue-"$jid".out || fail "the requeued run did not start"
+    scancel --batch --signal=USR1 "$jid" || fail "second scancel --signal=USR1"
+    state=$(wait_job "$jid" 60)
+    out=kolos-requeue-$jid.out
+    cat "$out"
+    [[ $(job_field "$jid" ExitCode) == 3:0 ]] || fail "job exit code $(job_field "$jid" ExitCode), expected 3:0"
+    [[ $(grep -c "stopped on request after step" "$out") -eq 2 ]] || fail "expected two stops in $out"
+    grep -q "requeueing job $jid" "$out" || fail "no requeue in $out"
+    grep -q "not requeued: already restarted 1 times" "$out" || fail "the requeue limit was not applied"
+    echo "requeued once, stopped twice, final state $state, exit 3"
+    ;;
+  stop_resume)
+    # The whole story: a stop request before the time limit, a checkpoint,
+    # the requeue (KOLOS_REQUEUE=auto: a checkpoint exists), and the requeued
+    # run resuming from `latest` and finishing the run.
+    "$KOLOS" train --help | grep -q -- "--resume" ||
+      fail "kolos train has no --resume: the resume half of the requeue story cannot run"
+    start_slurm
+    steps=200
+    "$KOLOS" slurm gen "$tiny" --job-name resume --checkpoint-dir ckpt --set train.steps=$steps \
+      --set log.progress=off --set "log.metrics=$work/m.jsonl" -o job.sbatch || fail "kolos slurm gen"
+    jid=$(submit job.sbatch)
+    wait_metrics m.jsonl 3 60
+    scancel --batch --signal=USR1 "$jid" || fail "scancel --signal=USR1"
+    state=$(wait_job "$jid" 120)
+    out=kolos-resume-$jid.out
+    cat "$out"
+    [[ $state == COMPLETED && $(job_field "$jid" ExitCode) == 0:0 ]] ||
+      fail "job $jid: $state, exit $(job_field "$jid" ExitCode), expected COMPLETED 0:0"
+    [[ $(job_field "$jid" Restarts) == 1 ]] || fail "restarts: $(job_field "$jid" Restarts), expected 1"
+    stop=$(sed -nE 's/^kolos: stopped on request after step ([0-9]+) of.*/\1/p' "$out")
+    [[ -n $stop ]] || fail "the first run did not stop on request"
+    [[ -e ckpt/latest ]] || fail "no checkpoint (ckpt/latest)"
+    grep -q "requeueing job $jid (checkpoint: yes)" "$out" || fail "not requeued with a checkpoint"
+    grep -q "resuming from $work/ckpt/latest" "$out" || fail "the requeued run was not given --resume"
+    grep -q "resumed from .* at step $stop" "$out" || fail "kolos did not resume at step $stop"
+    grep -q "kolos: done: " "$out" || fail "the resumed run did not finish"
+    python3 - m.jsonl "$stop" "$steps" <<'PY' || fail "the metrics do not continue from step $stop to $steps"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+stop, steps = int(sys.argv[2]), int(sys.argv[3])
+got = [r["step"] for r in rows]
+# The resumed run writes steps stop+1..steps (after 1..stop when it appends).
+assert got in (list(range(stop + 1, steps + 1)), list(range(1, steps + 1))), got[:3] + got[-3:]
+print(f"stopped at step {stop}, resumed, finished step {got[-1]}; loss {rows[-1]['loss']:.3f}")
+assert rows[-1]["loss"] < 3.5, "the resumed run did not keep training"
+PY
+    ;;
+  gen_script)
+    # has_line FILE LINE: LINE whole, or followed by a comment.
+    has_line() {
+      local l
+      while IFS= read -r l; do [[ $l == "$2" || ${l%%  *} == "$2" ]] && return 0; done <"$1"
+      fail "$1 lacks the line: $2"
+    }
+    "$KOLOS" slurm gen --help | grep -q "usage: kolos slurm gen" || fail "no gen --help"
+    "$KOLOS" slurm gen "$tiny" -o one.sbatch 2>err.txt || { cat err.txt; fail "gen with defaults"; }
+    grep -q "submit it with: sbatch one.sbatch" err.txt || fail "gen does not say how to submit"
+    for line in "#SBATCH --nodes=1" "#SBATCH --ntasks=2" "#SBATCH --signal=B:USR1@300" "#SBATCH --requeue" \
+      "#SBATCH --open-mode=append" "KOLOS_CONFIG=\${KOLOS_CONFIG:-$tiny}" "KOLOS=\${KOLOS:-$KOLOS}"; do
+      has_line one.sbatch "$line"
+    done
+    "$KOLOS" slurm gen "$tiny" --nodes 2 --gpus-per-node 4 --cpus-per-task 8 --time 12:00:00 \
+      --partition gpu --signal-seconds 600 --checkpoint-dir ckpt --set parallel.data=8 \
+      --set 'log.metrics=m e.jsonl' --sbatch=--exclusive -o gpu.sbatch || fail "gen for GPUs"
+    for line in "#SBATCH --nodes=2" "#SBATCH --ntasks=8" "#SBATCH --ntasks-per-node=4" \
+      "#SBATCH --gpus-per-task=1" "#SBATCH --gpu-bind=none" "#SBATCH --cpus-per-task=8" \
+      "#SBATCH --time=12:00:00" "#SBATCH --partition=gpu" "#SBATCH --signal=B:USR1@600" \
+      "#SBATCH --exclusive" "KOLOS_CHECKPOINT_DIR=\${KOLOS_CHECKPOINT_DIR:-$work/ckpt}" \
+      "train_options=(--set parallel.data=8 --set 'log.metrics=m e.jsonl')"; do
+      has_line gpu.sbatch "$line"
+    done
+    ! grep -q "^##SBATCH --gpus-per-task" gpu.sbatch || fail "the disabled GPU line stayed"
+    "$KOLOS" slurm gen "$tiny" --tasks-per-node 3 >/dev/null 2>err.txt && fail "a mesh of 2 on 3 ranks was accepted"
+    grep -q "world size is 3" err.txt || { cat err.txt; fail "no world-size message"; }
+    printf '[model]\nlayrs = 2\n' >typo.toml
+    "$KOLOS" slurm gen typo.toml >/dev/null 2>err.txt && fail "a config typo was accepted"
+    grep -q "typo.toml:2" err.txt || { cat err.txt; fail "the config error does not name typo.toml:2"; }
+    "$KOLOS" slurm gen "$tiny" --tasks-per-node 2 --gpus-per-node 4 >/dev/null 2>err.txt && fail "2 ranks on 4 GPUs accepted"
+    grep -q "one rank per GPU" err.txt || fail "no one-rank-per-GPU message"
+    "$KOLOS" slurm gne 2>err.txt && fail "a misspelt subcommand was accepted"
+    grep -q "did you mean .gen." err.txt || fail "no did-you-mean for gne"
+    # The committed templates: what gen writes with the arguments they record.
+    for t in "$src"/launchers/slurm/*.sbatch; do
+      bash -n "$t" || fail "$t does not parse"
+      args=$(sed -n 's/^# Written by: kolos slurm gen //p' "$t")
+      [[ -z $args ]] && continue
+      (cd "$src" && eval "\"\$KOLOS\" slurm gen $args") >regen.sbatch || fail "regenerating $t"
+      diff -u "$t" regen.sbatch || fail "$t is stale: regenerate it with: kolos slurm gen $args"
+    done
+    for f in one.sbatch gpu.sbatch "$src"/launchers/slurm/*.sbatch; do
+      bash -n "$f" || fail "$f does not parse"
+      if command -v shellcheck >/dev/null; then shellcheck "$f" || fail "shellcheck $f"; fi
+    done
+    ;;
+  script_decisions)
+    # The template's own logic, with srun and scontrol replaced by stand-ins
+    # that record their arguments: --resume when `latest` exists, and the
+    # requeue decision after each exit code.
+    mkdir -p bin ckpt
+    cat >bin/srun <<'SH'
+#!/bin/bash
+echo "srun $*" >>"$FAKE_LOG"
+exit "${FAKE_RC:-0}"
+SH
+    cat >bin/scontrol <<'SH'
+#!/bin/bash
+echo "scontrol $*" >>"$FAKE_LOG"
+SH
+    chmod +x bin/srun bin/scontrol
+    "$KOLOS" slurm gen "$tiny" --checkpoint-dir ckpt -o job.sbatch 2>/dev/null || fail "gen"
+    export FAKE_LOG=$work/log.txt SLURM_JOB_ID=42
+    # run_job EXPECTED_RC [VAR=value ...]: runs the script, leaves its calls in log.txt.
+    run_job() {
+      local want=$1; shift
+      : >"$FAKE_LOG"
+      env PATH="$work/bin:$PATH" "$@" bash job.sbatch >job.out 2>&1
+      local rc=$?
+      [[ $rc -eq $want ]] || { cat job.out; fail "job.sbatch ($*) exited $rc, expected $want"; }
+    }
+    run_job 0 FAKE_RC=0
+    grep -q "srun --mpi=pmix --cpu-bind=cores $KOLOS train $tiny --set checkpoint.dir=$work/ckpt$" log.txt ||
+      { cat log.txt; fail "unexpected srun command"; }
+    ! grep -q scontrol log.txt || fail "requeued after success"
+    run_job 3 FAKE_RC=3
+    ! grep -q "requeue" log.txt || fail "requeued with no checkpoint (KOLOS_REQUEUE=auto)"
+    grep -q "not requeued: no checkpoint" job.out || fail "no reason given"
+    touch ckpt/latest
+    run_job 3 FAKE_RC=3
+    grep -q -- "--set checkpoint.dir=$work/ckpt --resume$" log.txt || { cat log.txt; fail "no --resume with ckpt/latest"; }
+    grep -qx "scontrol requeue 42" log.txt || { cat job.out; fail "not requeued with a checkpoint"; }
+    run_job 3 FAKE_RC=3 SLURM_RESTART_COUNT=20
+    ! grep -q "scontrol requeue" log.txt || fail "requeued past KOLOS_MAX_REQUEUES"
+    grep -q "already restarted 20 times" job.out || fail "no requeue-limit reason"
+    run_job 3 FAKE_RC=3 KOLOS_REQUEUE=never
+    ! grep -q "scontrol requeue" log.txt || fail "requeued with KOLOS_REQUEUE=never"
+    run_job 1 FAKE_RC=1
+    ! grep -q "scontrol requeue" log.txt || fail "requeued after a failure"
+    rm ckpt/latest
+    run_job 3 FAKE_RC=3 KOLOS_REQUEUE=always
+    grep -qx "scontrol requeue 42" log.txt || fail "KOLOS_REQUEUE=always did not requeue"
+    run_job 0 FAKE_RC=0 KOLOS_CONFIG=other.toml
+    grep -q "train other.toml --set checkpoint.dir=$work/ckpt$" log.txt ||
+      { cat log.txt; fail "KOLOS_CONFIG from the environment not used"; }
+    : >"$FAKE_LOG"
+    env PATH="$work/bin:$PATH" bash job.sbatch third.toml --set train.steps=5 >/dev/null 2>&1
+    grep -q "train third.toml --set checkpoint.dir=$work/ckpt --set train.steps=5$" log.txt ||
+      { cat log.txt; fail "the config argument and options not passed"; }
+    ;;
+  *)
+    fail "unknown case $case_name"
+    ;;
+esac
+echo "PASS $case_name"
