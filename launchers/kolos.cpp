@@ -4,6 +4,7 @@
 //   kolos run -n N CONFIG [--set k=v ...]   N local ranks through mpirun
 //   kolos plugins [--path DIR ...]          plugins found, their role and versions
 //   kolos data prepare FILE... -o OUT       byte-level token file from text
+//   kolos slurm gen [CONFIG] [options]      a ready sbatch script (launchers/slurm_command.cpp)
 //   kolos version
 #include <mpi.h>
 #include <unistd.h>
@@ -27,7 +28,10 @@
 #include "kolos/core/signals.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
+#include "ckpt_command.h"
+#include "kolos/checkpoint/checkpoint.h"
 #include "launch.h"
+#include "slurm_command.h"
 
 namespace po = boost::program_options;
 
@@ -41,6 +45,8 @@ commands:
   run -n N CONFIG [--set key=value ...]  launch N local ranks of `kolos train` through mpirun
   plugins [--path DIR ...]               list the plugins found, their role, versions, refusals
   data prepare FILE... -o OUT            write a byte-level token file for [data] kind = "tokens"
+  ckpt inspect|verify|export DIR         look into, check or export a checkpoint
+  slurm gen [CONFIG] [options]           write an sbatch script (srun, requeue on time limit)
   version                                versions of kolos and what it was built with
 
 `kolos <command> --help` describes each command.
@@ -88,13 +94,27 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
   po::options_description options("options");
   std::vector<std::string> overrides;
   std::string config_path;
+  std::string resume, resume_dir;
   options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
-      "set", po::value(&overrides)->composing(), "override a key: --set train.steps=100");
+      "set", po::value(&overrides)->composing(), "override a key: --set train.steps=100")(
+      "resume", po::value(&resume)->implicit_value(""),
+      "resume from a checkpoint: --resume (the latest in [checkpoint] dir; none yet: start "
+      "afresh) or --resume DIR")("resume-dir", po::value(&resume_dir), "");
   po::positional_options_description positional;
-  positional.add("config", 1);
-  Parsed parsed = parse("train", args, options, positional, "CONFIG [--set key=value ...]");
+  positional.add("config", 1).add("resume-dir", 1);  // `CONFIG --resume DIR`
+  Parsed parsed = parse("train", args, options, positional,
+                        "CONFIG [--set key=value ...] [--resume [DIR]]");
   if (parsed.help) return 0;
+  const bool resuming = parsed.vm.count("resume") > 0;
+  if (!resume_dir.empty() && !resuming) {
+    throw UsageError("kolos train: unexpected argument `" + resume_dir + "` (see `kolos train --help`)");
+  }
+  if (resume.empty()) resume = resume_dir;
 
+  // Before anything slow: a stop request (Slurm's warning, SIGTERM) during
+  // start-up must not kill the process (SIGUSR1's default action); it stops
+  // the run at its first step boundary instead.
+  install_stop_handlers();
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
     modules::register_builtin_models();
@@ -113,8 +133,36 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());
     }
-    install_stop_handlers();
-    TrainSummary summary = engine.train();
+    // Checkpoints: every `every` steps, at the end, and before a stop.
+    const CheckpointConfig& cc = engine.config().checkpoint;
+    std::unique_ptr<checkpoint::Checkpointer> ckpt;
+    if (!cc.dir.empty() || resuming) {
+      ckpt = std::make_unique<checkpoint::Checkpointer>(
+          engine, checkpoint::Options{cc.dir, cc.keep_last, cc.async});
+    }
+    if (resuming) {
+      if (resume.empty() && cc.dir.empty()) {
+        throw UsageError("kolos train: --resume without DIR needs [checkpoint] dir in the config");
+      }
+      if (resume.empty() && checkpoint::latest(cc.dir).empty()) {
+        if (runtime.rank() == 0) {
+          std::fprintf(stderr, "kolos: no checkpoint in %s yet; starting from step 0\n",
+                       cc.dir.c_str());
+        }
+      } else {
+        const std::string dir = ckpt->load(resume.empty() ? cc.dir : resume);
+        if (runtime.rank() == 0) {
+          std::fprintf(stderr, "kolos: resumed from %s at step %lld\n", dir.c_str(),
+                       (long long)engine.steps_done());
+        }
+      }
+    }
+    const bool saving = !cc.dir.empty();
+    TrainSummary summary = engine.train([&](const StepMetrics& m) {
+      if (saving && cc.every > 0 && m.step % cc.every == 0) ckpt->save();
+    });
+    if (saving && ckpt->last_saved_step() != engine.steps_done()) ckpt->save();
+    if (ckpt) ckpt->wait();
     if (runtime.rank() == 0) std::fprintf(stderr, "%s\n", format_summary(summary, engine).c_str());
     if (summary.stopped) {
       if (runtime.rank() == 0) {
@@ -135,11 +183,23 @@ int run(const std::vector<std::string>& args) {
       "set", po::value(&launch.overrides)->composing(), "override a key: --set train.steps=100")(
       "mpirun", po::value(&launch.mpirun)->default_value(KOLOS_MPIEXEC), "mpirun to use")(
       "no-ucx", po::bool_switch(&launch.no_ucx), "do not select MPI's UCX transport")(
-      "dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command, run nothing");
+      "dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command, run nothing")(
+      "resume", po::value<std::string>()->implicit_value(""),
+      "pass --resume [DIR] to every rank's `kolos train`")(
+      "resume-dir", po::value(&launch.resume_dir), "");
   po::positional_options_description positional;
-  positional.add("config", 1);
-  Parsed parsed = parse("run", args, options, positional, "-n N CONFIG [--set key=value ...]");
+  positional.add("config", 1).add("resume-dir", 1);  // `CONFIG --resume DIR`
+  Parsed parsed =
+      parse("run", args, options, positional, "-n N CONFIG [--set key=value ...] [--resume [DIR]]");
   if (parsed.help) return 0;
+  launch.resume = parsed.vm.count("resume") > 0;
+  if (launch.resume && launch.resume_dir.empty()) {
+    launch.resume_dir = parsed.vm["resume"].as<std::string>();
+  }
+  if (!launch.resume_dir.empty() && !launch.resume) {
+    throw UsageError("kolos run: unexpected argument `" + launch.resume_dir +
+                     "` (see `kolos run --help`)");
+  }
   // Check the config here, so a typo fails before any rank starts.
   load_run_config(launch.config, launch.overrides);
   return exec_mpirun(launch);
@@ -222,8 +282,10 @@ int dispatch(int argc, char** argv) {
   if (command == "run") return run(args);
   if (command == "plugins") return plugins(args);
   if (command == "data") return data_command(args);
+  if (command == "ckpt") return ckpt_command(args);
+  if (command == "slurm") return slurm_command(args);
   if (command == "version") return version(args);
-  std::string hint = closest_match(command, {"train", "run", "plugins", "data", "version"});
+  std::string hint = closest_match(command, {"train", "run", "plugins", "data", "ckpt", "slurm", "version"});
   throw UsageError("unknown command `" + command + "`" +
                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
                    "; see `kolos --help`");

@@ -65,6 +65,10 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
   cmd.push_back(o.kolos.empty() ? self_executable() : o.kolos);
   cmd.insert(cmd.end(), {"train", o.config});
   for (const auto& s : o.overrides) cmd.insert(cmd.end(), {"--set", s});
+  if (o.resume) {
+    cmd.push_back("--resume");
+    if (!o.resume_dir.empty()) cmd.push_back(o.resume_dir);
+  }
   return cmd;
 }
 

@@ -13,6 +13,8 @@ struct LaunchOptions {
   std::vector<std::string> overrides;
   std::string mpirun;
   std::string kolos;  // the kolos executable to start; empty: this one
+  bool resume = false;     // pass --resume [resume_dir] to kolos train
+  std::string resume_dir;
   bool no_ucx = false;
   bool dry_run = false;
   int cores = 0;      // 0: the cores this process may use

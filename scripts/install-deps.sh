@@ -11,6 +11,11 @@ packages=(
   libboost-program-options-dev libtoml11-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-h5py python3-numpy
+  # launch tests (tests/launch, k8s, spack, docker): a real Slurm, the MPIJob
+  # schema check, the Dockerfile lint. kubectl is not here: Debian 12's
+  # kubernetes-client is 1.20, whose kustomize predates `patches`; the k8s
+  # test says it did not run when no newer kubectl is installed.
+  slurm-wlm munge python3-jsonschema python3-yaml shellcheck
 )
 
 missing=()

@@ -31,13 +31,14 @@
 namespace kolos {
 namespace {
 
-const std::vector<std::string> kSections = {"model",    "data", "optim",  "train",
-                                            "parallel", "log",  "plugins"};
+const std::vector<std::string> kSections = {"model",    "data", "optim",      "train",
+                                            "parallel", "log",  "checkpoint", "plugins"};
 const std::vector<std::string> kModelKeys = {"name",    "layers", "hidden",    "heads",
                                              "seq_len", "vocab",  "mlp_ratio", "init_std"};
 const std::vector<std::string> kDataKeys = {"kind", "path", "dtype"};
 const std::vector<std::string> kOptimKeys = {
-    "name", "lr", "min_lr", "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "grad_clip"};
+    "name", "lr", "min_lr", "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "grad_clip",
+    "fused"};
 const std::vector<std::string> kTrainKeys = {"global_batch", "micro_batch", "steps", "seed",
                                              "precision"};
 const std::vector<std::string> kParallelKeys = {"data", "tensor",    "pipeline", "sequence",
@@ -45,8 +46,9 @@ const std::vector<std::string> kParallelKeys = {"data", "tensor",    "pipeline",
 const std::vector<std::string> kTensorKeys = {"size", "mode", "depth"};
 const std::vector<std::string> kPipelineKeys = {"size", "schedule", "microbatches", "chunks"};
 const std::vector<std::string> kSequenceKeys = {"size", "mode"};
-const std::vector<std::string> kZeroKeys = {"stage"};
+const std::vector<std::string> kZeroKeys = {"stage", "reshard_after_forward"};
 const std::vector<std::string> kLogKeys = {"metrics", "every", "progress"};
+const std::vector<std::string> kCheckpointKeys = {"dir", "every", "keep_last", "async"};
 // The roles of kolos::kRoles (kolos/core/plugin.h); repeated here so that config stays
 // independent of the plugin interface.
 const std::vector<std::string> kPluginRoles = {"layers",    "sequence", "pipeline",
@@ -329,7 +331,9 @@ class Reader {
     read_train(config.train);
     read_parallel(config.parallel);
     read_log(config.log);
+    read_checkpoint(config.checkpoint);
     read_plugins(config.plugins);
+    check_zero(config);
     return config;
   }
 
@@ -529,6 +533,10 @@ class Reader {
     read_float("optim.eps", o.eps);
     read_float("optim.weight_decay", o.weight_decay);
     read_float("optim.grad_clip", o.grad_clip);
+    if (const toml::value* v = find("optim.fused")) {
+      if (!v->is_boolean()) fail_type("optim.fused", *v, "true or false");
+      o.fused = v->as_boolean();
+    }
     require(o.lr > 0 && std::isfinite(o.lr), "optim.lr",
             format_float(o.lr) + " is out of range; it must be > 0.");
     require(o.min_lr >= 0 && o.min_lr <= o.lr, "optim.min_lr",
@@ -637,6 +645,10 @@ class Reader {
             std::to_string(p.zero.stage) +
                 " is not a ZeRO stage; valid: 0 (off), 1 (optimizer states), 2 (+ gradients), "
                 "3 (+ parameters).");
+    if (const toml::value* v = find("parallel.zero.reshard_after_forward")) {
+      if (!v->is_boolean()) fail_type("parallel.zero.reshard_after_forward", *v, "true or false");
+      p.zero.reshard_after_forward = v->as_boolean();
+    }
 
     read_int("parallel.bucket_mb", p.bucket_mb);
     read_int("parallel.bucket_kb", p.bucket_kb);
@@ -652,6 +664,47 @@ class Reader {
     read_int("log.every", l.every);
     require_at_least("log.every", l.every, 1);
     read_choice("log.progress", l.progress, kProgressModes, "progress mode");
+  }
+
+  // ZeRO options that only make sense together: the stage and a
+  // [plugins] gradients override must name the same plugin, and
+  // reshard_after_forward is a ZeRO-3 option.
+  void check_zero(const RunConfig& c) const {
+    const auto& by_role = c.plugins.by_role;
+    const int64_t stage = c.parallel.zero.stage;
+    const std::string chosen = by_role.count("gradients") ? by_role.at("gradients")
+                               : stage > 0               ? "zero" + std::to_string(stage)
+                                                         : "dp";
+    if (stage > 0 && chosen != "zero" + std::to_string(stage)) {
+      fail(origin_of_any({"plugins.gradients", "parallel.zero.stage", "parallel.zero"}),
+           "parallel.zero.stage = " + std::to_string(stage) + " selects the gradients plugin `zero" +
+               std::to_string(stage) + "`, but plugins.gradients names `" + chosen +
+               "`; remove one of the two.");
+    }
+    if (find("parallel.zero.reshard_after_forward") != nullptr && chosen != "zero3") {
+      fail_at("parallel.zero.reshard_after_forward",
+              "only applies to ZeRO stage 3 (parameters sharded at rest), but the gradients "
+              "plugin is `" + chosen + "`; set parallel.zero.stage = 3 or remove the key.");
+    }
+  }
+
+  void read_checkpoint(CheckpointConfig& c) const {
+    const toml::value* t = table_at("checkpoint");
+    if (t == nullptr) return;
+    check_keys("checkpoint", *t, kCheckpointKeys, "key", "keys");
+    read_string("checkpoint.dir", c.dir);
+    read_int("checkpoint.every", c.every);
+    read_int("checkpoint.keep_last", c.keep_last);
+    if (const toml::value* v = find("checkpoint.async")) {
+      if (!v->is_boolean()) fail_type("checkpoint.async", *v, "true or false");
+      c.async = v->as_boolean();
+    }
+    require_at_least("checkpoint.every", c.every, 0);
+    require_at_least("checkpoint.keep_last", c.keep_last, 0);
+    if (c.dir.empty() && (c.every > 0 || c.keep_last > 0 || c.async)) {
+      fail(origin_of_any({"checkpoint.every", "checkpoint.keep_last", "checkpoint.async"}),
+           "[checkpoint] needs dir (where checkpoints go), e.g. dir = \"ckpt\".");
+    }
   }
 
   void read_plugins(PluginsConfig& pl) const {
@@ -934,6 +987,7 @@ std::string to_toml(const RunConfig& c) {
       << "eps = " << format_float(c.optim.eps) << "\n"
       << "weight_decay = " << format_float(c.optim.weight_decay) << "\n"
       << "grad_clip = " << format_float(c.optim.grad_clip) << "\n"
+      << "fused = " << (c.optim.fused ? "true" : "false") << "\n"
       << "\n[train]\n"
       << "global_batch = " << c.train.global_batch << "\n"
       << "micro_batch = " << c.train.micro_batch << "\n"
@@ -951,13 +1005,20 @@ std::string to_toml(const RunConfig& c) {
       << ", chunks = " << c.parallel.pipeline.chunks << " }\n"
       << "sequence = { size = " << c.parallel.sequence.size
       << ", mode = " << str(c.parallel.sequence.mode) << " }\n"
-      << "zero = { stage = " << c.parallel.zero.stage << " }\n"
+      << "zero = { stage = " << c.parallel.zero.stage
+      << (c.parallel.zero.reshard_after_forward ? "" : ", reshard_after_forward = false")
+      << " }\n"
       << "bucket_mb = " << c.parallel.bucket_mb << "\n"
       << "bucket_kb = " << c.parallel.bucket_kb << "\n"
       << "\n[log]\n"
       << "metrics = " << str(c.log.metrics) << "\n"
       << "every = " << c.log.every << "\n"
       << "progress = " << str(c.log.progress) << "\n"
+      << "\n[checkpoint]\n"
+      << "dir = " << str(c.checkpoint.dir) << "\n"
+      << "every = " << c.checkpoint.every << "\n"
+      << "keep_last = " << c.checkpoint.keep_last << "\n"
+      << "async = " << (c.checkpoint.async ? "true" : "false") << "\n"
       << "\n[plugins]\n"
       << "path = [";
   for (size_t i = 0; i < c.plugins.path.size(); ++i) {

@@ -237,7 +237,9 @@ TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_ste
 std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
   std::vector<std::pair<std::string, at::Tensor>> out;
   torch::NoGradGuard no_grad;
-  for (const auto& p : model_->placed_parameters()) {
+  // The gradients role knows where parameters live at rest (ZeRO-3: shards
+  // only; the model's own tensors are empty between uses).
+  for (const auto& p : gradients_->parameters_at_rest()) {
     out.emplace_back(p.name, gather_global(p.tensor.detach(), p.placement, *mesh_));
   }
   return out;

@@ -56,7 +56,8 @@ std::vector<PlacedParameter> GradientStrategy::parameters_at_rest() {
 AdamWSettings adamw_settings(const OptimConfig& config) {
   KOLOS_CHECK_KIND(kConfig, config.name == "adamw", "optim.name: unknown optimizer `",
                    config.name, "`; available: adamw");
-  return AdamWSettings{config.lr, config.beta1, config.beta2, config.eps, config.weight_decay};
+  return AdamWSettings{config.lr,  config.beta1,        config.beta2,
+                       config.eps, config.weight_decay, config.fused};
 }
 
 }  // namespace kolos

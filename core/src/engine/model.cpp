@@ -31,7 +31,11 @@ void Model::add_block(const std::string& name, LayerPtr block) {
 at::Tensor Model::forward(const at::Tensor& input, size_t first, size_t last) {
   last = std::min(last, blocks_.size());
   at::Tensor x = input;
-  for (size_t i = first; i < last; ++i) x = blocks_[i].second->forward(x);
+  for (size_t i = first; i < last; ++i) {
+    if (hooks_.before_forward) hooks_.before_forward(i, x);
+    x = blocks_[i].second->forward(x);
+    if (hooks_.after_forward) hooks_.after_forward(i, x);
+  }
   return x;
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kolos/core/error.h"
+#include "kolos/kernels/adamw.h"
 
 namespace kolos {
 
@@ -20,20 +21,74 @@ void AdamW::add(std::string name, at::Tensor param, at::Tensor grad, Placement p
   slots_.push_back(std::move(slot));
 }
 
+namespace {
+
+// The fused kernel takes flat fp32 CPU buffers.
+bool fusable(const AdamWSlot& s) {
+  for (const at::Tensor* t : {&s.param, &s.grad, &s.exp_avg, &s.exp_avg_sq}) {
+    if (!t->defined() || !t->device().is_cpu() || t->scalar_type() != at::kFloat ||
+        !t->is_contiguous() || t->numel() != s.param.numel())
+      return false;
+  }
+  return true;
+}
+
+// Whether LibTorch's CPU kernels round AdamW's moments with fused
+// multiply-adds, as the fused kernel does: ATen's AVX2/AVX-512 kernels do,
+// its "default" ones (ATEN_CPU_CAPABILITY=default, CPUs without AVX2) do not.
+// Probed once on LibTorch itself with inputs where the two differ, so that
+// kolos::AdamW gives LibTorch's bits either way (no fused kernel otherwise).
+bool libtorch_moments_use_fma() {
+  static const bool fma = [] {
+    torch::NoGradGuard no_grad;
+    const float a = 1.0f + std::ldexp(1.0f, -23);
+    at::Tensor grad = torch::full({64}, a);
+    at::Tensor m = torch::full({64}, -1.0f).add_(grad, a);
+    at::Tensor v = torch::full({64}, -1.0f).addcmul_(grad, grad, a);
+    const float a2 = a * a;
+    return m[0].item<float>() == std::fma(a, a, -1.0f) &&
+           v[0].item<float>() == std::fma(a2, a, -1.0f);
+  }();
+  return fma;
+}
+
+}  // namespace
+
 void AdamW::step(double lr) {
   torch::NoGradGuard no_grad;
   ++step_;
+  std::vector<kernels::AdamWBuffer> fused;
   const double beta1 = settings_.beta1, beta2 = settings_.beta2;
   const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step_));
   const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step_));
   const double step_size = lr / bias_correction1;
   const double denom_scale = std::sqrt(bias_correction2);
   for (auto& s : slots_) {
+    if (settings_.fused && fusable(s) && libtorch_moments_use_fma()) {
+      kernels::AdamWBuffer b;
+      b.param = s.param.data_ptr<float>();
+      b.grad = s.grad.data_ptr<float>();
+      b.exp_avg = s.exp_avg.data_ptr<float>();
+      b.exp_avg_sq = s.exp_avg_sq.data_ptr<float>();
+      b.numel = s.param.numel();
+      fused.push_back(b);
+      continue;
+    }
     if (settings_.weight_decay != 0) s.param.mul_(1 - lr * settings_.weight_decay);
     s.exp_avg.mul_(beta1).add_(s.grad, 1 - beta1);
     s.exp_avg_sq.mul_(beta2).addcmul_(s.grad, s.grad, 1 - beta2);
     at::Tensor denom = (s.exp_avg_sq.sqrt() / denom_scale).add_(settings_.eps);
     s.param.addcdiv_(s.exp_avg, denom, -step_size);
+  }
+  if (!fused.empty()) {
+    kernels::AdamWConfig config;
+    config.lr = lr;
+    config.beta1 = beta1;
+    config.beta2 = beta2;
+    config.eps = settings_.eps;
+    config.weight_decay = settings_.weight_decay;
+    config.step = step_;
+    kernels::adamw_step(fused.data(), fused.size(), config, at::get_num_threads());
   }
 }
 

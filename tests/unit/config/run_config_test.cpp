@@ -109,6 +109,7 @@ beta2 = 0.95
 eps = 1e-8
 weight_decay = 0.1
 grad_clip = 1
+fused = false
 
 [train]
 global_batch = 64
@@ -151,6 +152,7 @@ TEST(RunConfigParse, ReadsEveryKey) {
   EXPECT_EQ(c.optim.warmup_steps, 100);
   EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);
   EXPECT_DOUBLE_EQ(c.optim.grad_clip, 1.0);  // an integer where a float is expected
+  EXPECT_FALSE(c.optim.fused);
   EXPECT_EQ(c.train.global_batch, 64);
   EXPECT_EQ(c.train.seed, 7u);
   EXPECT_EQ(c.train.precision, "bf16");
@@ -216,11 +218,30 @@ TEST(RunConfigErrors, UnknownSectionListsSectionsAndSuggests) {
   const std::string msg = parse_error("[model]\nlayers = 2\n\n[modle]\nhidden = 8\n");
   EXPECT_TRUE(
       has_all(msg, {"run.toml:4:", "unknown section `modle`", "valid sections",
-                    "model, data, optim, train, parallel, log, plugins", "Did you mean `model`?"}));
+                    "model, data, optim, train, parallel, log, checkpoint, plugins",
+                    "Did you mean `model`?"}));
   // No suggestion for something unrelated.
-  const std::string far = parse_error("[checkpoint]\ndir = \"ckpt\"\n");
-  EXPECT_TRUE(has_all(far, {"unknown section `checkpoint`"}));
+  const std::string far = parse_error("[snapshots]\ndir = \"ckpt\"\n");
+  EXPECT_TRUE(has_all(far, {"unknown section `snapshots`"}));
   EXPECT_EQ(far.find("Did you mean"), std::string::npos) << far;
+}
+
+TEST(RunConfigCheckpoint, ReadsTheSectionAndChecksIt) {
+  const RunConfig c = parse_run_config(
+      "[checkpoint]\ndir = \"ckpt\"\nevery = 50\nkeep_last = 3\nasync = true\n", "run.toml");
+  EXPECT_EQ(c.checkpoint.dir, "ckpt");
+  EXPECT_EQ(c.checkpoint.every, 50);
+  EXPECT_EQ(c.checkpoint.keep_last, 3);
+  EXPECT_TRUE(c.checkpoint.async);
+  EXPECT_EQ(RunConfig{}.checkpoint.dir, "");  // off by default
+  EXPECT_TRUE(has_all(parse_error("[checkpoint]\ndir = \"c\"\nevry = 5\n"),
+                      {"run.toml:3:", "unknown key `checkpoint.evry`", "Did you mean `every`?"}));
+  EXPECT_TRUE(has_all(parse_error("[checkpoint]\ndir = \"c\"\nevery = -1\n"),
+                      {"run.toml:3:", "checkpoint.every"}));
+  EXPECT_TRUE(has_all(parse_error("[checkpoint]\ndir = \"c\"\nasync = 1\n"),
+                      {"run.toml:3:", "checkpoint.async", "true or false"}));
+  EXPECT_TRUE(has_all(parse_error("[checkpoint]\nevery = 5\n"),
+                      {"run.toml:2:", "[checkpoint] needs dir"}));
 }
 
 TEST(RunConfigErrors, UnknownKeyNamesLineColumnKeyAndSuggestion) {
@@ -288,6 +309,7 @@ TEST(RunConfigErrors, OutOfRangeValuesNameKeyValueAndRule) {
       {"[optim]\neps = 0\n", {"optim.eps", "> 0"}},
       {"[optim]\nweight_decay = -1\n", {"optim.weight_decay", ">= 0"}},
       {"[optim]\ngrad_clip = -1\n", {"optim.grad_clip", "0 disables"}},
+      {"[optim]\nfused = 1\n", {"run.toml:2", "optim.fused", "true or false"}},
       {"[optim]\nwarmup_steps = -5\n", {"optim.warmup_steps", ">= 0"}},
       {"[train]\nmicro_batch = 0\n", {"run.toml:2", "train.micro_batch", ">= 1"}},
       {"[train]\nsteps = 0\n", {"train.steps", ">= 1"}},
@@ -602,6 +624,7 @@ TEST(ToToml, RoundTripsEveryField) {
   EXPECT_EQ(back.model.init_std, c.model.init_std);  // exact, not approximately
   EXPECT_EQ(back.optim.lr, c.optim.lr);
   EXPECT_EQ(back.optim.eps, 1e-12);
+  EXPECT_FALSE(back.optim.fused);
   EXPECT_EQ(back.plugins.path, c.plugins.path);
   EXPECT_EQ(back.plugins.by_role, c.plugins.by_role);
   EXPECT_EQ(back.parallel.tensor.mode, "2d");

@@ -48,6 +48,15 @@ TEST(Launch, OversubscribedAsRoot) {
   EXPECT_TRUE(has(cmd, {"--set", "train.steps=5", "--set", "parallel.data=4"}));
 }
 
+TEST(Launch, PassesResume) {
+  LaunchOptions o = options(2, 2);
+  o.resume = true;
+  EXPECT_EQ(mpirun_command(o).back(), "--resume");
+  o.resume_dir = "ckpt/step-40";
+  auto cmd = mpirun_command(o);
+  EXPECT_TRUE(has(cmd, {"train", "run.toml", "--resume", "ckpt/step-40"}));
+}
+
 TEST(Launch, NoUcxOnRequest) {
   LaunchOptions o = options(2, 2);
   o.no_ucx = true;

@@ -85,6 +85,13 @@ class Engine {
   Model& model() { return *model_; }
   const RoleChoice& roles() const { return roles_; }
   int64_t steps_done() const { return step_; }
+  // Checkpoints (libkolos_checkpoint): the gradients strategy holds the
+  // parameters at rest and the optimizer state; the communicator the engine
+  // was built on; setting the step moves the data position with it (data is
+  // addressed by step, see next_micro_batches).
+  GradientStrategy& gradients() { return *gradients_; }
+  MPI_Comm comm() const { return world_; }
+  void set_steps_done(int64_t step) { step_ = step; }
   int64_t accumulation() const { return accumulation_; }
   std::string describe() const;  // one line: model size, mesh, plugins, batch
 

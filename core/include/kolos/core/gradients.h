@@ -77,6 +77,9 @@ double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& 
 // The AdamW options of a run, as LibTorch's AdamW takes them.
 struct AdamWSettings {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+  // Update contiguous fp32 CPU slots with the fused kernel (kolos/kernels/adamw.h);
+  // other slots, and all of them when false, take the LibTorch-ops path.
+  bool fused = true;
 };
 AdamWSettings adamw_settings(const OptimConfig& config);
 

@@ -23,6 +23,16 @@ struct PlacedParameter {
   int block = 0;  // index of the block that owns it
 };
 
+// Callbacks around each block's forward, installed by a role that must act
+// per block (ZeRO-3 gathers a block's parameters before its forward and
+// frees them after; "before the backward of block i" is a hook on the
+// output tensor that after_forward receives). Called on the forward's
+// thread, for every block that Model::forward runs; either may be empty.
+struct BlockHooks {
+  std::function<void(size_t block, const at::Tensor& input)> before_forward;
+  std::function<void(size_t block, const at::Tensor& output)> after_forward;
+};
+
 class Model : public torch::nn::Module {
  public:
   using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
@@ -35,6 +45,10 @@ class Model : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& input, size_t first = 0, size_t last = SIZE_MAX);
   at::Tensor loss(const at::Tensor& output, const at::Tensor& targets) const;
 
+  // One set of block hooks (a later call replaces it; {} removes it).
+  void set_block_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
+  const BlockHooks& block_hooks() const { return hooks_; }
+
   // Every parameter once, in registration order, with its placement
   // (parameters without one are whole and replicated).
   std::vector<PlacedParameter> placed_parameters() const;
@@ -42,6 +56,7 @@ class Model : public torch::nn::Module {
  private:
   std::vector<std::pair<std::string, LayerPtr>> blocks_;
   LossFn loss_;
+  BlockHooks hooks_;
 };
 
 using ModelBuilder =

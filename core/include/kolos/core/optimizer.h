@@ -6,7 +6,13 @@
 // accounting see it like any other piece. State is allocated when a slot is
 // added (zeros), so a checkpoint can be loaded into it before the first step.
 // The update is LibTorch's AdamW (decoupled weight decay, bias correction),
-// operation for operation, so results match torch::optim::AdamW.
+// so results match torch::optim::AdamW: with settings.fused (the default),
+// slots whose four tensors are contiguous fp32 CPU tensors go through the
+// fused kernel (kolos/kernels/adamw.h: one pass, LibTorch's rounding, the
+// same bits on CPUs where ATen runs its AVX2/AVX-512 kernels) in one
+// multi-tensor call on at::get_num_threads() threads; every other slot, all
+// slots when fused is false, and all slots where ATen runs its "default"
+// (non-FMA) kernels, take LibTorch's ops, operation for operation.
 #pragma once
 
 #include <cstdint>

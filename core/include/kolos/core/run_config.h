@@ -42,6 +42,7 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double grad_clip = 1.0;  // global L2 norm; 0 disables
+  bool fused = true;       // AdamW by the fused CPU kernel (kolos/kernels) where it applies
 };
 
 struct TrainConfig {
@@ -72,6 +73,9 @@ struct SequenceConfig {
 
 struct ZeroConfig {
   int64_t stage = 0;  // 0..3
+  // ZeRO-3: free each block's gathered parameters after its forward (and
+  // gather them again before its backward); false keeps them until backward.
+  bool reshard_after_forward = true;
 };
 
 struct ParallelConfig {
@@ -90,6 +94,13 @@ struct LogConfig {
   std::string progress = "auto";  // "auto" (bar on a TTY, lines otherwise) | "bar" | "lines" | "off"
 };
 
+struct CheckpointConfig {
+  std::string dir;        // checkpoint root; empty: no checkpoints
+  int64_t every = 0;      // save every N steps (0: only at the end and on a stop request)
+  int64_t keep_last = 0;  // keep the newest N checkpoints (0: keep all)
+  bool async = false;     // write in a background thread after a host copy
+};
+
 struct PluginsConfig {
   std::vector<std::string> path;               // searched first
   std::map<std::string, std::string> by_role;  // role -> plugin name override
@@ -103,6 +114,7 @@ struct RunConfig {
   TrainConfig train;
   ParallelConfig parallel;
   LogConfig log;
+  CheckpointConfig checkpoint;
   PluginsConfig plugins;
 };
 
