@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kolos/core/error.h"
+#include "kolos/core/grad_hooks.h"
 #include "kolos/core/gradients.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/optimizer.h"
@@ -26,19 +27,6 @@
 
 namespace kolos {
 namespace {
-
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 struct Bucket {
   at::Tensor buffer;
@@ -152,11 +140,8 @@ class DataParallel : public GradientStrategy {
 
   void install_hooks() {
     for (size_t i = 0; i < params_.size(); ++i) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(params_[i].tensor);
-      KOLOS_CHECK(accumulator != nullptr, "dp: parameter ", params_[i].name,
-                  " has no gradient accumulator");
-      accumulator->add_post_hook(std::make_unique<ReadyHook>([this, i] { on_ready(i); }));
-      accumulators_.push_back(std::move(accumulator));  // autograd only holds it weakly
+      accumulators_.push_back(
+          on_grad_accumulated(params_[i].tensor, params_[i].name, [this, i] { on_ready(i); }));
     }
   }
 

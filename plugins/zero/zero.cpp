@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "kolos/core/error.h"
+#include "kolos/core/grad_hooks.h"
 #include "kolos/core/mesh.h"
 
 namespace kolos::zero {
@@ -22,19 +23,6 @@ namespace {
 constexpr size_t kMaxReductionsInFlight = 1;
 // Parameter all-gathers after a stage 1/2 step kept in flight at once.
 constexpr size_t kMaxGathersInFlight = 2;
-
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 int64_t bytes_of(const at::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
@@ -234,11 +222,8 @@ void ZeroStrategy::build_groups(const std::vector<std::vector<size_t>>& members)
 
 void ZeroStrategy::install_grad_hooks() {
   for (size_t i = 0; i < slots_.size(); ++i) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(slots_[i].param.tensor);
-    KOLOS_CHECK(accumulator != nullptr, name(), ": parameter ", slots_[i].param.name,
-                " has no gradient accumulator");
-    accumulator->add_post_hook(std::make_unique<ReadyHook>([this, i] { on_grad_ready(i); }));
-    accumulators_.push_back(std::move(accumulator));  // autograd holds it weakly
+    accumulators_.push_back(on_grad_accumulated(slots_[i].param.tensor, slots_[i].param.name,
+                                                [this, i] { on_grad_ready(i); }));
   }
 }
 
