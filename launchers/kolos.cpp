@@ -182,7 +182,9 @@ int run(const std::vector<std::string>& args) {
       "config", po::value(&launch.config)->required(), "the run's TOML file")(
       "set", po::value(&launch.overrides)->composing(), "override a key: --set train.steps=100")(
       "mpirun", po::value(&launch.mpirun)->default_value(KOLOS_MPIEXEC), "mpirun to use")(
-      "no-ucx", po::bool_switch(&launch.no_ucx), "do not select MPI's UCX transport")(
+      "no-ucx", po::bool_switch(&launch.no_ucx), "never select MPI's UCX transport")(
+      "ucx", po::bool_switch(&launch.ucx),
+      "always select MPI's UCX transport (default: when there are 2+ cores per rank)")(
       "dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command, run nothing")(
       "resume", po::value<std::string>()->implicit_value(""),
       "pass --resume [DIR] to every rank's `kolos train`")(

@@ -15,11 +15,16 @@ struct LaunchOptions {
   std::string kolos;  // the kolos executable to start; empty: this one
   bool resume = false;     // pass --resume [resume_dir] to kolos train
   std::string resume_dir;
-  bool no_ucx = false;
+  bool no_ucx = false;  // never select MPI's UCX transport
+  bool ucx = false;     // always select it (default: only with 2+ cores per rank)
   bool dry_run = false;
   int cores = 0;      // 0: the cores this process may use
   bool root = false;  // set from the effective uid when building for real
 };
+
+// Whether the command selects MPI's UCX transport: --ucx, or by default when
+// every rank has a spare core for its communication thread.
+bool use_ucx(const LaunchOptions& options);
 
 // The argv of the mpirun command. Throws UsageError when ranks < 1.
 std::vector<std::string> mpirun_command(const LaunchOptions& options);

@@ -36,8 +36,11 @@ int usable_cores() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-// OpenBLAS sizes its pool at load time from OPENBLAS_NUM_THREADS; when that
-// is unset, resize it here so ranks sharing a node do not oversubscribe it.
+// OpenBLAS keeps its own pthread pool next to LibTorch's OpenMP pool, and
+// both spin while idle: on the same cores they slow each other down (a GPT
+// step here took 470-590 ms with 2 + 2 threads, 215 ms with LibTorch on 2
+// threads and OpenBLAS on 1). Unless OPENBLAS_NUM_THREADS says otherwise,
+// BLAS calls run on the calling thread and LibTorch's pool does the rest.
 void set_blas_threads(int threads) {
   using SetThreads = void (*)(int);
   if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
@@ -86,7 +89,7 @@ Runtime::Runtime(int* argc, char*** argv) {
   }
   at::set_num_threads(threads_);
   device_ = cuda::select_device(info_.local_rank);
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) set_blas_threads(threads_);
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) set_blas_threads(1);
 }
 
 Runtime::~Runtime() {

@@ -31,7 +31,7 @@ TEST(Launch, RanksWithinCores) {
   EXPECT_FALSE(has(cmd, {"--oversubscribe"}));
   EXPECT_FALSE(has(cmd, {"--allow-run-as-root"}));
   EXPECT_TRUE(has(cmd, {"-x", "OMP_NUM_THREADS=4"}));
-  EXPECT_TRUE(has(cmd, {"-x", "OPENBLAS_NUM_THREADS=4"}));
+  EXPECT_TRUE(has(cmd, {"-x", "OPENBLAS_NUM_THREADS=1"}));
   EXPECT_TRUE(has(cmd, {"/opt/kolos/bin/kolos", "train", "run.toml"}));
   EXPECT_EQ(has(cmd, {"--mca", "pml", "ucx"}), static_cast<bool>(KOLOS_WITH_UCX));
 }
@@ -57,8 +57,18 @@ TEST(Launch, PassesResume) {
   EXPECT_TRUE(has(cmd, {"train", "run.toml", "--resume", "ckpt/step-40"}));
 }
 
+TEST(Launch, UcxOnlyWithASpareCorePerRank) {
+  EXPECT_FALSE(has(mpirun_command(options(2, 2)), {"--mca", "pml", "ucx"}));
+  EXPECT_FALSE(has(mpirun_command(options(2, 3)), {"--mca", "pml", "ucx"}));
+  EXPECT_EQ(has(mpirun_command(options(2, 4)), {"--mca", "pml", "ucx"}),
+            static_cast<bool>(KOLOS_WITH_UCX));
+  LaunchOptions forced = options(2, 2);
+  forced.ucx = true;
+  EXPECT_EQ(has(mpirun_command(forced), {"--mca", "pml", "ucx"}), static_cast<bool>(KOLOS_WITH_UCX));
+}
+
 TEST(Launch, NoUcxOnRequest) {
-  LaunchOptions o = options(2, 2);
+  LaunchOptions o = options(2, 8);
   o.no_ucx = true;
   EXPECT_FALSE(has(mpirun_command(o), {"--mca", "pml", "ucx"}));
 }
