@@ -163,18 +163,10 @@ def synthetic_batch(torch, a, first_index, count):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def worker(rank, a, port, queue):
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    torch.set_num_threads(a.threads)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
-    torch.manual_seed(a.seed)  # the same initial weights on every rank
-    model = DDP(build_model(a), bucket_cap_mb=a.bucket_mb)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
-                            weight_decay=a.weight_decay)
+def train_loop(torch, model, opt, a, rank):
+    """Runs a.steps steps of `model` (wrapped in DDP) with `opt`; returns this
+    rank's step times and mean losses. Gradients are synchronised only on a
+    step's last micro-batch (no_sync on the others), as kolos does."""
     accumulation = a.global_batch // (a.micro_batch * a.ranks)
     times, losses = [], []
     for step in range(a.steps):
@@ -199,6 +191,22 @@ def worker(rank, a, port, queue):
         opt.step()
         times.append(time.perf_counter() - t0)
         losses.append(loss_sum / accumulation)
+    return times, losses
+
+
+def worker(rank, a, port, queue):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(a.threads)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    torch.manual_seed(a.seed)  # the same initial weights on every rank
+    model = DDP(build_model(a), bucket_cap_mb=a.bucket_mb)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                            weight_decay=a.weight_decay)
+    times, losses = train_loop(torch, model, opt, a, rank)
     # Slowest rank per step, mean loss over ranks (after the timed loop).
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -35,30 +35,7 @@ def worker(rank, a, port, queue):
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=a.lr,
                                   betas=(a.beta1, a.beta2), eps=a.eps,
                                   weight_decay=a.weight_decay)
-    accumulation = a.global_batch // (a.micro_batch * a.ranks)
-    times, losses = [], []
-    for step in range(a.steps):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        loss_sum = 0.0
-        for m in range(accumulation):
-            first = step * a.global_batch + (m * a.ranks + rank) * a.micro_batch
-            inputs, targets = gpt_ddp.synthetic_batch(torch, a, first, a.micro_batch)
-            if m + 1 < accumulation:
-                with model.no_sync():
-                    loss = model(inputs, targets)
-                    (loss / accumulation).backward()
-            else:
-                loss = model(inputs, targets)
-                (loss / accumulation).backward()
-            loss_sum += loss.item()
-        if a.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
-        for group in opt.param_groups:
-            group["lr"] = gpt_ddp.lr_at(a, step)
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss_sum / accumulation)
+    times, losses = gpt_ddp.train_loop(torch, model, opt, a, rank)
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     l = torch.tensor(losses, dtype=torch.float64)

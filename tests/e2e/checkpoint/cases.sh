@@ -3,12 +3,9 @@
 #   cases.sh CASE       (environment: KOLOS, KOLOS_SOURCE_DIR, MPIEXEC)
 set -uo pipefail
 case_name=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 PY=/usr/bin/python3   # Debian's python3-h5py / numpy
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 cat >run.toml <<'TOML'
 [model]
@@ -45,18 +42,6 @@ train() {
 # One rank of `kolos train run.toml`, as a plain command (for expect_failure).
 train1=("$MPIEXEC" -np 1 --oversubscribe --bind-to none "$KOLOS" train run.toml)
 
-# expect_failure REGEX -- CMD...: fails cleanly (no signal, no hang), REGEX on stderr.
-expect_failure() {
-  local regex=$1; shift; [[ $1 == -- ]] && shift
-  timeout 120 "$@" >out.txt 2>err.txt
-  local rc=$?
-  cat out.txt err.txt
-  [[ $rc -ne 124 ]] || fail "timed out (hang): $*"
-  [[ $rc -ne 0 ]] || fail "exit code 0, expected a failure: $*"
-  [[ $rc -lt 128 ]] || fail "killed by a signal (exit $rc): $*"
-  tr '\n' ' ' <err.txt | grep -Eq -- "$regex" || fail "stderr does not match /$regex/: $*"
-  echo "ok: exit $rc, message matches /$regex/"
-}
 
 # same_tensors DIR_A DIR_B: every dataset of the two index files equal, bit for bit.
 same_tensors() {

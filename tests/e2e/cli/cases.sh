@@ -6,28 +6,11 @@
 # names what is wrong.
 set -uo pipefail
 case_name=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 tiny="$KOLOS_SOURCE_DIR/examples/gpt-tiny.toml"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# expect_failure REGEX -- CMD...: CMD must fail cleanly with REGEX on stderr.
-expect_failure() {
-  local regex=$1; shift; [[ $1 == -- ]] && shift
-  timeout 120 "$@" >out.txt 2>err.txt
-  local rc=$?
-  cat out.txt err.txt
-  [[ $rc -ne 124 ]] || fail "timed out (hang): $*"
-  [[ $rc -ne 0 ]] || fail "exit code 0, expected a failure: $*"
-  [[ $rc -lt 128 ]] || fail "killed by a signal (exit $rc): $*"
-  ! grep -qi "core dumped\|segmentation fault\|terminate called" err.txt || fail "crashed: $*"
-  # Messages may span lines: match against stderr joined into one line.
-  tr '\n' ' ' <err.txt | grep -Eq -- "$regex" || fail "stderr does not match /$regex/: $*"
-  echo "ok: exit $rc, message matches /$regex/"
-}
 
 expect_success() {
   timeout 300 "$@" >out.txt 2>err.txt

@@ -1,0 +1,25 @@
+# Shared by the e2e case scripts (source it): a fresh working directory
+# removed on exit, OpenMPI allowed as root, and the failure checks.
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_failure REGEX -- CMD...: CMD must fail cleanly: a non-zero exit, no
+# signal or crash, no hang (it runs under `timeout`), and REGEX on stderr
+# (matched against stderr joined into one line: messages may span lines).
+expect_failure() {
+  local regex=$1; shift; [[ $1 == -- ]] && shift
+  timeout 120 "$@" >out.txt 2>err.txt
+  local rc=$?
+  cat out.txt err.txt
+  [[ $rc -ne 124 ]] || fail "timed out (hang): $*"
+  [[ $rc -ne 0 ]] || fail "exit code 0, expected a failure: $*"
+  [[ $rc -lt 128 ]] || fail "killed by a signal (exit $rc): $*"
+  ! grep -qi "core dumped\|segmentation fault\|terminate called" err.txt || fail "crashed: $*"
+  tr '\n' ' ' <err.txt | grep -Eq -- "$regex" || fail "stderr does not match /$regex/: $*"
+  echo "ok: exit $rc, message matches /$regex/"
+}
