@@ -69,22 +69,30 @@ class DenseLayerNorm : public Layer {
 class CausalSelfAttention : public Layer {
  public:
   CausalSelfAttention(LayerFactory& factory, const AttentionSpec& spec)
-      : heads_(factory.local_heads(spec.heads)), head_dim_(spec.hidden / spec.heads) {
+      : factory_(&factory),
+        heads_(factory.local_heads(spec.heads)),
+        head_dim_(spec.hidden / spec.heads) {
     KOLOS_CHECK_KIND(kConfig, spec.hidden % spec.heads == 0, "hidden size ", spec.hidden,
                      " is not divisible by the ", spec.heads, " attention heads");
-    LinearSpec column{spec.hidden, spec.hidden, true, LinearRole::kColumn, spec.init_std};
+    LinearSpec column{spec.hidden, spec.hidden, true, LinearRole::kColumn, spec.init_std,
+                      /*input_ready=*/true};
     q_ = register_module("q_proj", factory.linear(column));
     k_ = register_module("k_proj", factory.linear(column));
     v_ = register_module("v_proj", factory.linear(column));
     o_ = register_module("o_proj", factory.linear(LinearSpec{spec.hidden, spec.hidden, true,
                                                              LinearRole::kRow, spec.out_init_std}));
   }
-  at::Tensor forward(const at::Tensor& x) override {
-    const int64_t batch = x.size(0), seq = x.size(1);
+  at::Tensor forward(const at::Tensor& input) override {
+    // q, k and v share one prepared input (one collective, not three).
+    const at::Tensor x = factory_->column_input(input);
+    // Batch and sequence as the projections return them (a parallel factory
+    // may hand its projections a gathered input and get back a block).
+    at::Tensor q_out = q_->forward(x);
+    const int64_t batch = q_out.size(0), seq = q_out.size(1);
     auto split_heads = [&](const at::Tensor& t) {
       return t.view({batch, seq, heads_, head_dim_}).transpose(1, 2);  // [B, h, T, d]
     };
-    at::Tensor q = split_heads(q_->forward(x));
+    at::Tensor q = split_heads(q_out);
     at::Tensor k = split_heads(k_->forward(x));
     at::Tensor v = split_heads(v_->forward(x));
     at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(head_dim_));
@@ -96,6 +104,7 @@ class CausalSelfAttention : public Layer {
   }
 
  private:
+  LayerFactory* factory_;
   int64_t heads_, head_dim_;
   LayerPtr q_, k_, v_, o_;
 };
@@ -149,6 +158,22 @@ at::Tensor LayerFactory::tied_logits(const at::Tensor& hidden, Layer& embedding)
 at::Tensor LayerFactory::loss(const at::Tensor& logits, const at::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                               targets.reshape({-1}));
+}
+
+at::Tensor local_piece(const at::Tensor& global, const Placement& placement) {
+  KOLOS_CHECK(global.sizes().vec() == placement.global_shape(), "tensor of shape ",
+              global.sizes(), " is not the global tensor of ", placement.to_string());
+  at::Tensor piece = global;
+  for (int d = 0; d < placement.dim(); ++d) {
+    piece = piece.narrow(d, placement.slice(d).offset, placement.slice(d).length);
+  }
+  // A copy, never a view: the piece must own its storage (ZeRO-3 frees it).
+  if (!placement.has_padding()) return piece.clone(at::MemoryFormat::Contiguous);
+  at::Tensor local = torch::zeros(placement.local_shape(), global.options());
+  at::Tensor target = local;
+  for (int d = 0; d < placement.dim(); ++d) target = target.narrow(d, 0, placement.slice(d).length);
+  target.copy_(piece);
+  return local;
 }
 
 std::shared_ptr<LayerFactory> make_serial_layer_factory() {

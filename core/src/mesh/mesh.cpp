@@ -119,6 +119,7 @@ DeviceMesh::DeviceMesh(MPI_Comm world, MeshShape shape) : layout_(shape) {
                       std::to_string(size));
   }
   rank_ = rank;
+  world_ = world;
   coords_ = layout_.coords(rank);
   // Every rank creates the 15 groups in the same order (MPI_Comm_split is
   // collective over `world`): color = the coordinates outside the set.
@@ -140,6 +141,27 @@ DeviceMesh::DeviceMesh(MPI_Comm world, MeshShape shape) : layout_(shape) {
 }
 
 DeviceMesh::~DeviceMesh() = default;
+
+comm::ProcessGroupPtr DeviceMesh::split(AxisSet axes, int64_t color, int64_t key,
+                                        const std::string& name) const {
+  KOLOS_CHECK(color >= 0 && color < layout_.size(axes), "mesh split of ", axes.to_string(),
+              ": color ", color, " outside [0, ", layout_.size(axes), ")");
+  // Groups over `axes` are told apart by the coordinates outside them.
+  int64_t outside = 0;
+  for (int i = 0; i < kNumAxes; ++i) {
+    if (!axes.contains(static_cast<Axis>(i))) {
+      outside = outside * layout_.size(static_cast<Axis>(i)) + coords_[i];
+    }
+  }
+  MPI_Comm sub = MPI_COMM_NULL;
+  const int64_t full_color = outside * layout_.size(axes) + color;
+  int rc = MPI_Comm_split(world_, static_cast<int>(full_color), static_cast<int>(key), &sub);
+  if (rc != MPI_SUCCESS) throw CommError("MPI_Comm_split for mesh sub-group " + name);
+  auto group = comm::make_mpi_process_group(sub, name);
+  MPI_Comm_free(&sub);
+  extra_groups_.push_back(group);
+  return group;
+}
 
 const comm::ProcessGroupPtr& DeviceMesh::group(AxisSet axes) const {
   KOLOS_CHECK(!axes.empty(), "a mesh group needs at least one axis");

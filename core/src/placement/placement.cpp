@@ -20,14 +20,15 @@ Placement Placement::replicated(std::vector<int64_t> global_shape) {
 Placement Placement::shard(int dim, int64_t index, int64_t parts, AxisSet axes) const {
   KOLOS_CHECK(dim >= 0 && dim < this->dim(), "cannot shard dimension ", dim, " of ", to_string());
   KOLOS_CHECK(parts >= 1 && index >= 0 && index < parts, "shard index ", index, " of ", parts);
-  KOLOS_CHECK(slices_[dim].length == slices_[dim].padded,
-              "cannot shard an already padded dimension ", dim, " of ", to_string());
   Placement p = *this;
   const DimSlice& s = slices_[dim];
-  int64_t chunk = (s.length + parts - 1) / parts;
+  // Chunks of the local extent (padding included, so that a padded piece,
+  // as tensor parallelism leaves it, shards again as its tensor does);
+  // real elements are those below `length`.
+  int64_t chunk = (s.padded + parts - 1) / parts;
   int64_t begin = std::min(s.length, index * chunk);
-  int64_t end = std::min(s.length, begin + chunk);
-  p.slices_[dim] = DimSlice{s.offset + begin, end - begin, chunk};
+  int64_t end = std::min(s.length, index * chunk + chunk);
+  p.slices_[dim] = DimSlice{s.offset + begin, std::max<int64_t>(0, end - begin), chunk};
   p.sharded_ = sharded_ | axes;
   return p;
 }

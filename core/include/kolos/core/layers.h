@@ -54,6 +54,9 @@ struct LinearSpec {
   bool bias = true;
   LinearRole role = LinearRole::kReplicated;
   double init_std = 0.02;  // weight ~ N(0, init_std), bias = 0
+  // The input was already passed through LayerFactory::column_input() (one
+  // input shared by several column layers, as attention's q, k and v).
+  bool input_ready = false;
 };
 
 struct AttentionSpec {
@@ -92,10 +95,19 @@ class LayerFactory {
   virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
   // Attention heads held by this rank.
   virtual int64_t local_heads(int64_t heads) const { return heads; }
+  // What column layers do to their input before their product (1D: mark
+  // the entry of the tensor-parallel region; 2D/3D: gather the input's
+  // blocks). A layer feeding one input to several column layers calls it
+  // once and builds them with LinearSpec::input_ready. Identity by default.
+  virtual at::Tensor column_input(const at::Tensor& x) { return x; }
 
  protected:
   const DeviceMesh* mesh_ = nullptr;
 };
+
+// The piece of `global` that `placement` names (padding filled with zeros),
+// contiguous: how a parallel factory keeps its slice of a weight drawn whole.
+at::Tensor local_piece(const at::Tensor& global, const Placement& placement);
 
 // The built-in serial factory (the default of the "layers" role).
 std::shared_ptr<LayerFactory> make_serial_layer_factory();

@@ -89,11 +89,22 @@ class DeviceMesh {
   const comm::ProcessGroupPtr& group(Axis axis) const { return group(AxisSet{axis}); }
   const comm::ProcessGroupPtr& world() const { return group(AxisSet::all()); }
 
+  // Sub-groups of the group over `axes` (the process grids of 2D/2.5D/3D
+  // tensor parallelism): ranks of one such group with equal `color` form a
+  // new group, ordered by `key`. Collective over the whole mesh: every rank
+  // calls it, in the same order. The mesh keeps the group (see
+  // extra_groups(), which traffic accounting reads) and names it `name`.
+  comm::ProcessGroupPtr split(AxisSet axes, int64_t color, int64_t key,
+                              const std::string& name) const;
+  const std::vector<comm::ProcessGroupPtr>& extra_groups() const { return extra_groups_; }
+
  private:
   MeshLayout layout_;
   int64_t rank_ = 0;
   Coords coords_{};
   std::array<comm::ProcessGroupPtr, 16> groups_;  // index: AxisSet bits
+  mutable std::vector<comm::ProcessGroupPtr> extra_groups_;
+  MPI_Comm world_ = MPI_COMM_NULL;  // not owned; outlives the mesh
 };
 
 }  // namespace kolos

@@ -1,0 +1,159 @@
+#include "tp_ops.h"
+
+#include <torch/torch.h>
+
+namespace kolos::tp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels through the autograd context as an address: groups
+// belong to the mesh, which outlives every graph built on it.
+int64_t handle(ProcessGroup& group) { return reinterpret_cast<int64_t>(&group); }
+ProcessGroup& group_of(AutogradContext* ctx) {
+  return *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
+}
+
+at::Tensor all_reduced(const at::Tensor& x, ProcessGroup& group, comm::ReduceOp op) {
+  at::Tensor out = x.clone(at::MemoryFormat::Contiguous);
+  group.all_reduce(out, op)->wait();
+  return out;
+}
+
+at::Tensor all_gathered(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
+  at::Tensor rows = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> shape = rows.sizes().vec();
+  shape[0] *= group.size();
+  at::Tensor out = torch::empty(shape, rows.options());
+  group.all_gather_flat(out, rows)->wait();
+  return out.movedim(0, dim);
+}
+
+at::Tensor reduce_scattered(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
+  at::Tensor rows = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> shape = rows.sizes().vec();
+  TORCH_CHECK(shape[0] % group.size() == 0, "reduce-scatter over ", group.name(),
+              ": extent ", shape[0], " does not divide into ", group.size(), " parts");
+  shape[0] /= group.size();
+  at::Tensor out = torch::empty(shape, rows.options());
+  group.reduce_scatter_flat(out, rows, comm::ReduceOp::kSum)->wait();
+  return out.movedim(0, dim);
+}
+
+struct CopyIn : torch::autograd::Function<CopyIn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g) {
+    ctx->saved_data["group"] = g;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_reduced(grad[0], group_of(ctx), comm::ReduceOp::kSum), at::Tensor()};
+  }
+};
+
+struct ReduceOut : torch::autograd::Function<ReduceOut> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, int64_t g) {
+    return all_reduced(x, *reinterpret_cast<ProcessGroup*>(g), comm::ReduceOp::kSum);
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) {
+    return {grad[0], at::Tensor()};
+  }
+};
+
+struct AllReduce2 : torch::autograd::Function<AllReduce2> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g) {
+    ctx->saved_data["group"] = g;
+    return all_reduced(x, *reinterpret_cast<ProcessGroup*>(g), comm::ReduceOp::kSum);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_reduced(grad[0], group_of(ctx), comm::ReduceOp::kSum), at::Tensor()};
+  }
+};
+
+struct Gather : torch::autograd::Function<Gather> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g, int64_t dim) {
+    ctx->saved_data["group"] = g;
+    ctx->saved_data["dim"] = dim;
+    return all_gathered(x, *reinterpret_cast<ProcessGroup*>(g), dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {reduce_scattered(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ScatterSum : torch::autograd::Function<ScatterSum> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g, int64_t dim) {
+    ctx->saved_data["group"] = g;
+    ctx->saved_data["dim"] = dim;
+    return reduce_scattered(x, *reinterpret_cast<ProcessGroup*>(g), dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_gathered(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+struct Average : torch::autograd::Function<Average> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g) {
+    ctx->saved_data["group"] = g;
+    return all_reduced(x, *reinterpret_cast<ProcessGroup*>(g), comm::ReduceOp::kAvg);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_reduced(grad[0], group_of(ctx), comm::ReduceOp::kAvg), at::Tensor()};
+  }
+};
+
+int64_t normalised(int64_t dim, const at::Tensor& x) { return dim < 0 ? dim + x.dim() : dim; }
+
+}  // namespace
+
+at::Tensor copy_in(const at::Tensor& x, ProcessGroup& group) {
+  return group.size() == 1 ? x : CopyIn::apply(x, handle(group));
+}
+at::Tensor reduce_out(const at::Tensor& x, ProcessGroup& group) {
+  return group.size() == 1 ? x : ReduceOut::apply(x, handle(group));
+}
+at::Tensor all_reduce_2(const at::Tensor& x, ProcessGroup& group) {
+  return group.size() == 1 ? x : AllReduce2::apply(x, handle(group));
+}
+at::Tensor gather(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
+  return group.size() == 1 ? x : Gather::apply(x, handle(group), normalised(dim, x));
+}
+at::Tensor scatter_sum(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
+  return group.size() == 1 ? x : ScatterSum::apply(x, handle(group), normalised(dim, x));
+}
+at::Tensor average(const at::Tensor& x, ProcessGroup& group) {
+  return group.size() == 1 ? x : Average::apply(x, handle(group));
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
+                                        int64_t vocab_offset, ProcessGroup& group) {
+  const int64_t local = logits.size(1);
+  // log(sum_v exp(l_v)) = m + log(sum_v exp(l_v - m)), m the global row max
+  // (a constant for autograd: the result does not depend on it).
+  at::Tensor row_max;
+  {
+    torch::NoGradGuard no_grad;
+    row_max = std::get<0>(logits.max(1, /*keepdim=*/true));
+    if (group.size() > 1) group.all_reduce(row_max, comm::ReduceOp::kMax)->wait();
+  }
+  at::Tensor shifted = logits - row_max;
+  at::Tensor sum_exp = reduce_out(shifted.exp().sum(1), group);
+  at::Tensor ids = targets - vocab_offset;
+  at::Tensor mine = (ids >= 0).logical_and(ids < local);
+  at::Tensor index = ids.masked_fill(mine.logical_not(), 0).unsqueeze(1);
+  at::Tensor picked = shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0);
+  at::Tensor target_logit = reduce_out(picked, group);
+  return (sum_exp.log() - target_logit).mean();
+}
+
+at::Tensor masked_embedding(const at::Tensor& weight, const at::Tensor& ids, int64_t offset,
+                            int64_t length) {
+  at::Tensor local = ids - offset;
+  at::Tensor outside = (local < 0).logical_or(local >= length);
+  at::Tensor rows = torch::embedding(weight, local.masked_fill(outside, 0));
+  return rows.masked_fill(outside.unsqueeze(-1), 0.0);
+}
+
+}  // namespace kolos::tp
