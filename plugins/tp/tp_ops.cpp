@@ -94,13 +94,16 @@ struct ScatterSum : torch::autograd::Function<ScatterSum> {
   }
 };
 
+// The mean is one value held by every rank, and every rank seeds the same
+// gradient for it: each rank's term gets that gradient over n.
 struct Average : torch::autograd::Function<Average> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g) {
-    ctx->saved_data["group"] = g;
-    return all_reduced(x, *reinterpret_cast<ProcessGroup*>(g), comm::ReduceOp::kAvg);
+    auto& group = *reinterpret_cast<ProcessGroup*>(g);
+    ctx->saved_data["n"] = static_cast<int64_t>(group.size());
+    return all_reduced(x, group, comm::ReduceOp::kAvg);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {all_reduced(grad[0], group_of(ctx), comm::ReduceOp::kAvg), at::Tensor()};
+    return {grad[0] / static_cast<double>(ctx->saved_data["n"].toInt()), at::Tensor()};
   }
 };
 

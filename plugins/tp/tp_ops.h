@@ -9,7 +9,7 @@
 //   all_reduce_2   forward: all-reduce    backward: all-reduce
 //   gather         forward: all-gather    backward: reduce-scatter (sum)
 //   scatter_sum    forward: reduce-scatter (sum)   backward: all-gather
-//   average        forward: mean          backward: mean
+//   average        forward: mean          backward: gradient / n (no traffic)
 //
 // reduce_out's identity backward is right when every rank of the group goes
 // on to compute the same thing from the reduced value (Megatron's row

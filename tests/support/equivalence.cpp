@@ -47,7 +47,9 @@ RunRecord run_and_record(const RunConfig& config, MPI_Comm comm) {
   modules::register_builtin_models();
   Engine engine(config, comm, [](const RunConfig& c) { return data::make_source(c); });
   RunRecord record;
-  record.losses = engine.train().losses;
+  record.losses = engine.train([&](const StepMetrics& m) {
+    record.grad_norms.push_back(m.grad_norm);
+  }).losses;
   record.parameters = engine.gathered_parameters();
   return record;
 }
@@ -59,6 +61,13 @@ void expect_records_match(const RunRecord& reference, const RunRecord& candidate
     const double a = reference.losses[i], b = candidate.losses[i];
     EXPECT_LE(std::abs(a - b), tolerance.loss_rel * std::abs(a))
         << what << ": loss of step " << i + 1 << " differs: reference " << a << ", got " << b;
+  }
+  ASSERT_EQ(reference.grad_norms.size(), candidate.grad_norms.size()) << what;
+  for (size_t i = 0; i < reference.grad_norms.size(); ++i) {
+    const double a = reference.grad_norms[i], b = candidate.grad_norms[i];
+    EXPECT_LE(std::abs(a - b), tolerance.grad_norm_rel * std::abs(a))
+        << what << ": gradient norm of step " << i + 1 << " differs: reference " << a << ", got "
+        << b;
   }
   ASSERT_EQ(reference.parameters.size(), candidate.parameters.size()) << what;
   for (size_t i = 0; i < reference.parameters.size(); ++i) {

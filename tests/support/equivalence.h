@@ -23,12 +23,16 @@ namespace kolos::testing {
 
 struct RunRecord {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // global gradient norm of each step, before clipping
   std::vector<std::pair<std::string, at::Tensor>> parameters;
 };
 
 struct Tolerance {
   double loss_rel = 1e-5;   // |a - b| <= loss_rel * |b| per step
   double param_abs = 5e-5;  // max |a - b| over every element of every parameter
+  // Per step, relative. The norm sees a gradient's scale, which AdamW and
+  // clipping would hide from losses and parameters (a sum for a mean).
+  double grad_norm_rel = 1e-4;
 };
 
 // A small GPT on synthetic data: 20 steps, fp32, no dropout; overridable.

@@ -1,0 +1,87 @@
+// Bytes sent per step by tensor parallelism equal the analytic volume of
+// each mode (tests/support/tp_volume.h, computed from the model's shape),
+// on every rank: the tp group and the grid's sub-groups are counted; the
+// engine's own world reductions (loss, timing) are not tp traffic.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "equivalence.h"
+#include "kolos/core/engine.h"
+#include "kolos/core/mesh.h"
+#include "kolos/modules/data.h"
+#include "kolos/modules/gpt.h"
+#include "tp_volume.h"
+
+namespace kolos {
+namespace {
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+uint64_t tp_bytes(const DeviceMesh& mesh) {
+  uint64_t total = mesh.group(Axis::kTP)->stats().total_bytes();
+  for (const auto& g : mesh.extra_groups()) total += g->stats().total_bytes();
+  return total;
+}
+
+void reset(const DeviceMesh& mesh) {
+  mesh.group(Axis::kTP)->reset_stats();
+  for (const auto& g : mesh.extra_groups()) g->reset_stats();
+}
+
+struct Case {
+  std::string mode;
+  int size, depth;
+};
+
+void PrintTo(const Case& m, std::ostream* os) { *os << m.mode << " at " << m.size; }
+
+class TpVolume : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TpVolume, BytesPerStepEqualTheAnalyticVolume) {
+  const Case c = GetParam();
+  if (world_size() != c.size) GTEST_SKIP() << "runs at " << c.size << " ranks";
+  // 2 micro-batches of 4 per step; every dimension divides evenly.
+  RunConfig config = testing::tiny_gpt_config(
+      {"parallel.tensor.size=" + std::to_string(c.size), "parallel.tensor.mode=" + c.mode,
+       "parallel.tensor.depth=" + std::to_string(c.depth), "train.global_batch=8",
+       "train.micro_batch=4", "train.steps=2"});
+  modules::register_builtin_models();
+  Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& r) { return data::make_source(r); });
+  testing::TpShape shape;
+  shape.mode = c.mode;
+  shape.size = c.size;
+  shape.depth = c.depth;
+  shape.batch = config.train.micro_batch;
+  shape.seq = config.model.seq_len;
+  shape.hidden = config.model.hidden;
+  shape.inner = config.model.hidden * config.model.mlp_ratio;
+  shape.vocab = config.model.vocab;
+  shape.layers = config.model.layers;
+  shape.micro_batches = engine.accumulation();
+  const uint64_t expected = static_cast<uint64_t>(testing::tp_bytes_per_step(shape));
+  for (int step = 0; step < 2; ++step) {
+    reset(engine.mesh());
+    engine.step();
+    EXPECT_EQ(tp_bytes(engine.mesh()), expected)
+        << "mode " << c.mode << " at " << c.size << " ranks, step " << step << ", rank "
+        << engine.mesh().rank();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TpVolume,
+                         ::testing::Values(Case{"1d", 2, 1}, Case{"1d", 4, 1}, Case{"2d", 4, 1},
+                                           Case{"2.5d", 8, 2}, Case{"3d", 8, 1}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
+                           return mode + "_" + std::to_string(info.param.size);
+                         });
+
+}  // namespace
+}  // namespace kolos
