@@ -1,0 +1,107 @@
+// Bad input for tensor parallelism: clear errors, on every rank, naming the
+// numbers, the nearest values that would work and the tensor sizes that fit.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "equivalence.h"
+#include "kolos/core/engine.h"
+#include "kolos/core/error.h"
+#include "kolos/core/mesh.h"
+#include "kolos/core/plugin.h"
+#include "kolos/modules/data.h"
+#include "kolos/modules/gpt.h"
+
+namespace kolos {
+namespace {
+
+std::string config_error(const std::vector<std::string>& overrides) {
+  try {
+    testing::tiny_gpt_config(overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The configuration error an Engine raises for `overrides` on MPI_COMM_WORLD.
+std::string engine_error(const std::vector<std::string>& overrides) {
+  modules::register_builtin_models();
+  try {
+    Engine engine(testing::tiny_gpt_config(overrides), MPI_COMM_WORLD,
+                  [](const RunConfig& c) { return data::make_source(c); });
+  } catch (const Error& e) {  // agreed across ranks: every rank gets it
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+void expect_has(const std::string& message, const std::string& part) {
+  EXPECT_NE(message.find(part), std::string::npos) << "missing \"" << part << "\" in: " << message;
+}
+
+TEST(TpBadInput, SizeThatDoesNotFitTheModesGrid) {
+  std::string m = config_error({"parallel.tensor.size=8", "parallel.tensor.mode=2d"});
+  expect_has(m, "parallel.tensor.size = 8 does not fit mode \"2d\"");
+  expect_has(m, "nearest valid sizes: 4 or 9");
+  m = config_error({"parallel.tensor.size=4", "parallel.tensor.mode=3d"});
+  expect_has(m, "nearest valid sizes: 1 or 8");
+  m = config_error({"parallel.tensor.size=6", "parallel.tensor.mode=2.5d", "parallel.tensor.depth=2"});
+  expect_has(m, "does not fit mode \"2.5d\"");
+  expect_has(m, "2 or 8");
+}
+
+TEST(TpBadInput, HeadsThatDoNotDivide) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) GTEST_SKIP() << "runs at 4 ranks";
+  std::string m = engine_error({"parallel.tensor.size=4", "parallel.tensor.mode=1d",
+                                "model.heads=6", "model.hidden=48"});
+  expect_has(m, "model.heads = 6 does not divide into the 4 attention-head groups of tensor mode \"1d\"");
+  expect_has(m, "use model.heads = 4 or 8");
+  expect_has(m, "or a tensor size of 1, 2, 3, 6");
+  m = engine_error({"parallel.tensor.size=4", "parallel.tensor.mode=2d", "model.heads=3",
+                    "model.hidden=48"});
+  expect_has(m, "model.heads = 3 does not divide into the 2 attention-head groups of tensor mode \"2d\"");
+  expect_has(m, "or a tensor size of 1, 9");
+}
+
+TEST(TpBadInput, MicroBatchThatDoesNotSplitOverTheGrid) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) GTEST_SKIP() << "runs at 4 ranks";
+  const std::string m = engine_error({"parallel.tensor.size=4", "parallel.tensor.mode=2d",
+                                      "train.micro_batch=3", "train.global_batch=12"});
+  expect_has(m, "train.micro_batch = 3 does not divide into the 2 batch blocks of tensor mode \"2d\"");
+  expect_has(m, "use train.micro_batch = 2 or 4");
+  expect_has(m, "or a tensor size of 1, 9");
+}
+
+TEST(TpBadInput, ReplicatedLinearHasNoGridLayout) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) GTEST_SKIP() << "runs at 4 ranks";
+  RunConfig config = testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=2d"});
+  DeviceMesh mesh(MPI_COMM_WORLD, resolve_mesh_shape(config, 4));
+  PluginRegistry registry;
+  auto factory = registry.create<LayerFactory>("layers", "tp2d");
+  factory->setup(mesh, config);
+  try {
+    factory->linear(LinearSpec{32, 32, true, LinearRole::kReplicated});
+    ADD_FAILURE() << "tp2d made a replicated linear layer";
+  } catch (const ConfigError& e) {
+    expect_has(e.what(), "tp2d: a linear layer with the replicated role (32 -> 32)");
+  }
+  // tp1d keeps such a layer whole on every rank.
+  auto tp1d = registry.create<LayerFactory>("layers", "tp1d");
+  RunConfig one_d = testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=1d"});
+  DeviceMesh mesh1(MPI_COMM_WORLD, resolve_mesh_shape(one_d, 4));
+  tp1d->setup(mesh1, one_d);
+  EXPECT_NO_THROW(tp1d->linear(LinearSpec{32, 32, true, LinearRole::kReplicated}));
+}
+
+}  // namespace
+}  // namespace kolos
