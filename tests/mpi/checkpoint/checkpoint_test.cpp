@@ -95,18 +95,6 @@ at::Tensor global_value(const std::vector<int64_t>& shape, double base) {
   return (torch::arange(n, torch::kDouble) * 0.37 + base).reshape(shape);
 }
 
-// The local tensor of `placement`: the global slice, padded with zeros.
-at::Tensor local_piece(const at::Tensor& global, const Placement& pl) {
-  at::Tensor local = torch::zeros(pl.local_shape(), global.options());
-  at::Tensor src = global, dst = local;
-  for (int d = 0; d < pl.dim(); ++d) {
-    src = src.narrow(d, pl.slice(d).offset, pl.slice(d).length);
-    dst = dst.narrow(d, 0, pl.slice(d).length);
-  }
-  dst.copy_(src);
-  return local;
-}
-
 struct SyntheticTensor {
   std::string path;
   std::vector<int64_t> shape;
@@ -260,6 +248,10 @@ const std::vector<Layout> kLayouts = {
     {"zero1 x2", 2, {"parallel.zero.stage=1"}},
     {"zero2 x2", 2, {"parallel.zero.stage=2"}},
     {"zero3 x4", 4, {"parallel.zero.stage=3"}},
+    {"tp1d x2", 2, {"parallel.tensor.size=2", "parallel.tensor.mode=1d"}},
+    {"tp2d x4", 4, {"parallel.tensor.size=4", "parallel.tensor.mode=2d"}},
+    {"tp1d x2 zero3 x2", 4,
+     {"parallel.tensor.size=2", "parallel.tensor.mode=1d", "parallel.zero.stage=3"}},
 };
 
 constexpr int64_t kSaveAt = 4, kSteps = 8;
