@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Tensor parallelism: the four modes and serial on one GPT shape and one
+# global batch, all measured in this one invocation.
+#
+#   bench/run_tp_bench.sh [--layers 4] [--hidden 256] [--heads 8] [--seq-len 64]
+#                         [--vocab 4096] [--global-batch 8] [--micro-batch 8]
+#                         [--steps 10] [--warmup 3] [--threads 1] [--threads-serial 1]
+#                         [--no-1d8] [--build build]
+#
+# Builds nothing: it needs build/bin/tp_bench and the plugins tp1d, tp2d,
+# tp2p5d, tp3d (kb tp_bench kolos_tp1d kolos_tp2d kolos_tp2p5d kolos_tp3d) and
+# OpenMPI's mpirun. Runs, in this order, each under
+#   mpirun -np N --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none:
+#   serial  1 rank  (tensor size 1)
+#   1d      4 ranks        2d    4 ranks (q = 2)
+#   2.5d    8 ranks (q = 2, depth 2)   3d  8 ranks (q = 2)
+#   1d      8 ranks (unless --no-1d8)
+# with --threads LibTorch/OpenBLAS threads per rank (--threads-serial for the
+# serial run), and prints one table:
+# tp bytes sent per step (max over ranks), the analytic bytes per step of
+# tests/support/tp_volume.h, measured / analytic and their difference, the
+# median step time (a step's time is its slowest rank's; median over the
+# steps after the first --warmup), and that time over the serial run's.
+# More ranks than cores share the cores: the step-time ratios then measure
+# the overheads of tensor parallelism, not a speed-up.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+
+layers=4 hidden=256 heads=8 seq_len=64 vocab=4096
+global_batch=8 micro_batch=8 steps=10 warmup=3 threads=1 threads_serial=1 with_1d8=1
+build=build
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --layers) layers=$2 ;;
+    --hidden) hidden=$2 ;;
+    --heads) heads=$2 ;;
+    --seq-len) seq_len=$2 ;;
+    --vocab) vocab=$2 ;;
+    --global-batch) global_batch=$2 ;;
+    --micro-batch) micro_batch=$2 ;;
+    --steps) steps=$2 ;;
+    --warmup) warmup=$2 ;;
+    --threads) threads=$2 ;;
+    --threads-serial) threads_serial=$2 ;;
+    --build) build=$2 ;;
+    --no-1d8) with_1d8=0; shift; continue ;;
+    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_tp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+if (( warmup >= steps )); then
+  echo "run_tp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
+fi
+
+cd "$root"
+bench=$build/bin/tp_bench
+[[ -x $bench ]] || {
+  echo "run_tp_bench.sh: $bench not built (kb tp_bench kolos_tp1d kolos_tp2d kolos_tp2p5d kolos_tp3d)" >&2
+  exit 1
+}
+command -v mpirun >/dev/null || { echo "run_tp_bench.sh: no mpirun on PATH (OpenMPI)" >&2; exit 1; }
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# GNU nproc honours OMP_NUM_THREADS; the cores are what we want.
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-tp-bench.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+echo "shape: layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab," \
+  "global_batch $global_batch, micro_batch $micro_batch, $steps steps (median of the last $((steps - warmup)))"
+echo "machine: $cores cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $threads thread(s) per rank ($threads_serial for serial), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+
+# name ranks mode depth
+runs=("serial 1 serial 1" "1d 4 1d 1" "2d 4 2d 1" "2.5d 8 2.5d 2" "3d 8 3d 1")
+(( with_1d8 )) && runs+=("1d 8 1d 1")
+
+i=0
+for run in "${runs[@]}"; do
+  read -r name ranks mode depth <<< "$run"
+  i=$((i + 1))
+  log=$tmp/run$i.log
+  t=$threads
+  [[ $mode == serial ]] && t=$threads_serial
+  export KOLOS_THREADS=$t OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t
+  echo "[$i/${#runs[@]}] $name: $ranks rank(s)$( (( ranks > cores )) && echo ", oversubscribed: $ranks ranks on $cores cores")" >&2
+  mpirun -np "$ranks" --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none \
+    -x KOLOS_THREADS -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS \
+    "$bench" --mode "$mode" --depth "$depth" --layers "$layers" --hidden "$hidden" \
+    --heads "$heads" --seq-len "$seq_len" --vocab "$vocab" --micro-batch "$micro_batch" \
+    --global-batch "$global_batch" --steps "$steps" --warmup "$warmup" > "$log" 2>&1 ||
+    { cat "$log" >&2; exit 1; }
+  grep '^result ' "$log" | sed 's/^result //' >> "$tmp/results"
+done
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+echo
+awk -v cores="$cores" '
+  function field(key,   i, kv) {
+    for (i = 1; i <= NF; ++i) { split($i, kv, "="); if (kv[1] == key) return kv[2] }
+    return ""
+  }
+  {
+    mode[NR] = field("mode"); ranks[NR] = field("ranks"); bytes[NR] = field("bytes_max")
+    mean[NR] = field("bytes_mean"); analytic[NR] = field("analytic"); ms[NR] = field("step_ms")
+    loss[NR] = field("loss_last"); varied[NR] = field("varied")
+    if (mode[NR] == "serial") serial = ms[NR]
+  }
+  END {
+    printf "%-7s %5s %16s %16s %10s %10s %9s %9s %10s\n", "mode", "ranks", "tp B/step meas.",
+           "tp B/step anal.", "meas/anal", "diff B", "step ms", "vs serial", "last loss"
+    for (r = 1; r <= NR; ++r) {
+      ratio = analytic[r] > 0 ? sprintf("%.6f", bytes[r] / analytic[r]) : "-"
+      diff = analytic[r] > 0 ? sprintf("%+d", bytes[r] - analytic[r]) : "-"
+      vs = serial > 0 ? sprintf("%.2f", ms[r] / serial) : "-"
+      note = (ranks[r] + 0 > cores + 0 ? " *" : "") (mean[r] + 0 != bytes[r] + 0 || varied[r] + 0 != 0 ? " (ranks differ)" : "")
+      printf "%-7s %5d %16d %16d %10s %10s %9.1f %9s %10.6f%s\n", mode[r], ranks[r], bytes[r],
+             analytic[r], ratio, diff, ms[r], vs, loss[r], note
+    }
+    printf "\n* more ranks than the %d cores: ranks share cores, so \"vs serial\" (step time over\n", cores
+    printf "  the serial run'"'"'s, > 1 is slower) measures the overheads of tensor parallelism\n"
+    printf "  (collectives, waits, smaller matmuls, oversubscription), not a speed-up.\n"
+  }' "$tmp/results"
