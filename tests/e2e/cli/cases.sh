@@ -51,6 +51,9 @@ case "$case_name" in
   plugins)
     expect_success "$KOLOS" plugins
     grep -Eq "^dp +gradients" out.txt || fail "dp plugin not listed"
+    for tp in tp1d tp2d tp2p5d tp3d; do
+      grep -Eq "^$tp +layers" out.txt || fail "$tp plugin not listed"
+    done
     ;;
   malformed_toml)
     printf '[model]\nlayers = 2\nhidden = = 3\n' >bad.toml
@@ -74,6 +77,23 @@ case "$case_name" in
       python3 -c "import sys; sys.exit(0 if $last < $first - 0.3 else 1)" ||
         fail "zero$stage: loss did not fall visibly: $first -> $last"
     done
+    ;;
+  train_tp)
+    # Each tensor-parallel mode is its own plugin; 1d x dp and 2d train the
+    # tiny GPT on 4 ranks and the loss falls as under dp.
+    for mode in "1d --set parallel.tensor.size=2" "2d --set parallel.tensor.size=4"; do
+      name=${mode%% *}
+      # shellcheck disable=SC2086
+      expect_success "$KOLOS" run -n 4 "$tiny" --set parallel.data=0 --set train.steps=30 \
+        --set parallel.tensor.mode=${mode}
+      grep -q "layers tp$name" err.txt || fail "tp$name not used"
+      line=$(grep "kolos: done:" err.txt) || fail "no summary line (tp$name)"
+      read -r first last < <(sed -E 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/' <<<"$line")
+      python3 -c "import sys; sys.exit(0 if $last < $first - 0.3 else 1)" ||
+        fail "tp$name: loss did not fall visibly: $first -> $last"
+    done
+    expect_failure "model.heads = 4 does not divide into the 8 attention-head groups" -- \
+      "$KOLOS" run -n 8 "$tiny" --set parallel.data=1 --set parallel.tensor.size=8
     ;;
   mesh_mismatch)
     expect_failure "world size is 3" -- "$KOLOS" run -n 3 "$tiny" --set parallel.data=2
