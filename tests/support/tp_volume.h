@@ -67,7 +67,7 @@ inline int64_t tp_bytes_per_step(const TpShape& t) {
                     norm(h) + linear(h, f, false) + linear(f, h, false);
     int64_t embed = scatter2(b * s * h / q, nb) + 2 * ar(s * h / q, nb, E);
     int64_t head = norm(h) + gather2(rows * h / q, nb) + scatter2(b * s * (V / nb), q) +
-                   3 * ar(b / q * s, nb, E) + 2 * ar(1, q, E);
+                   3 * ar(b / q * s, nb, E) + ar(1, q, E);  // loss; its mean over F
     per_micro = embed + t.layers * block + head;
   }
   // The global gradient norm: one double all-reduced over the tp group.
