@@ -174,17 +174,7 @@ int bench(const kolos::Runtime& runtime, const Options& o) {
   MPI_Allreduce(&varied, &any_varied, 1, MPI_INT, MPI_MAX, runtime.world());
   const double mean_bytes = sum_bytes / runtime.size();
 
-  testing::TpShape shape;
-  shape.mode = config.parallel.tensor.size > 1 ? config.parallel.tensor.mode : "1d";
-  shape.size = config.parallel.tensor.size;
-  shape.depth = config.parallel.tensor.depth;
-  shape.batch = config.train.micro_batch;
-  shape.seq = config.model.seq_len;
-  shape.hidden = config.model.hidden;
-  shape.inner = config.model.hidden * config.model.mlp_ratio;
-  shape.vocab = config.model.vocab;
-  shape.layers = config.model.layers;
-  shape.micro_batches = engine.accumulation();
+  const testing::TpShape shape = testing::tp_shape(config, engine.accumulation());
   const double analytic = static_cast<double>(testing::tp_bytes_per_step(shape));
   const double ratio = analytic > 0 ? max_bytes / analytic : 0.0;
   const double step_ms = median(times) * 1e3;

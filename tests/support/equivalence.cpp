@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kolos/modules/data.h"
+#include "kolos/core/error.h"
 #include "kolos/modules/gpt.h"
 
 namespace kolos::testing {
@@ -41,6 +42,21 @@ seed = 7
 progress = "off"
 )";
   return parse_run_config(kText, "<tiny-gpt>", overrides);
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+std::string config_error(const std::vector<std::string>& overrides) {
+  try {
+    tiny_gpt_config(overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 RunRecord run_and_record(const RunConfig& config, MPI_Comm comm) {

@@ -35,6 +35,13 @@ struct Tolerance {
   double grad_norm_rel = 1e-4;
 };
 
+// Ranks in MPI_COMM_WORLD.
+int world_size();
+
+// The ConfigError message that parsing tiny_gpt_config(overrides) raises
+// ("" when the overrides are accepted).
+std::string config_error(const std::vector<std::string>& overrides);
+
 // A small GPT on synthetic data: 20 steps, fp32, no dropout; overridable.
 RunConfig tiny_gpt_config(const std::vector<std::string>& overrides = {});
 

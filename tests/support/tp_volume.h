@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kolos/core/run_config.h"
+
 namespace kolos::testing {
 
 struct TpShape {
@@ -22,6 +24,23 @@ struct TpShape {
   int64_t micro_batches = 1;  // per optimizer step
   int64_t elem = 4;           // bytes per element (fp32)
 };
+
+// The shape of `config`'s GPT and tensor parallelism, with `micro_batches`
+// micro-batches per step (Engine::accumulation()).
+inline TpShape tp_shape(const RunConfig& config, int64_t micro_batches) {
+  TpShape shape;
+  shape.mode = config.parallel.tensor.size > 1 ? config.parallel.tensor.mode : "1d";
+  shape.size = config.parallel.tensor.size;
+  shape.depth = config.parallel.tensor.depth;
+  shape.batch = config.train.micro_batch;
+  shape.seq = config.model.seq_len;
+  shape.hidden = config.model.hidden;
+  shape.inner = config.model.hidden * config.model.mlp_ratio;
+  shape.vocab = config.model.vocab;
+  shape.layers = config.model.layers;
+  shape.micro_batches = micro_batches;
+  return shape;
+}
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -19,6 +19,15 @@ expect_success() {
   [[ $rc -eq 0 ]] || fail "exit $rc: $*"
 }
 
+# The summary line of err.txt shows the loss falling by more than 0.3.
+expect_loss_fell() {
+  local line first last
+  line=$(grep "kolos: done:" err.txt) || fail "no summary line ($1)"
+  read -r first last < <(sed -E 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/' <<<"$line")
+  python3 -c "import sys; sys.exit(0 if $last < $first - 0.3 else 1)" ||
+    fail "$1: loss did not fall visibly: $first -> $last"
+}
+
 # Writes N uint16 tokens 0,1,2,... (mod 200) to FILE, with token BAD at index AT (optional).
 write_tokens() {
   python3 - "$@" <<'PY'
@@ -72,10 +81,7 @@ case "$case_name" in
     for stage in 1 2 3; do
       expect_success "$KOLOS" run -n 2 "$tiny" --set parallel.zero.stage=$stage --set train.steps=30
       grep -q "gradients zero$stage" err.txt || fail "zero$stage not used"
-      line=$(grep "kolos: done:" err.txt) || fail "no summary line (zero$stage)"
-      read -r first last < <(sed -E 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/' <<<"$line")
-      python3 -c "import sys; sys.exit(0 if $last < $first - 0.3 else 1)" ||
-        fail "zero$stage: loss did not fall visibly: $first -> $last"
+      expect_loss_fell "zero$stage"
     done
     ;;
   train_tp)
@@ -87,10 +93,7 @@ case "$case_name" in
       expect_success "$KOLOS" run -n 4 "$tiny" --set parallel.data=0 --set train.steps=30 \
         --set parallel.tensor.mode=${mode}
       grep -q "layers tp$name" err.txt || fail "tp$name not used"
-      line=$(grep "kolos: done:" err.txt) || fail "no summary line (tp$name)"
-      read -r first last < <(sed -E 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/' <<<"$line")
-      python3 -c "import sys; sys.exit(0 if $last < $first - 0.3 else 1)" ||
-        fail "tp$name: loss did not fall visibly: $first -> $last"
+      expect_loss_fell "tp$name"
     done
     expect_failure "model.heads = 4 does not divide into the 8 attention-head groups" -- \
       "$KOLOS" run -n 8 "$tiny" --set parallel.data=1 --set parallel.tensor.size=8

@@ -11,11 +11,7 @@
 namespace kolos {
 namespace {
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using testing::world_size;
 
 TEST(DataParallel, MatchesSerial) {
   testing::expect_equivalent(testing::tiny_gpt_config({"parallel.data=1"}),

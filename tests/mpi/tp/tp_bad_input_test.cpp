@@ -17,14 +17,7 @@
 namespace kolos {
 namespace {
 
-std::string config_error(const std::vector<std::string>& overrides) {
-  try {
-    testing::tiny_gpt_config(overrides);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::config_error;
 
 // The configuration error an Engine raises for `overrides` on MPI_COMM_WORLD.
 std::string engine_error(const std::vector<std::string>& overrides) {
@@ -55,9 +48,7 @@ TEST(TpBadInput, SizeThatDoesNotFitTheModesGrid) {
 }
 
 TEST(TpBadInput, HeadsThatDoNotDivide) {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size != 4) GTEST_SKIP() << "runs at 4 ranks";
+  if (testing::world_size() != 4) GTEST_SKIP() << "runs at 4 ranks";
   std::string m = engine_error({"parallel.tensor.size=4", "parallel.tensor.mode=1d",
                                 "model.heads=6", "model.hidden=48"});
   expect_has(m, "model.heads = 6 does not divide into the 4 attention-head groups of tensor mode \"1d\"");
@@ -70,9 +61,7 @@ TEST(TpBadInput, HeadsThatDoNotDivide) {
 }
 
 TEST(TpBadInput, MicroBatchThatDoesNotSplitOverTheGrid) {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size != 4) GTEST_SKIP() << "runs at 4 ranks";
+  if (testing::world_size() != 4) GTEST_SKIP() << "runs at 4 ranks";
   const std::string m = engine_error({"parallel.tensor.size=4", "parallel.tensor.mode=2d",
                                       "train.micro_batch=3", "train.global_batch=12"});
   expect_has(m, "train.micro_batch = 3 does not divide into the 2 batch blocks of tensor mode \"2d\"");
@@ -81,9 +70,7 @@ TEST(TpBadInput, MicroBatchThatDoesNotSplitOverTheGrid) {
 }
 
 TEST(TpBadInput, ReplicatedLinearHasNoGridLayout) {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size != 4) GTEST_SKIP() << "runs at 4 ranks";
+  if (testing::world_size() != 4) GTEST_SKIP() << "runs at 4 ranks";
   RunConfig config = testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=2d"});
   DeviceMesh mesh(MPI_COMM_WORLD, resolve_mesh_shape(config, 4));
   PluginRegistry registry;

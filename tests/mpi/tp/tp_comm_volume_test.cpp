@@ -18,11 +18,7 @@
 namespace kolos {
 namespace {
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using testing::world_size;
 
 uint64_t tp_bytes(const DeviceMesh& mesh) {
   uint64_t total = mesh.group(Axis::kTP)->stats().total_bytes();
@@ -54,17 +50,7 @@ TEST_P(TpVolume, BytesPerStepEqualTheAnalyticVolume) {
        "train.micro_batch=4", "train.steps=2"});
   modules::register_builtin_models();
   Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& r) { return data::make_source(r); });
-  testing::TpShape shape;
-  shape.mode = c.mode;
-  shape.size = c.size;
-  shape.depth = c.depth;
-  shape.batch = config.train.micro_batch;
-  shape.seq = config.model.seq_len;
-  shape.hidden = config.model.hidden;
-  shape.inner = config.model.hidden * config.model.mlp_ratio;
-  shape.vocab = config.model.vocab;
-  shape.layers = config.model.layers;
-  shape.micro_batches = engine.accumulation();
+  const testing::TpShape shape = testing::tp_shape(config, engine.accumulation());
   const uint64_t expected = static_cast<uint64_t>(testing::tp_bytes_per_step(shape));
   for (int step = 0; step < 2; ++step) {
     reset(engine.mesh());

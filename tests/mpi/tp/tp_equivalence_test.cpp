@@ -18,11 +18,7 @@
 namespace kolos {
 namespace {
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using testing::world_size;
 
 std::vector<std::string> with(std::vector<std::string> overrides) {
   overrides.insert(overrides.begin(),

@@ -25,11 +25,7 @@ namespace {
 
 constexpr int64_t kBatch = 4, kSeq = 6, kHidden = 16, kHeads = 4, kInner = 32, kVocab = 37;
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using testing::world_size;
 
 // A block of a [batch, seq, features] tensor: batch block `b` of `nb`,
 // feature block `f` of `nf`.

@@ -15,15 +15,7 @@
 namespace kolos {
 namespace {
 
-// The message of the ConfigError that parsing `overrides` raises ("" if none).
-std::string config_error(const std::vector<std::string>& overrides) {
-  try {
-    testing::tiny_gpt_config(overrides);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::config_error;
 
 TEST(ZeroBadInput, StageOutsideZeroToThree) {
   for (const char* stage : {"4", "-1"}) {

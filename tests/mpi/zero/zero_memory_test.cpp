@@ -22,11 +22,7 @@
 namespace kolos {
 namespace {
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using testing::world_size;
 
 std::unique_ptr<Engine> make_engine(const std::vector<std::string>& overrides) {
   modules::register_builtin_models();
