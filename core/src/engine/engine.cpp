@@ -258,7 +258,10 @@ StepMetrics Engine::step() {
   ++step_;
 
   // Mean loss over every rank that computed one; slowest rank's time.
-  at::Tensor sums = torch::tensor({loss.sum, static_cast<double>(loss.count)}, torch::kDouble);
+  // Mean loss over every rank that computed one (under pipelining: the last
+  // stage's ranks); idle fraction averaged over all ranks.
+  at::Tensor sums = torch::tensor(
+      {loss.sum, static_cast<double>(loss.count), schedule_->idle_fraction()}, torch::kDouble);
   mesh_->world()->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -274,7 +277,7 @@ StepMetrics Engine::step() {
   metrics.stop = maxes[2].item<double>() > 0;
   metrics.tokens_per_s = static_cast<double>(config_.train.global_batch * config_.model.seq_len) /
                          std::max(1e-9, metrics.step_time_s);
-  metrics.idle_fraction = schedule_->idle_fraction();
+  metrics.idle_fraction = sums[2].item<double>() / static_cast<double>(mesh_->layout().world_size());
   metrics.memory = gradients_->memory();
   return metrics;
 }

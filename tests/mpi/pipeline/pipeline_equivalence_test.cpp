@@ -12,6 +12,9 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -76,6 +79,20 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, Schedules,
                            return info.param.schedule + "_M" +
                                   std::to_string(info.param.micro_factor) + "P";
                          });
+
+// Other cuts of the same model: by measured time, and explicit (the first
+// stage gets every block but one per other stage).
+TEST(PipelineCuts, TimeBalancedAndExplicitCutsMatchSerial) {
+  const int P = world_size();
+  std::vector<std::string> timed = shape(4, P, 1);
+  timed.push_back("parallel.pipeline.balance=\"time\"");
+  testing::expect_equivalent(serial(shape(4, P, 1)), pipelined(timed, P, "1f1b"));
+  std::vector<std::string> explicit_cut = shape(4, P, 1);
+  std::string list = "[" + std::to_string(6 - (P - 1));
+  for (int s = 1; s < P; ++s) list += ", 1";
+  explicit_cut.push_back("parallel.pipeline.layers_per_stage=" + list + "]");
+  testing::expect_equivalent(serial(shape(4, P, 1)), pipelined(explicit_cut, P, "gpipe"));
+}
 
 // 2 stages x (world / 2) data-parallel ranks, with a gradients plugin.
 void expect_pipeline_by_data(const std::string& schedule, int zero_stage) {
@@ -151,6 +168,49 @@ TEST(PipelineFaults, GradNormMatchesSerialAndCatchesAMissingLossScale) {
   const auto broken = grad_norms(pipelined(shape(2, 2 * P, 1), P, "1f1b"), MPI_COMM_WORLD, 1);
   unsetenv("KOLOS_PIPELINE_INJECT");
   EXPECT_GT(broken[0], 1.5 * reference[0]);  // M = 2P times the true norm
+}
+
+// [log] trace = true: one Chrome trace per rank with forward, backward and
+// idle events; the metrics carry a measured idle fraction in (0, 1).
+TEST(PipelineTrace, WritesOneTracePerRankAndMeasuresIdle) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string dir;
+  if (rank == 0) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "kolos-trace-XXXXXX").string();
+    dir = mkdtemp(pattern.data());
+  }
+  int n = static_cast<int>(dir.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  dir.resize(n);
+  MPI_Bcast(dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  const int P = world_size();
+  std::vector<std::string> o = shape(2, 2 * P, 1);
+  o.push_back("log.trace=true");
+  o.push_back("log.trace_dir=\"" + dir + "\"");
+  o.push_back("train.steps=3");
+  {
+    modules::register_builtin_models();
+    Engine engine(pipelined(o, P, "zb"), MPI_COMM_WORLD,
+                  [](const RunConfig& c) { return data::make_source(c); });
+    for (int i = 0; i < 3; ++i) {
+      const StepMetrics m = engine.step();
+      EXPECT_GT(m.idle_fraction, 0.0);
+      EXPECT_LT(m.idle_fraction, 1.0);
+    }
+  }  // the trace is written when the engine goes
+  std::ifstream in(dir + "/pipeline-trace-rank" + std::to_string(rank) + ".json");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  for (const char* part : {"\"traceEvents\"", "\"cat\": \"forward\"", "\"cat\": \"backward\"",
+                           "\"name\": \"BI0\"", "\"name\": \"W0\"", "\"ph\": \"X\""}) {
+    EXPECT_NE(json.find(part), std::string::npos) << part;
+  }
+  if (rank > 0) EXPECT_NE(json.find("\"cat\": \"idle\""), std::string::npos);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
 }
 
 }  // namespace
