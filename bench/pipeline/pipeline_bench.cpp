@@ -75,9 +75,12 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 3;
   std::vector<std::string> sets;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--set") && i + 1 < argc) sets.push_back(argv[++i]);
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc)
+      warmup = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--set") && i + 1 < argc)
+      sets.push_back(argv[++i]);
   }
   kolos::modules::register_builtin_models();
   std::vector<Result> results;
@@ -117,8 +120,8 @@ int main(int argc, char** argv) {
       if (r.schedule == "1f1b") base = r.median_s;
     }
     std::printf("pipeline P=%d M=%d (%d steps after %d warm-up)\n", size, micro, steps, warmup);
-    std::printf("%-12s %3s %10s %10s %8s %12s %10s\n", "schedule", "V", "idle", "theory",
-                "ratio", "step (ms)", "vs 1f1b");
+    std::printf("%-12s %3s %10s %10s %8s %12s %10s\n", "schedule", "V", "idle", "theory", "ratio",
+                "step (ms)", "vs 1f1b");
     std::string json = "{\"P\": " + std::to_string(size) + ", \"M\": " + std::to_string(micro) +
                        ", \"schedules\": [";
     for (size_t i = 0; i < results.size(); ++i) {

@@ -735,7 +735,9 @@ Metadata load_pieces(MPI_Comm comm, const std::string& dir_or_root,
     for (const auto& p : pieces) {
       if (p.placement.global_numel() > 0) mine.insert(p.path);
     }
-    for (size_t i = 0; i < index.tensors.size(); ++i) held[i] = mine.count(index.tensors[i]) ? 1 : 0;
+    for (size_t i = 0; i < index.tensors.size(); ++i) {
+      held[i] = mine.count(index.tensors[i]) ? 1 : 0;
+    }
     MPI_Allreduce(MPI_IN_PLACE, held.data(), static_cast<int>(held.size()), MPI_INT, MPI_MAX, comm);
   }
   detail::agree(comm, detail::capture([&] {

@@ -137,7 +137,7 @@ class PipelineExecutor : public PipelineSchedule {
 
  private:
   struct Chunk {
-    size_t first = 0, last = 0;         // blocks [first, last)
+    size_t first = 0, last = 0;  // blocks [first, last)
     int virtual_stage = 0;
     std::vector<at::Tensor> parameters;  // what W accumulates into
   };
@@ -307,8 +307,8 @@ std::vector<int64_t> PipelineExecutor::cut(Model& model, const DeviceMesh& mesh,
   const std::string where = (config.source.empty() ? "<config>" : config.source) + ": ";
   const int P = plan_.stages, V = plan_.chunks, S = P * V;
   const int64_t n = static_cast<int64_t>(model.blocks().size());
-  const std::string model_blocks = "the model has " + std::to_string(n) + " blocks (" +
-                                   block_names(model) + ")";
+  const std::string model_blocks =
+      "the model has " + std::to_string(n) + " blocks (" + block_names(model) + ")";
   if (P > n) {
     throw ConfigError(where + "parallel.pipeline.size = " + std::to_string(P) +
                       " is larger than the number of blocks: " + model_blocks +
@@ -333,7 +333,8 @@ std::vector<int64_t> PipelineExecutor::cut(Model& model, const DeviceMesh& mesh,
     const int64_t sum = std::accumulate(counts.begin(), counts.end(), int64_t{0});
     if (sum != n || *std::min_element(counts.begin(), counts.end()) < 1) {
       std::string list;
-      for (size_t i = 0; i < counts.size(); ++i) list += (i ? ", " : "") + std::to_string(counts[i]);
+      for (size_t i = 0; i < counts.size(); ++i)
+        list += (i ? ", " : "") + std::to_string(counts[i]);
       throw ConfigError(where + "parallel.pipeline.layers_per_stage = [" + list + "] sums to " +
                         std::to_string(sum) + ", but " + model_blocks +
                         "; the counts must be >= 1 and sum to " + std::to_string(n));
@@ -342,11 +343,15 @@ std::vector<int64_t> PipelineExecutor::cut(Model& model, const DeviceMesh& mesh,
   }
   if (plan_.kind == ScheduleKind::kInterleaved) {
     if (n % S != 0) {
-      throw ConfigError(where + "schedule \"interleaved\" gives every virtual stage the same "
-                        "number of blocks, but " + model_blocks + ", which does not divide into "
-                        "size x chunks = " + std::to_string(P) + " x " + std::to_string(V) +
-                        " = " + std::to_string(S) + "; use a block count that is a multiple of " +
-                        std::to_string(S) + " (e.g. " + std::to_string((n / S + 1) * S) +
+      throw ConfigError(where +
+                        "schedule \"interleaved\" gives every virtual stage the same "
+                        "number of blocks, but " +
+                        model_blocks +
+                        ", which does not divide into "
+                        "size x chunks = " +
+                        std::to_string(P) + " x " + std::to_string(V) + " = " + std::to_string(S) +
+                        "; use a block count that is a multiple of " + std::to_string(S) +
+                        " (e.g. " + std::to_string((n / S + 1) * S) +
                         " blocks), other chunks, or an explicit layers_per_stage");
     }
     return std::vector<int64_t>(S, n / S);
@@ -403,7 +408,8 @@ void PipelineExecutor::post_receive(const Action& a) {
     t.work = group_->recv(t.tensor, a.peer, tag(2, 0, boundary));
     t.header = true;
   } else {
-    t.tensor = torch::empty(shape->second, torch::TensorOptions().dtype(activation_dtype_[boundary]));
+    t.tensor =
+        torch::empty(shape->second, torch::TensorOptions().dtype(activation_dtype_[boundary]));
     t.work = group_->recv(t.tensor, a.peer, tag(grad ? 1 : 0, a.micro, boundary));
   }
   receives_[key] = std::move(t);
@@ -425,7 +431,8 @@ at::Tensor PipelineExecutor::take_receive(const Action& a) {
     std::vector<int64_t> shape(h + 2, h + 2 + h[0]);
     activation_shape_[boundary] = shape;
     activation_dtype_[boundary] = static_cast<at::ScalarType>(h[1]);
-    at::Tensor data = torch::empty(shape, torch::TensorOptions().dtype(activation_dtype_[boundary]));
+    at::Tensor data =
+        torch::empty(shape, torch::TensorOptions().dtype(activation_dtype_[boundary]));
     group_->recv(data, a.peer, tag(0, a.micro, boundary))->wait();
     t.tensor = data;
   }
@@ -521,8 +528,9 @@ StepLoss PipelineExecutor::run(StepContext& context) {
         slot.output = y;
         const auto end = Clock::now();
         busy += std::chrono::duration<double>(end - start).count();
-        record("F" + std::to_string(a.micro) + (plan_.chunks > 1 ? "c" + std::to_string(a.chunk) : ""),
-               "forward", start, end);
+        record(
+            "F" + std::to_string(a.micro) + (plan_.chunks > 1 ? "c" + std::to_string(a.chunk) : ""),
+            "forward", start, end);
         break;
       }
       case Op::kBackward:
@@ -554,7 +562,9 @@ StepLoss PipelineExecutor::run(StepContext& context) {
         }
         const auto end = Clock::now();
         busy += std::chrono::duration<double>(end - start).count();
-        const char* tag_name = a.op == Op::kBackward ? "B" : a.op == Op::kBackwardInput ? "BI" : "W";
+        const char* tag_name = a.op == Op::kBackward        ? "B"
+                               : a.op == Op::kBackwardInput ? "BI"
+                                                            : "W";
         record(tag_name + std::to_string(a.micro) +
                    (plan_.chunks > 1 ? "c" + std::to_string(a.chunk) : ""),
                "backward", start, end);
@@ -601,7 +611,8 @@ void PipelineExecutor::sync_tied_gradients(std::vector<GradPiece>& pieces) {
         buffer.add_(other);
       }
       std::vector<comm::WorkPtr> works;
-      for (size_t h = 1; h < holders.size(); ++h) works.push_back(group_->send(buffer, holders[h], down));
+      for (size_t h = 1; h < holders.size(); ++h)
+        works.push_back(group_->send(buffer, holders[h], down));
       for (auto& w : works) w->wait();
     } else {
       group_->send(buffer, holders.front(), up)->wait();

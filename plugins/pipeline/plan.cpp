@@ -91,8 +91,8 @@ std::vector<Compute> interleaved_order(int rank, int P, int M, int V) {
 // W whenever its next F/BI would have to wait for another rank (the 1F1B
 // bubble), or when more than r are deferred, and runs the rest at the end.
 // Rank r holds at most P-r activations awaiting BI (as 1F1B) plus r awaiting
-// W: at most P, 1F1B's peak (on rank 0), on every rank. Built by list-scheduling all ranks together with unit
-// costs, so the decisions are static and identical on every rank.
+// W: at most P, 1F1B's peak (on rank 0), on every rank. Built by list-scheduling all ranks together
+// with unit costs, so the decisions are static and identical on every rank.
 std::vector<std::vector<Compute>> zero_bubble_orders(int P, int M) {
   const double f = 1.0, bi = 1.0, w = 1.0;
   std::vector<std::vector<Compute>> base(P), out(P);
@@ -269,8 +269,9 @@ std::string plan_problem(ScheduleKind kind, int P, int M, int V) {
   if (kind == ScheduleKind::kInterleaved && M % P != 0) {
     const int below = M / P * P;
     return name + " needs the number of micro-batches to be a multiple of the pipeline size, " +
-           "but M = " + std::to_string(M) + " and P = " + std::to_string(P) + "; use M = " +
-           (below > 0 ? std::to_string(below) + " or " : "") + std::to_string(below + P);
+           "but M = " + std::to_string(M) + " and P = " + std::to_string(P) +
+           "; use M = " + (below > 0 ? std::to_string(below) + " or " : "") +
+           std::to_string(below + P);
   }
   return "";
 }
@@ -337,8 +338,8 @@ Simulation simulate(const Plan& plan, const Costs& costs) {
       while (pc[r] < plan.ranks[r].size()) {
         const Action& a = plan.ranks[r][pc[r]];
         const int vs = plan.virtual_stage(r, a.chunk);
-        const std::string where = "rank " + std::to_string(r) + " action " +
-                                  std::to_string(pc[r]) + " " + describe(a);
+        const std::string where =
+            "rank " + std::to_string(r) + " action " + std::to_string(pc[r]) + " " + describe(a);
         if (a.chunk < 0 || a.chunk >= plan.chunks || a.micro < 0 || a.micro >= plan.micro) {
           return fail(where + ": micro-batch or chunk out of range");
         }
@@ -402,8 +403,8 @@ Simulation simulate(const Plan& plan, const Costs& costs) {
             auto it = sent.find(key);
             if (it == sent.end()) goto blocked;
             if (it->second.second != a.peer) {
-              return fail(where + ": receives from rank " + std::to_string(a.peer) +
-                          " but rank " + std::to_string(it->second.second) + " sent it");
+              return fail(where + ": receives from rank " + std::to_string(a.peer) + " but rank " +
+                          std::to_string(it->second.second) + " sent it");
             }
             if (!received.insert(key).second) return fail(where + ": received twice");
             now[r] = std::max(now[r], it->second.first);

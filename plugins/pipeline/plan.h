@@ -57,9 +57,9 @@ struct Action {
 
 struct Plan {
   ScheduleKind kind = ScheduleKind::k1F1B;
-  int stages = 1;  // P
-  int micro = 1;   // M
-  int chunks = 1;  // V
+  int stages = 1;                          // P
+  int micro = 1;                           // M
+  int chunks = 1;                          // V
   std::vector<std::vector<Action>> ranks;  // ranks[r]: rank r's actions in order
 
   int virtual_stages() const { return stages * chunks; }

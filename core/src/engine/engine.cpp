@@ -158,9 +158,9 @@ Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
           ", but train.global_batch = " + std::to_string(config_.train.global_batch) +
           " / (train.micro_batch = " + std::to_string(config_.train.micro_batch) +
           " x data-parallel size " + std::to_string(shape.dp) + ") gives " +
-          std::to_string(accumulation_) + " micro-batches per step; set microbatches = " +
-          std::to_string(accumulation_) + " (or 0 to derive it), or global_batch = " +
-          std::to_string(pipeline_micro * per_step));
+          std::to_string(accumulation_) +
+          " micro-batches per step; set microbatches = " + std::to_string(accumulation_) +
+          " (or 0 to derive it), or global_batch = " + std::to_string(pipeline_micro * per_step));
     }
     if (config_.train.precision != "fp32") {
       throw ConfigError(config_.source + ": train.precision = \"" + config_.train.precision +
@@ -244,8 +244,8 @@ StepMetrics Engine::step() {
 
   std::vector<GradPiece> pieces = gradients_->grad_pieces();
   schedule_->sync_tied_gradients(pieces);
-  metrics.grad_norm = model_->pipelined() ? pipelined_grad_norm(pieces, *mesh_)
-                                          : global_grad_norm(pieces, *mesh_);
+  metrics.grad_norm =
+      model_->pipelined() ? pipelined_grad_norm(pieces, *mesh_) : global_grad_norm(pieces, *mesh_);
   const double clip = config_.optim.grad_clip;
   if (clip > 0 && metrics.grad_norm > clip) {
     const double scale = clip / (metrics.grad_norm + 1e-6);
@@ -277,7 +277,8 @@ StepMetrics Engine::step() {
   metrics.stop = maxes[2].item<double>() > 0;
   metrics.tokens_per_s = static_cast<double>(config_.train.global_batch * config_.model.seq_len) /
                          std::max(1e-9, metrics.step_time_s);
-  metrics.idle_fraction = sums[2].item<double>() / static_cast<double>(mesh_->layout().world_size());
+  metrics.idle_fraction =
+      sums[2].item<double>() / static_cast<double>(mesh_->layout().world_size());
   metrics.memory = gradients_->memory();
   return metrics;
 }

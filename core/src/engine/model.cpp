@@ -89,8 +89,8 @@ std::vector<PlacedParameter> Model::placed_parameters() const {
           break;
         }
       }
-      KOLOS_CHECK(p.placement.sharded().contains(Axis::kPP) || p.placement.dim() == 0,
-                  "parameter ", p.name, " (", p.placement.to_string(),
+      KOLOS_CHECK(p.placement.sharded().contains(Axis::kPP) || p.placement.dim() == 0, "parameter ",
+                  p.name, " (", p.placement.to_string(),
                   ") cannot be marked as held by one pipeline stage");
     }
     out.push_back(std::move(p));
@@ -165,8 +165,10 @@ void Model::find_block_reads(const at::Tensor& sample) {
   } catch (const std::exception& e) {
     hooks_ = saved;
     generator.set_state(rng_state);
-    throw Error("the probe forward (one batch of token 0) that finds which parameters each "
-                "block reads failed: " + std::string(e.what()));
+    throw Error(
+        "the probe forward (one batch of token 0) that finds which parameters each "
+        "block reads failed: " +
+        std::string(e.what()));
   }
   hooks_ = saved;
   generator.set_state(rng_state);

@@ -64,10 +64,10 @@ TEST(PipelineBadInput, FewerMicroBatchesThanStages) {
   const int dp = world_size() / 2;
   const std::string global = "train.global_batch=" + std::to_string(4 * dp);
   for (const char* schedule : {"1f1b", "zb", "interleaved"}) {
-    expect_parts(engine_error({global, kPP, std::string("parallel.pipeline.schedule=\"") +
-                                                schedule + "\""}),
-                 {"needs at least as many micro-batches as pipeline stages",
-                  "1 micro-batches for 2 stages", "schedule = \"gpipe\""});
+    expect_parts(
+        engine_error({global, kPP, std::string("parallel.pipeline.schedule=\"") + schedule + "\""}),
+        {"needs at least as many micro-batches as pipeline stages", "1 micro-batches for 2 stages",
+         "schedule = \"gpipe\""});
   }
   EXPECT_EQ(engine_error({global, kPP, "parallel.pipeline.schedule=\"gpipe\""}), "");
   // Interleaved also needs M to be a multiple of P.
@@ -78,18 +78,18 @@ TEST(PipelineBadInput, FewerMicroBatchesThanStages) {
 }
 
 TEST(PipelineBadInput, ExplicitCutMustCoverTheBlocks) {
-  expect_parts(engine_error({kPP, "parallel.pipeline.layers_per_stage=[2, 1]"}),
-               {"layers_per_stage = [2, 1] sums to 3", "4 blocks (embed, h.0, h.1, head)",
-                "sum to 4"});
+  expect_parts(
+      engine_error({kPP, "parallel.pipeline.layers_per_stage=[2, 1]"}),
+      {"layers_per_stage = [2, 1] sums to 3", "4 blocks (embed, h.0, h.1, head)", "sum to 4"});
   EXPECT_EQ(engine_error({kPP, "parallel.pipeline.layers_per_stage=[3, 1]"}), "");
 }
 
 TEST(PipelineBadInput, MicroBatchesMustAgreeWithTheBatch) {
   const int dp = world_size() / 2;
-  expect_parts(engine_error({kPP, "parallel.pipeline.microbatches=3"}),
-               {"parallel.pipeline.microbatches = 3", "gives " + std::to_string(4 / dp) +
-                                                          " micro-batches per step",
-                "(or 0 to derive it)"});
+  expect_parts(
+      engine_error({kPP, "parallel.pipeline.microbatches=3"}),
+      {"parallel.pipeline.microbatches = 3",
+       "gives " + std::to_string(4 / dp) + " micro-batches per step", "(or 0 to derive it)"});
   EXPECT_EQ(engine_error({kPP, "parallel.pipeline.microbatches=" + std::to_string(4 / dp)}), "");
 }
 

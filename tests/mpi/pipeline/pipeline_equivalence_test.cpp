@@ -73,8 +73,7 @@ TEST_P(Schedules, MatchSerial) {
 INSTANTIATE_TEST_SUITE_P(Pipeline, Schedules,
                          ::testing::Values(Case{"gpipe", 1}, Case{"gpipe", 2}, Case{"1f1b", 1},
                                            Case{"1f1b", 2}, Case{"interleaved", 1},
-                                           Case{"interleaved", 2}, Case{"zb", 1},
-                                           Case{"zb", 2}),
+                                           Case{"interleaved", 2}, Case{"zb", 1}, Case{"zb", 2}),
                          [](const auto& info) {
                            return info.param.schedule + "_M" +
                                   std::to_string(info.param.micro_factor) + "P";
@@ -122,15 +121,14 @@ double worst_parameter_gap(const char* fault) {
   setenv("KOLOS_PIPELINE_INJECT", fault, 1);
   const int P = 2;
   testing::RunRecord reference = testing::run_and_record(serial(shape(2, 4, 1)), MPI_COMM_SELF);
-  testing::RunRecord broken = testing::run_and_record(
-      pipelined(shape(2, 4, world_size() / P), P, "1f1b"), MPI_COMM_WORLD);
+  testing::RunRecord broken =
+      testing::run_and_record(pipelined(shape(2, 4, world_size() / P), P, "1f1b"), MPI_COMM_WORLD);
   unsetenv("KOLOS_PIPELINE_INJECT");
   double worst = 0.0;
   for (size_t i = 0; i < reference.parameters.size(); ++i) {
-    worst = std::max(worst, (reference.parameters[i].second - broken.parameters[i].second)
-                                .abs()
-                                .max()
-                                .item<double>());
+    worst = std::max(
+        worst,
+        (reference.parameters[i].second - broken.parameters[i].second).abs().max().item<double>());
   }
   return worst;
 }

@@ -19,8 +19,8 @@ struct Case {
 };
 
 std::string name_of(const Case& c) {
-  return std::string(to_string(c.kind)) + " P=" + std::to_string(c.P) + " M=" +
-         std::to_string(c.M) + " V=" + std::to_string(c.V);
+  return std::string(to_string(c.kind)) + " P=" + std::to_string(c.P) +
+         " M=" + std::to_string(c.M) + " V=" + std::to_string(c.V);
 }
 
 std::vector<Case> grid() {
@@ -91,7 +91,8 @@ TEST(PipelinePlan, BubbleMatchesTheory) {
         EXPECT_NEAR(sim.mean_idle(), plan.theoretical_bubble(1, 1, 1), 1e-9)
             << "interleaved P=" << P << " M=" << M << " V=" << V;
         // And it beats 1F1B on the same work.
-        EXPECT_LT(sim.mean_idle(), make_plan(ScheduleKind::k1F1B, P, M).theoretical_bubble(1, 1, 1));
+        EXPECT_LT(sim.mean_idle(),
+                  make_plan(ScheduleKind::k1F1B, P, M).theoretical_bubble(1, 1, 1));
       }
     }
   }
@@ -118,7 +119,8 @@ TEST(PipelinePlan, SimulationCatchesBrokenPlans) {
   Plan swapped = plan;
   // Rank 1 (last) waits for grads from nobody; rank 0: put a recv-grad first.
   auto& r0 = swapped.ranks[0];
-  auto it = std::find_if(r0.begin(), r0.end(), [](const Action& a) { return a.op == Op::kRecvGrad; });
+  auto it =
+      std::find_if(r0.begin(), r0.end(), [](const Action& a) { return a.op == Op::kRecvGrad; });
   ASSERT_NE(it, r0.end());
   Action recv = *it;
   r0.erase(it);
@@ -130,7 +132,8 @@ TEST(PipelinePlan, SimulationCatchesBrokenPlans) {
   // A dropped send leaves its receive waiting.
   Plan dropped = plan;
   auto& r1 = dropped.ranks[1];
-  r1.erase(std::find_if(r1.begin(), r1.end(), [](const Action& a) { return a.op == Op::kSendGrad; }));
+  r1.erase(
+      std::find_if(r1.begin(), r1.end(), [](const Action& a) { return a.op == Op::kSendGrad; }));
   EXPECT_FALSE(simulate(dropped).completed);
 
   // A backward before its forward.
