@@ -185,6 +185,9 @@ class PipelineExecutor : public PipelineSchedule {
   std::string trace_path_;
   int64_t step_ = 0;
   Clock::time_point origin_ = Clock::now();
+  double origin_wall_us_ =
+      std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   std::vector<TraceEvent> events_;
   static constexpr size_t kMaxTraceEvents = 1 << 20;
 };
@@ -625,13 +628,19 @@ void PipelineExecutor::sync_tied_gradients(std::vector<GradPiece>& pieces) {
 void PipelineExecutor::record(const std::string& name, const char* category,
                               Clock::time_point start, Clock::time_point end) {
   if (!trace_ || events_.size() >= kMaxTraceEvents) return;
-  const double s = std::chrono::duration<double, std::micro>(start - origin_).count();
+  // Wall-clock microseconds (system clock at set-up plus steady time since),
+  // so the traces of all ranks line up when merged.
+  const double s =
+      origin_wall_us_ + std::chrono::duration<double, std::micro>(start - origin_).count();
   const double d = std::chrono::duration<double, std::micro>(end - start).count();
   events_.push_back({name, category, s, d, step_});
 }
 
 void PipelineExecutor::write_trace() noexcept {
   if (!trace_) return;
+  std::error_code ec;  // a missing trace_dir is created; failure is reported below
+  const auto dir = std::filesystem::path(trace_path_).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
   std::FILE* f = std::fopen(trace_path_.c_str(), "w");
   if (f == nullptr) {
     std::fprintf(stderr, "kolos: cannot write the pipeline trace %s\n", trace_path_.c_str());
