@@ -103,6 +103,9 @@ void expect_pipeline_by_data(const std::string& schedule, int zero_stage) {
 }
 
 TEST(PipelineByData, OneFOneBWithDp) { expect_pipeline_by_data("1f1b", 0); }
+TEST(PipelineByData, GPipeWithDp) { expect_pipeline_by_data("gpipe", 0); }
+TEST(PipelineByData, ZeroBubbleWithDp) { expect_pipeline_by_data("zb", 0); }
+TEST(PipelineByData, ZeroBubbleWithZero2) { expect_pipeline_by_data("zb", 2); }
 TEST(PipelineByData, OneFOneBWithZero1) { expect_pipeline_by_data("1f1b", 1); }
 TEST(PipelineByData, OneFOneBWithZero2) { expect_pipeline_by_data("1f1b", 2); }
 TEST(PipelineByData, OneFOneBWithZero3) { expect_pipeline_by_data("1f1b", 3); }
