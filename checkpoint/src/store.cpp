@@ -726,8 +726,23 @@ Metadata load_pieces(MPI_Comm comm, const std::string& dir_or_root,
   detail::IndexInfo index;
   detail::agree(comm, detail::capture([&] {
     index = detail::read_index(resolve(dir_or_root), /*with_rng=*/true);
+  }));
+  // Which of the checkpoint's tensors some rank of this run holds (under
+  // pipelining each stage holds only its own blocks' tensors).
+  std::vector<int> held(index.tensors.size(), 0);
+  {
+    std::set<std::string> mine;
+    for (const auto& p : pieces) {
+      if (p.placement.global_numel() > 0) mine.insert(p.path);
+    }
+    for (size_t i = 0; i < index.tensors.size(); ++i) {
+      held[i] = mine.count(index.tensors[i]) ? 1 : 0;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, held.data(), static_cast<int>(held.size()), MPI_INT, MPI_MAX, comm);
+  }
+  detail::agree(comm, detail::capture([&] {
     const std::string where = index.dir + "/index.h5";
-    // This run's tensors and the checkpoint's must be the same set.
+    // This run's tensors (over all ranks) and the checkpoint's must be the same set.
     std::set<std::string> ours, theirs(index.tensors.begin(), index.tensors.end());
     for (const auto& p : pieces) {
       if (p.placement.global_numel() > 0) ours.insert(p.path);
@@ -736,8 +751,8 @@ Metadata load_pieces(MPI_Comm comm, const std::string& dir_or_root,
     for (const auto& t : ours) {
       if (!theirs.count(t)) missing.push_back(t);
     }
-    for (const auto& t : theirs) {
-      if (!ours.count(t)) extra.push_back(t);
+    for (size_t i = 0; i < index.tensors.size(); ++i) {
+      if (!held[i]) extra.push_back(index.tensors[i]);
     }
     if (!missing.empty() || !extra.empty()) {
       std::string msg = where + ": the checkpoint does not hold this run's tensors";

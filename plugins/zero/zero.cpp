@@ -86,11 +86,6 @@ void ZeroStrategy::setup(Model& model, const DeviceMesh& mesh, const RunConfig& 
   ranks_ = group_->size();
   index_ = group_->rank();
   reshard_after_forward_ = config.parallel.zero.reshard_after_forward;
-  KOLOS_CHECK_KIND(kConfig, stage_ < 2 || config.parallel.pipeline.size == 1, name(),
-                   ": ZeRO stage ", stage_, " cannot be combined with pipeline parallelism "
-                   "(parallel.pipeline.size = ", config.parallel.pipeline.size,
-                   "): gradients would be reduce-scattered on every micro-batch of the "
-                   "schedule; use parallel.zero.stage = 1 or parallel.pipeline.size = 1");
   if (ranks_ == 1 && mesh.rank() == 0) {
     std::fprintf(stderr,
                  "kolos: warning: %s with a data-parallel group of one rank (dp x sp = 1): "
@@ -438,42 +433,19 @@ void ZeroStrategy::find_block_uses(const RunConfig& config) {
   for (size_t b = 0; b < blocks; ++b) {
     if (!groups_[b].slots.empty()) uses_[b].push_back(b);
   }
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  const at::Tensor rng_state = generator.get_state();
-  std::vector<at::Tensor> inputs(blocks);
-  BlockHooks probe;
-  probe.before_forward = [&](size_t block, const at::Tensor& input) { inputs[block] = input; };
-  probe.after_forward = [&](size_t block, const at::Tensor& output) {
-    if (!output.requires_grad()) return;
-    torch::autograd::Node* stop = inputs[block].defined() ? inputs[block].grad_fn().get() : nullptr;
-    std::vector<torch::autograd::Node*> stack{output.grad_fn().get()};
-    std::unordered_set<torch::autograd::Node*> seen;
-    while (!stack.empty()) {
-      torch::autograd::Node* node = stack.back();
-      stack.pop_back();
-      if (node == nullptr || node == stop || !seen.insert(node).second) continue;
-      if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
-        auto it = slot_of_impl_.find(acc->variable.unsafeGetTensorImpl());
-        if (it != slot_of_impl_.end() && !contains(uses_[block], slots_[it->second].group)) {
-          uses_[block].push_back(slots_[it->second].group);
-        }
-        continue;
-      }
-      for (const auto& edge : node->next_edges()) stack.push_back(edge.function.get());
-    }
-  };
-  try {
-    torch::AutoGradMode grad_mode(true);
-    model_->set_block_hooks(probe);
-    model_->forward(torch::zeros({1, config.model.seq_len}, torch::kInt64));
-  } catch (const std::exception& e) {
-    model_->set_block_hooks({});
-    generator.set_state(rng_state);
-    throw Error(name() + ": the probe forward (one sequence of token 0) that finds which "
-                "parameters each block reads failed: " + std::string(e.what()));
+  // A pipelined model was probed before its other stages' parameters were
+  // freed; otherwise probe now, with every parameter still whole.
+  if (!model_->has_block_reads()) {
+    model_->find_block_reads(torch::zeros({1, config.model.seq_len}, torch::kInt64));
   }
-  model_->set_block_hooks({});
-  generator.set_state(rng_state);
+  for (size_t b = 0; b < blocks; ++b) {
+    for (const void* impl : model_->block_reads()[b]) {
+      auto it = slot_of_impl_.find(impl);
+      if (it != slot_of_impl_.end() && !contains(uses_[b], slots_[it->second].group)) {
+        uses_[b].push_back(slots_[it->second].group);
+      }
+    }
+  }
 }
 
 void ZeroStrategy::install_block_hooks() {

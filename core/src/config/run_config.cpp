@@ -44,10 +44,11 @@ const std::vector<std::string> kTrainKeys = {"global_batch", "micro_batch", "ste
 const std::vector<std::string> kParallelKeys = {"data", "tensor",    "pipeline", "sequence",
                                                 "zero", "bucket_mb", "bucket_kb"};
 const std::vector<std::string> kTensorKeys = {"size", "mode", "depth"};
-const std::vector<std::string> kPipelineKeys = {"size", "schedule", "microbatches", "chunks"};
+const std::vector<std::string> kPipelineKeys = {"size",   "schedule", "microbatches",
+                                                "chunks", "balance",  "layers_per_stage"};
 const std::vector<std::string> kSequenceKeys = {"size", "mode"};
 const std::vector<std::string> kZeroKeys = {"stage", "reshard_after_forward"};
-const std::vector<std::string> kLogKeys = {"metrics", "every", "progress"};
+const std::vector<std::string> kLogKeys = {"metrics", "every", "progress", "trace", "trace_dir"};
 const std::vector<std::string> kCheckpointKeys = {"dir", "every", "keep_last", "async"};
 // The roles of kolos::kRoles (kolos/core/plugin.h); repeated here so that config stays
 // independent of the plugin interface.
@@ -61,6 +62,7 @@ const std::vector<std::string> kOptimizers = {"adamw"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kTensorModes = {"1d", "2d", "2.5d", "3d"};
 const std::vector<std::string> kPipelineSchedules = {"gpipe", "1f1b", "interleaved", "zb"};
+const std::vector<std::string> kPipelineBalance = {"params", "time"};
 const std::vector<std::string> kSequenceModes = {"ulysses", "ring", "megatron"};
 const std::vector<std::string> kProgressModes = {"auto", "bar", "lines", "off"};
 
@@ -632,6 +634,37 @@ class Reader {
     require_at_least(pp_key, pp.size, 1);
     require_at_least("parallel.pipeline.microbatches", pp.microbatches, 0);
     require_at_least("parallel.pipeline.chunks", pp.chunks, 1);
+    read_choice("parallel.pipeline.balance", pp.balance, kPipelineBalance, "stage balance");
+    if (pp.chunks > 1 && pp.schedule != "interleaved") {
+      fail(origin_of_any({"parallel.pipeline.chunks", "parallel.pipeline.schedule"}),
+           "parallel.pipeline.chunks = " + std::to_string(pp.chunks) +
+               " only applies to schedule = \"interleaved\", but the schedule is " +
+               quote_toml(pp.schedule) + "; set chunks = 1 or schedule = \"interleaved\".");
+    }
+    if (const toml::value* v = find("parallel.pipeline.layers_per_stage")) {
+      const std::string key = "parallel.pipeline.layers_per_stage";
+      if (!v->is_array()) fail_type(key, *v, "an array of block counts (e.g. [3, 2])");
+      for (const auto& item : v->as_array()) {
+        if (!item.is_integer() || item.as_integer() < 1) {
+          fail_at(key, "expected an array of integers >= 1 (blocks per stage), found an element " +
+                           show_value(item));
+        }
+        pp.layers_per_stage.push_back(item.as_integer());
+      }
+      if (find("parallel.pipeline.balance") != nullptr) {
+        fail_at(key, "an explicit cut and parallel.pipeline.balance = " + quote_toml(pp.balance) +
+                         " are both set; remove one of the two.");
+      }
+      const int64_t stages = pp.size * (pp.schedule == "interleaved" ? pp.chunks : 1);
+      if (static_cast<int64_t>(pp.layers_per_stage.size()) != stages) {
+        fail_at(key, "has " + std::to_string(pp.layers_per_stage.size()) +
+                         " entries, but the pipeline has " + std::to_string(stages) +
+                         (stages == pp.size ? " stages (size = " + std::to_string(pp.size) + ")"
+                                            : " virtual stages (size " + std::to_string(pp.size) +
+                                                  " x chunks " + std::to_string(pp.chunks) + ")") +
+                         "; give one block count per stage.");
+      }
+    }
 
     SequenceConfig& sp = p.sequence;
     const std::string sp_key = read_axis("parallel.sequence", kSequenceKeys, "size", sp.size,
@@ -664,6 +697,11 @@ class Reader {
     read_int("log.every", l.every);
     require_at_least("log.every", l.every, 1);
     read_choice("log.progress", l.progress, kProgressModes, "progress mode");
+    if (const toml::value* v = find("log.trace")) {
+      if (!v->is_boolean()) fail_type("log.trace", *v, "true or false");
+      l.trace = v->as_boolean();
+    }
+    read_string("log.trace_dir", l.trace_dir);
   }
 
   // ZeRO options that only make sense together: the stage and a
@@ -955,6 +993,19 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
   return mesh;
 }
 
+namespace {
+// `balance = ...` or, when the cut is explicit, `layers_per_stage = [...]`
+// (the two exclude each other).
+std::string pipeline_cut(const PipelineConfig& pp) {
+  if (pp.layers_per_stage.empty()) return ", balance = " + quote_toml(pp.balance);
+  std::string out = ", layers_per_stage = [";
+  for (size_t i = 0; i < pp.layers_per_stage.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(pp.layers_per_stage[i]);
+  }
+  return out + "]";
+}
+}  // namespace
+
 std::string to_toml(const RunConfig& c) {
   std::ostringstream out;
   const auto str = [](const std::string& s) { return quote_toml(s); };
@@ -1002,7 +1053,7 @@ std::string to_toml(const RunConfig& c) {
       << "pipeline = { size = " << c.parallel.pipeline.size
       << ", schedule = " << str(c.parallel.pipeline.schedule)
       << ", microbatches = " << c.parallel.pipeline.microbatches
-      << ", chunks = " << c.parallel.pipeline.chunks << " }\n"
+      << ", chunks = " << c.parallel.pipeline.chunks << pipeline_cut(c.parallel.pipeline) << " }\n"
       << "sequence = { size = " << c.parallel.sequence.size
       << ", mode = " << str(c.parallel.sequence.mode) << " }\n"
       << "zero = { stage = " << c.parallel.zero.stage
@@ -1014,6 +1065,8 @@ std::string to_toml(const RunConfig& c) {
       << "metrics = " << str(c.log.metrics) << "\n"
       << "every = " << c.log.every << "\n"
       << "progress = " << str(c.log.progress) << "\n"
+      << "trace = " << (c.log.trace ? "true" : "false") << "\n"
+      << "trace_dir = " << str(c.log.trace_dir) << "\n"
       << "\n[checkpoint]\n"
       << "dir = " << str(c.checkpoint.dir) << "\n"
       << "every = " << c.checkpoint.every << "\n"

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include "kolos/core/error.h"
@@ -50,6 +51,67 @@ void agreed(MPI_Comm world, Body&& body) {
   detail::agree_on_error(world, error, kind);
 }
 
+// Global L2 norm when stages hold different parameters (and some hold copies
+// of tied ones): each piece is counted by one rank of the ranks that hold the
+// same piece, the one at coordinate 0 on every axis the piece is not sharded
+// along (the rank that checkpoints it), and the squares are summed over the
+// world.
+double pipelined_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh) {
+  const Coords coords = mesh.layout().coords(mesh.rank());
+  std::vector<at::Tensor> norms;
+  for (const auto& piece : pieces) {
+    if (!piece.grad.defined() || piece.grad.numel() == 0) continue;
+    bool counts = true;
+    for (int a = 0; a < kNumAxes; ++a) {
+      if (!piece.placement.sharded().contains(static_cast<Axis>(a)) && coords[a] != 0) {
+        counts = false;
+      }
+    }
+    if (counts) norms.push_back(piece.grad.norm().to(torch::kDouble));
+  }
+  at::Tensor sum = norms.empty() ? torch::zeros({1}, torch::kDouble)
+                                 : torch::stack(norms).pow(2).sum().reshape({1});
+  mesh.world()->all_reduce(sum, comm::ReduceOp::kSum)->wait();
+  return std::sqrt(sum.item<double>());
+}
+
+// gather_global() over `axes` only (a subset of the placement's sharded axes).
+at::Tensor gather_over(const at::Tensor& local, const Placement& placement, AxisSet axes,
+                       const DeviceMesh& mesh) {
+  at::Tensor piece = local;
+  for (int d = 0; d < placement.dim(); ++d) piece = piece.narrow(d, 0, placement.slice(d).length);
+  if (placement.is_full()) return piece.clone();
+  KOLOS_CHECK(!axes.empty(), "placement ", placement.to_string(),
+              " is a part of its tensor but names no sharded axis besides pp");
+  const auto& group = mesh.group(axes);
+  const int n = group->size();
+  const int dims = placement.dim();
+  at::Tensor mine = torch::empty({2 * dims}, torch::kInt64);
+  for (int d = 0; d < dims; ++d) {
+    mine[2 * d] = placement.slice(d).offset;
+    mine[2 * d + 1] = placement.slice(d).length;
+  }
+  at::Tensor all = torch::empty({n * 2 * dims}, torch::kInt64);
+  group->all_gather_flat(all, mine)->wait();
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < n; ++r) {
+    std::vector<int64_t> shape;
+    for (int d = 0; d < dims; ++d) shape.push_back(all[r * 2 * dims + 2 * d + 1].item<int64_t>());
+    pieces.push_back(torch::empty(shape, local.options()));
+  }
+  group->all_gather(pieces, piece.contiguous())->wait();
+  at::Tensor global = torch::zeros(placement.global_shape(), local.options());
+  for (int r = 0; r < n; ++r) {
+    at::Tensor target = global;
+    for (int d = 0; d < dims; ++d) {
+      target = target.narrow(d, all[r * 2 * dims + 2 * d].item<int64_t>(),
+                             all[r * 2 * dims + 2 * d + 1].item<int64_t>());
+    }
+    target.copy_(pieces[r]);
+  }
+  return global;
+}
+
 }  // namespace
 
 RoleChoice choose_plugins(const RunConfig& config) {
@@ -88,6 +150,18 @@ Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
                         std::to_string(2 * per_step));
     }
     accumulation_ = config_.train.global_batch / per_step;
+    const int64_t pipeline_micro = config_.parallel.pipeline.microbatches;
+    if (pipeline_micro > 0 && pipeline_micro != accumulation_) {
+      // The batch settings decide; microbatches is a check (or 0: derived).
+      throw ConfigError(
+          config_.source + ": parallel.pipeline.microbatches = " + std::to_string(pipeline_micro) +
+          ", but train.global_batch = " + std::to_string(config_.train.global_batch) +
+          " / (train.micro_batch = " + std::to_string(config_.train.micro_batch) +
+          " x data-parallel size " + std::to_string(shape.dp) + ") gives " +
+          std::to_string(accumulation_) +
+          " micro-batches per step; set microbatches = " + std::to_string(accumulation_) +
+          " (or 0 to derive it), or global_batch = " + std::to_string(pipeline_micro * per_step));
+    }
     if (config_.train.precision != "fp32") {
       throw ConfigError(config_.source + ": train.precision = \"" + config_.train.precision +
                         "\" is not available yet; this version trains in fp32 only");
@@ -169,7 +243,9 @@ StepMetrics Engine::step() {
   gradients_->finish_backward();
 
   std::vector<GradPiece> pieces = gradients_->grad_pieces();
-  metrics.grad_norm = global_grad_norm(pieces, *mesh_);
+  schedule_->sync_tied_gradients(pieces);
+  metrics.grad_norm =
+      model_->pipelined() ? pipelined_grad_norm(pieces, *mesh_) : global_grad_norm(pieces, *mesh_);
   const double clip = config_.optim.grad_clip;
   if (clip > 0 && metrics.grad_norm > clip) {
     const double scale = clip / (metrics.grad_norm + 1e-6);
@@ -182,7 +258,10 @@ StepMetrics Engine::step() {
   ++step_;
 
   // Mean loss over every rank that computed one; slowest rank's time.
-  at::Tensor sums = torch::tensor({loss.sum, static_cast<double>(loss.count)}, torch::kDouble);
+  // Mean loss over every rank that computed one (under pipelining: the last
+  // stage's ranks); idle fraction averaged over all ranks.
+  at::Tensor sums = torch::tensor(
+      {loss.sum, static_cast<double>(loss.count), schedule_->idle_fraction()}, torch::kDouble);
   mesh_->world()->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -198,7 +277,8 @@ StepMetrics Engine::step() {
   metrics.stop = maxes[2].item<double>() > 0;
   metrics.tokens_per_s = static_cast<double>(config_.train.global_batch * config_.model.seq_len) /
                          std::max(1e-9, metrics.step_time_s);
-  metrics.idle_fraction = schedule_->idle_fraction();
+  metrics.idle_fraction =
+      sums[2].item<double>() / static_cast<double>(mesh_->layout().world_size());
   metrics.memory = gradients_->memory();
   return metrics;
 }
@@ -239,15 +319,39 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
   torch::NoGradGuard no_grad;
   // The gradients role knows where parameters live at rest (ZeRO-3: shards
   // only; the model's own tensors are empty between uses).
+  if (!model_->pipelined()) {
+    for (const auto& p : gradients_->parameters_at_rest()) {
+      out.emplace_back(p.name, gather_global(p.tensor.detach(), p.placement, *mesh_));
+    }
+    return out;
+  }
+  // Pipelined: each stage assembles its own parameters over the other
+  // sharded axes, then every parameter is broadcast over pp, in model order,
+  // from the first stage that holds it.
+  const AxisSet pp{Axis::kPP};
+  std::map<std::string, at::Tensor> mine;
   for (const auto& p : gradients_->parameters_at_rest()) {
-    out.emplace_back(p.name, gather_global(p.tensor.detach(), p.placement, *mesh_));
+    mine[p.name] =
+        gather_over(p.tensor.detach(), p.placement, p.placement.sharded().without(pp), *mesh_);
+  }
+  const auto& group = mesh_->group(Axis::kPP);
+  for (const auto& p : model_->all_parameters()) {
+    const int root = model_->holders_of(p).front();
+    at::Tensor t;
+    if (root == model_->stage()) {
+      t = mine.at(p.name).contiguous();
+    } else {
+      t = torch::empty(p.placement.global_shape(), p.tensor.options().requires_grad(false));
+    }
+    group->broadcast(t, root)->wait();
+    out.emplace_back(p.name, t);
   }
   return out;
 }
 
 std::string Engine::describe() const {
   int64_t params = 0;
-  for (const auto& p : model_->placed_parameters()) params += p.placement.global_numel();
+  for (const auto& p : model_->all_parameters()) params += p.placement.global_numel();
   std::ostringstream out;
   out << config_.model.name << " " << std::fixed;
   out.precision(2);

@@ -1,6 +1,10 @@
 #include "kolos/core/model.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 #include <map>
 #include <mutex>
@@ -44,7 +48,7 @@ at::Tensor Model::loss(const at::Tensor& output, const at::Tensor& targets) cons
   return loss_(output, targets);
 }
 
-std::vector<PlacedParameter> Model::placed_parameters() const {
+std::vector<PlacedParameter> Model::all_parameters() const {
   std::vector<PlacedParameter> out;
   std::unordered_set<const void*> seen;
   for (size_t b = 0; b < blocks_.size(); ++b) {
@@ -66,6 +70,109 @@ std::vector<PlacedParameter> Model::placed_parameters() const {
     }
   }
   return out;
+}
+
+std::vector<PlacedParameter> Model::placed_parameters() const {
+  std::vector<PlacedParameter> all = all_parameters();
+  if (!pipelined()) return all;
+  std::vector<PlacedParameter> out;
+  for (auto& p : all) {
+    const std::vector<int> holders = holders_of(p);
+    if (std::find(holders.begin(), holders.end(), stage_) == holders.end()) continue;
+    if (holders.size() == 1) {
+      // Held by this stage only: mark pp sharded (norms sum it over pp,
+      // checkpoints write it from this stage) without cutting it.
+      for (int d = 0; d < p.placement.dim(); ++d) {
+        const DimSlice& s = p.placement.slice(d);
+        if (s.length == s.padded) {
+          p.placement = p.placement.shard(d, 0, 1, AxisSet{Axis::kPP});
+          break;
+        }
+      }
+      KOLOS_CHECK(p.placement.sharded().contains(Axis::kPP) || p.placement.dim() == 0, "parameter ",
+                  p.name, " (", p.placement.to_string(),
+                  ") cannot be marked as held by one pipeline stage");
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void Model::set_stages(std::vector<int> stage_of_block, int stage) {
+  KOLOS_CHECK(stage_of_block.size() == blocks_.size(), "set_stages: ", stage_of_block.size(),
+              " stages given for ", blocks_.size(), " blocks");
+  stage_of_ = std::move(stage_of_block);
+  stage_ = stage;
+}
+
+std::vector<int> Model::holders_of(const PlacedParameter& parameter) const {
+  std::vector<int> holders{stage_of(static_cast<size_t>(parameter.block))};
+  const void* impl = parameter.tensor.unsafeGetTensorImpl();
+  for (size_t b = 0; b < block_reads_.size(); ++b) {
+    const auto& reads = block_reads_[b];
+    if (std::find(reads.begin(), reads.end(), impl) == reads.end()) continue;
+    if (std::find(holders.begin(), holders.end(), stage_of(b)) == holders.end()) {
+      holders.push_back(stage_of(b));
+    }
+  }
+  std::sort(holders.begin(), holders.end());
+  return holders;
+}
+
+void Model::find_block_reads(const at::Tensor& sample) {
+  std::unordered_set<const void*> parameters;
+  for (const auto& p : all_parameters()) parameters.insert(p.tensor.unsafeGetTensorImpl());
+  std::vector<std::vector<const void*>> reads(blocks_.size());
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const at::Tensor rng_state = generator.get_state();
+  const BlockHooks saved = hooks_;
+  std::vector<at::Tensor> inputs(blocks_.size());
+  BlockHooks probe;
+  probe.before_forward = [&](size_t block, const at::Tensor& input) { inputs[block] = input; };
+  probe.after_forward = [&](size_t block, const at::Tensor& output) {
+    if (!output.requires_grad()) return;
+    torch::autograd::Node* stop = inputs[block].defined() ? inputs[block].grad_fn().get() : nullptr;
+    std::vector<torch::autograd::Node*> stack{output.grad_fn().get()};
+    std::unordered_set<torch::autograd::Node*> seen;
+    while (!stack.empty()) {
+      torch::autograd::Node* node = stack.back();
+      stack.pop_back();
+      if (node == nullptr || node == stop || !seen.insert(node).second) continue;
+      if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+        const void* impl = acc->variable.unsafeGetTensorImpl();
+        auto& list = reads[block];
+        if (parameters.count(impl) && std::find(list.begin(), list.end(), impl) == list.end()) {
+          list.push_back(impl);
+        }
+        continue;
+      }
+      for (const auto& edge : node->next_edges()) stack.push_back(edge.function.get());
+    }
+  };
+  // Blocks run one at a time on a detached input, so each walk stops at its
+  // own block.
+  try {
+    torch::AutoGradMode grad_mode(true);
+    hooks_ = {};
+    at::Tensor x = sample;
+    for (size_t b = 0; b < blocks_.size(); ++b) {
+      inputs[b] = x;
+      at::Tensor y = blocks_[b].second->forward(x);
+      probe.after_forward(b, y);
+      x = y.detach();
+      if (x.is_floating_point()) x.requires_grad_(true);
+    }
+  } catch (const std::exception& e) {
+    hooks_ = saved;
+    generator.set_state(rng_state);
+    throw Error(
+        "the probe forward (one batch of token 0) that finds which parameters each "
+        "block reads failed: " +
+        std::string(e.what()));
+  }
+  hooks_ = saved;
+  generator.set_state(rng_state);
+  block_reads_ = std::move(reads);
 }
 
 namespace {

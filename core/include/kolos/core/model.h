@@ -49,14 +49,46 @@ class Model : public torch::nn::Module {
   void set_block_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
   const BlockHooks& block_hooks() const { return hooks_; }
 
-  // Every parameter once, in registration order, with its placement
-  // (parameters without one are whole and replicated).
+  // Every parameter this rank holds, once, in registration order, with its
+  // placement (parameters without one are whole and replicated). Without
+  // pipelining: every parameter (all_parameters()). With a stage assignment
+  // (set_stages): the parameters of this rank's blocks, their placement
+  // marked sharded along pp (each stage holds different ones), plus the
+  // parameters of other blocks that this rank's blocks read (tied weights,
+  // e.g. GPT's token embedding, which the head reads): those stay replicated
+  // along pp, every stage that reads them holding a copy.
   std::vector<PlacedParameter> placed_parameters() const;
+  // Every parameter of every block, ignoring any stage assignment.
+  std::vector<PlacedParameter> all_parameters() const;
+
+  // ---- pipeline parallelism -------------------------------------------------
+  // `stage_of_block[b]`: the pp rank that runs block b; `stage`: this rank's.
+  void set_stages(std::vector<int> stage_of_block, int stage);
+  bool pipelined() const { return !stage_of_.empty(); }
+  int stage() const { return stage_; }
+  int stage_of(size_t block) const { return pipelined() ? stage_of_.at(block) : 0; }
+  bool is_local(size_t block) const { return stage_of(block) == stage_; }
+  // The pp ranks that hold a parameter: its block's stage and the stages of
+  // every block that reads it (needs block reads for tied weights).
+  std::vector<int> holders_of(const PlacedParameter& parameter) const;
+
+  // Which parameters each block reads: one probe forward of every block on
+  // `sample` (token ids) walks each block's autograd graph back to its input
+  // and collects the parameters it reaches (a block may read another's:
+  // tied weights). Needs every parameter whole; leaves the default CPU RNG
+  // as it found it. Also records each block's output shape for `sample`.
+  void find_block_reads(const at::Tensor& sample);
+  bool has_block_reads() const { return !block_reads_.empty(); }
+  // [block] -> TensorImpls of the parameters it reads.
+  const std::vector<std::vector<const void*>>& block_reads() const { return block_reads_; }
 
  private:
   std::vector<std::pair<std::string, LayerPtr>> blocks_;
   LossFn loss_;
   BlockHooks hooks_;
+  std::vector<int> stage_of_;
+  int stage_ = 0;
+  std::vector<std::vector<const void*>> block_reads_;
 };
 
 using ModelBuilder =

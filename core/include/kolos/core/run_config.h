@@ -64,6 +64,8 @@ struct PipelineConfig {
   std::string schedule = "1f1b";  // "gpipe" | "1f1b" | "interleaved" | "zb"
   int64_t microbatches = 0;       // 0: derived from the batch
   int64_t chunks = 1;
+  std::string balance = "params";          // "params" | "time": how stages are cut
+  std::vector<int64_t> layers_per_stage;   // explicit cut: blocks per (virtual) stage
 };
 
 struct SequenceConfig {
@@ -92,6 +94,8 @@ struct LogConfig {
   std::string metrics;      // path of a JSON-lines metrics file; empty: none
   int64_t every = 1;        // progress update every N steps
   std::string progress = "auto";  // "auto" (bar on a TTY, lines otherwise) | "bar" | "lines" | "off"
+  bool trace = false;             // write a Chrome/Perfetto trace per rank (pipeline timeline)
+  std::string trace_dir;          // where; empty: next to the metrics file, else "."
 };
 
 struct CheckpointConfig {

@@ -44,6 +44,12 @@ class PipelineSchedule {
   virtual StepLoss run(StepContext& context) = 0;
   // Fraction of the last step this rank spent idle (0 without pipelining).
   virtual double idle_fraction() const { return 0.0; }
+  // Called by the engine after GradientStrategy::finish_backward(), with the
+  // strategy's grad_pieces(), before norms and the optimizer step: a
+  // schedule whose stages hold copies of one parameter (tied weights) makes
+  // their gradients equal here (summed over the stages that hold it).
+  // Collective over the stages that hold copies.
+  virtual void sync_tied_gradients(std::vector<GradPiece>& pieces) { (void)pieces; }
 };
 
 std::shared_ptr<PipelineSchedule> make_single_stage_schedule();
