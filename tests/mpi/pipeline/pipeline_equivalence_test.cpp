@@ -1,7 +1,8 @@
 // Pipeline parallelism against the serial run of the same GPT: per-step
 // losses within 1e-5 relative, final (gathered) parameters within 5e-5, for
 // every schedule with P = world size (2 or 4) and M = P and 2P micro-batches;
-// pipeline x dp and pipeline x zero1/2/3 (2 x 2 on 4 ranks, 2 x 1 on 2).
+// pipeline x dp, pipeline x zero1/2/3 (2 x 2 on 4 ranks, 2 x 1 on 2) and
+// pipeline x tp1d (2 x 2).
 //
 // The tiny GPT ties its LM head to the token embedding, so the first and
 // last stages hold copies of one weight: every run checks that their
@@ -25,11 +26,7 @@
 namespace kolos {
 namespace {
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using testing::world_size;
 
 // `layers` transformer blocks (+ embed and head), micro-batches of 2,
 // M micro-batches per step per data-parallel rank.
@@ -117,6 +114,25 @@ TEST(PipelineByData, InterleavedWithZero3) {
   testing::expect_equivalent(serial(shape(2, 4, dp)), pipelined(extra, 2, "interleaved", 2));
 }
 TEST(PipelineByData, ZeroBubbleWithZero3) { expect_pipeline_by_data("zb", 3); }
+
+// 2 stages x 2 tensor-parallel ranks (tp1d): the stages hand each other
+// activations replicated over the tensor group, every tp rank of a stage
+// sends and receives its own copy; the tied embedding is a vocabulary slice
+// on each tp rank of the first and last stage. Vocabulary 65 pads it.
+void expect_pipeline_by_tensor(const std::string& schedule, int chunks, int zero_stage) {
+  if (world_size() != 4) GTEST_SKIP() << "runs at 4 ranks (2 stages x tp 2)";
+  std::vector<std::string> base = shape(2, 4, 1);
+  base.push_back("model.vocab=65");
+  std::vector<std::string> extra = base;
+  extra.push_back("parallel.tensor.size=2");
+  extra.push_back("parallel.tensor.mode=\"1d\"");
+  if (zero_stage > 0) extra.push_back("parallel.zero.stage=" + std::to_string(zero_stage));
+  testing::expect_equivalent(serial(base), pipelined(extra, 2, schedule, chunks));
+}
+
+TEST(PipelineByTensor, OneFOneBWithTp1d) { expect_pipeline_by_tensor("1f1b", 1, 0); }
+TEST(PipelineByTensor, ZeroBubbleWithTp1d) { expect_pipeline_by_tensor("zb", 1, 0); }
+TEST(PipelineByTensor, InterleavedWithTp1d) { expect_pipeline_by_tensor("interleaved", 2, 0); }
 
 // The comparison has teeth: a pipeline that skips the tied-weight gradient
 // sum, or the 1/M loss scale, ends far from the serial run.
