@@ -75,43 +75,6 @@ double pipelined_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMes
   return std::sqrt(sum.item<double>());
 }
 
-// gather_global() over `axes` only (a subset of the placement's sharded axes).
-at::Tensor gather_over(const at::Tensor& local, const Placement& placement, AxisSet axes,
-                       const DeviceMesh& mesh) {
-  at::Tensor piece = local;
-  for (int d = 0; d < placement.dim(); ++d) piece = piece.narrow(d, 0, placement.slice(d).length);
-  if (placement.is_full()) return piece.clone();
-  KOLOS_CHECK(!axes.empty(), "placement ", placement.to_string(),
-              " is a part of its tensor but names no sharded axis besides pp");
-  const auto& group = mesh.group(axes);
-  const int n = group->size();
-  const int dims = placement.dim();
-  at::Tensor mine = torch::empty({2 * dims}, torch::kInt64);
-  for (int d = 0; d < dims; ++d) {
-    mine[2 * d] = placement.slice(d).offset;
-    mine[2 * d + 1] = placement.slice(d).length;
-  }
-  at::Tensor all = torch::empty({n * 2 * dims}, torch::kInt64);
-  group->all_gather_flat(all, mine)->wait();
-  std::vector<at::Tensor> pieces;
-  for (int r = 0; r < n; ++r) {
-    std::vector<int64_t> shape;
-    for (int d = 0; d < dims; ++d) shape.push_back(all[r * 2 * dims + 2 * d + 1].item<int64_t>());
-    pieces.push_back(torch::empty(shape, local.options()));
-  }
-  group->all_gather(pieces, piece.contiguous())->wait();
-  at::Tensor global = torch::zeros(placement.global_shape(), local.options());
-  for (int r = 0; r < n; ++r) {
-    at::Tensor target = global;
-    for (int d = 0; d < dims; ++d) {
-      target = target.narrow(d, all[r * 2 * dims + 2 * d].item<int64_t>(),
-                             all[r * 2 * dims + 2 * d + 1].item<int64_t>());
-    }
-    target.copy_(pieces[r]);
-  }
-  return global;
-}
-
 }  // namespace
 
 RoleChoice choose_plugins(const RunConfig& config) {
@@ -332,7 +295,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
   std::map<std::string, at::Tensor> mine;
   for (const auto& p : gradients_->parameters_at_rest()) {
     mine[p.name] =
-        gather_over(p.tensor.detach(), p.placement, p.placement.sharded().without(pp), *mesh_);
+        gather_global(p.tensor.detach(), p.placement, *mesh_, p.placement.sharded().without(pp));
   }
   const auto& group = mesh_->group(Axis::kPP);
   for (const auto& p : model_->all_parameters()) {

@@ -7,15 +7,19 @@ namespace kolos {
 
 at::Tensor gather_global(const at::Tensor& local, const Placement& placement,
                          const DeviceMesh& mesh) {
+  return gather_global(local, placement, mesh, placement.sharded());
+}
+
+at::Tensor gather_global(const at::Tensor& local, const Placement& placement,
+                         const DeviceMesh& mesh, AxisSet axes) {
   KOLOS_CHECK(local.sizes().vec() == placement.local_shape(), "local tensor of shape ",
               local.sizes(), " does not match its placement ", placement.to_string());
   // The real piece, without padding.
   at::Tensor piece = local;
   for (int d = 0; d < placement.dim(); ++d) piece = piece.narrow(d, 0, placement.slice(d).length);
   if (placement.is_full()) return piece.clone();
-  const AxisSet axes = placement.sharded();
   KOLOS_CHECK(!axes.empty(), "placement ", placement.to_string(),
-              " is a part of its tensor but names no sharded axis");
+              " is a part of its tensor but names no axis to gather over");
   const auto& group = mesh.group(axes);
   const int n = group->size();
   const int dims = placement.dim();

@@ -116,5 +116,10 @@ class Engine {
 // axes; the whole tensor when it is not sharded).
 at::Tensor gather_global(const at::Tensor& local, const Placement& placement,
                          const DeviceMesh& mesh);
+// The same over `axes` only, a subset of the sharded axes whose other
+// pieces this rank's group holds (a pipeline stage gathers its parameters
+// over the axes besides pp).
+at::Tensor gather_global(const at::Tensor& local, const Placement& placement,
+                         const DeviceMesh& mesh, AxisSet axes);
 
 }  // namespace kolos
