@@ -1,30 +1,52 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Checks the Spack recipe and environment in spack/ without Spack.
 
     check_recipe.py REPO_ROOT
 
-Spack is not in Debian and cannot be fetched here, so a small stand-in for
-`spack.package` records the directives the recipe calls (version, variant,
-depends_on, conflicts, ...) and the checks below read them:
-  - the recipe compiles and defines a CMakePackage with a homepage, a source
-    (git or url) and versions, one of them the project's own version;
+Run with Debian's /usr/bin/python3 (python3-yaml, python3-jsonschema). Spack
+is not in Debian and cannot be fetched on the build machines, so a small
+stand-in for `spack.package` records the directives the recipe calls
+(version, variant, depends_on, conflicts, ...) and runs its methods. Checks:
+  - the recipe compiles and defines a CMakePackage with a description;
+  - source and versions are honest: with no public address (no url, git or
+    homepage) the versions name no tag, branch or commit and the docstring
+    says how to build from a checkout (spack dev-build / spack develop);
+    with one, every version is pinned (sha256 or commit, never a bare tag);
+    maintainers only alongside a public address; the project's own version
+    (CMakeLists.txt) is among the versions;
   - every variant named in a `when=`, a dependency's condition or the
     recipe's code (`satisfies("+x")`, `define_from_variant(..., "x")`) is
     declared;
   - every dependency is a known Spack package, with variants that package
-    has (a short list kept below, from Spack's builtin repository);
-  - the dependencies kolos needs are all there;
+    has (a short list kept below, from Spack's builtin repository), and the
+    dependencies kolos needs are all there; build tools that the CMake files
+    never use (pkgconfig) are not;
+  - dependencies whose APIs kolos is written against carry the upper bounds
+    in VERSION_BOUNDS;
+  - CUDA: +cuda passes CMAKE_CUDA_COMPILER from spec["cuda"], and every
+    cuda_arch is passed on to py-torch, nccl and ucx;
+  - the test hook: KOLOS_BUILD_TESTS follows +tests and `spack install
+    --test=...` (self.run_tests); googletest is in the graph in both cases;
+    check() runs ctest without the `launch` label, and without `gpu` unless
+    +cuda on a node with a GPU;
   - cmake_args(), run for each combination of the recipe's variants, only
-    sets CMake variables that the project's CMake files read;
-  - spack.yaml and repo.yaml agree with the recipe and point at this checkout.
+    sets CMake variables that the project's CMake files read, and none that
+    a plain set() in those files would override;
+  - spack.yaml is valid YAML whose `specs` list follows the schema Spack
+    documents for an environment (a list of spec strings or matrix entries,
+    lib/spack/spack/schema/spec_list.py in Spack), whose specs name known
+    packages and variants, and which agrees with the recipe and points at
+    this checkout; repo.yaml has a namespace.
 Prints each problem; exits 1 when there is any.
 """
+import contextlib
 import itertools
 import os
 import re
 import sys
 import types
 
+import jsonschema
 import yaml
 
 # Spack packages the recipe may depend on, and the variants of theirs it may
@@ -33,23 +55,79 @@ KNOWN_PACKAGES = {
     "mpi": set(),  # virtual
     "openmpi": {"cuda", "fabrics", "schedulers", "legacylaunchers", "static", "wrapper-rpath"},
     "mpich": {"cuda", "netmod", "pmi"},
-    "ucx": {"cuda", "rocm", "verbs", "rdmacm", "thread_multiple", "cma"},
-    "nccl": {"cuda_arch"},
+    "ucx": {"cuda", "cuda_arch", "rocm", "verbs", "rdmacm", "thread_multiple", "cma"},
+    "nccl": {"cuda", "cuda_arch"},
     "cuda": set(),
     "py-torch": {"cuda", "nccl", "mpi", "distributed", "cuda_arch", "rocm", "openmp"},
-    "libtorch": set(),
     "hdf5": {"mpi", "cxx", "fortran", "hl", "shared", "threadsafe", "api"},
     "boost": {"program_options", "filesystem", "system", "shared", "mpi", "cxxstd"},
     "toml11": set(),
     "cmake": set(),
     "ninja": set(),
     "pkgconfig": set(),
-    "googletest": {"gmock", "shared"},
+    "googletest": {"gmock", "shared", "pthreads", "cxxstd"},
     "hwloc": {"cuda", "nvml"},
 }
 # What kolos cannot build without (root-level, unconditional).
-REQUIRED = {"mpi", "boost", "toml11", "cmake"}
-REQUIRED_ANY = [("py-torch", "libtorch")]
+REQUIRED = {"mpi", "boost", "toml11", "cmake", "py-torch"}
+# Build tools that are only worth depending on when a CMake file uses them.
+TOOL_USE = {"pkgconfig": r"find_package\(\s*PkgConfig|pkg_check_modules|pkg_search_module"}
+# Dependencies whose APIs kolos uses, with the highest version the recipe may
+# allow (compared on as many components as given: "3" admits 3.x) and why.
+VERSION_BOUNDS = {
+    "toml11": ("3", "toml11 4 removed toml::string; run_config.cpp reads as_string().str"),
+    "hdf5": ("1.14", "kolos uses the 1.10-1.14 C API; 2.x changes the API defaults"),
+    "py-torch": ("2", "LibTorch's C++ API of 1.13 and 2.x"),
+    "ucx": ("1", "the ucp API of UCX 1.x"),
+    "nccl": ("2", "NCCL 2.x"),
+}
+# Packages that must be built for the same GPUs as kolos (cuda_arch).
+CUDA_ARCH_DEPENDENCIES = ("py-torch", "nccl", "ucx")
+# Spack's CudaPackage.cuda_arch_values (lib/spack/spack/build_systems/cuda.py).
+CUDA_ARCH_VALUES = (
+    "10", "11", "12", "13", "20", "21", "30", "32", "35", "37", "50", "52", "53", "60", "61",
+    "62", "70", "72", "75", "80", "86", "87", "89", "90", "90a", "100", "100a", "100f", "101",
+    "101a", "101f", "103", "103a", "103f", "110", "110a", "110f", "120", "120a", "120f", "121",
+    "121a", "121f",
+)
+
+# The `specs` list of a Spack environment as Spack documents and enforces it
+# (lib/spack/spack/schema/spec_list.py, spec_list_schema): each item a spec
+# string, or an object with `matrix` (a list of lists of strings) and
+# `exclude` (a list of strings), or null.
+SPEC_LIST_SCHEMA = {
+    "type": "array",
+    "items": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "null"},
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "matrix": {
+                        "type": "array",
+                        "items": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "exclude": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        ]
+    },
+}
+# The `develop` section (lib/spack/spack/schema/develop.py).
+DEVELOP_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "patternProperties": {
+        r"\w[\w-]*": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["spec"],
+            "properties": {"spec": {"type": "string"}, "path": {"type": "string"}},
+        }
+    },
+}
 
 
 class Recorder:
@@ -59,6 +137,7 @@ class Recorder:
     def directive(cls, kind):
         def record(*args, **kwargs):
             cls.pending.append((kind, args, kwargs))
+
         return record
 
 
@@ -78,8 +157,25 @@ class Variant:
         self.value = value
 
 
+class Prefix(str):
+    """Spack's Prefix: attribute access joins path components."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Prefix(os.path.join(self, name))
+
+
+class FakeDependency:
+    def __init__(self, name):
+        self.name = name
+        self.prefix = Prefix(f"/spack/opt/{name}")
+        self.libs = [os.path.join(self.prefix, "lib", f"lib{name}.so")]
+
+
 class FakeSpec:
-    """Enough of a Spack spec for cmake_args(): variants and satisfies()."""
+    """Enough of a Spack spec for the recipe's methods: variants,
+    satisfies() on +x/~x, and spec["dep"].prefix / .libs."""
 
     def __init__(self, variants):
         self._variants = variants
@@ -97,16 +193,27 @@ class FakeSpec:
                 return False
         return True
 
+    def __getitem__(self, name):
+        return FakeDependency(name)
+
     def __contains__(self, name):
         return False
+
+
+class Calls:
+    """What the recipe's methods ran: Executable calls and working_dir()."""
+
+    log = []
 
 
 def make_stub_module():
     package = types.ModuleType("spack.package")
 
     class PackageBase(metaclass=PackageMeta):
-        def __init__(self, spec):
+        def __init__(self, spec, run_tests=False):
             self.spec = spec
+            self.run_tests = run_tests
+            self.build_directory = "/spack/stage/spack-build"
 
         def define(self, name, value):
             if isinstance(value, bool):
@@ -128,10 +235,25 @@ def make_stub_module():
     Recorder.pending.append(("variant", ("cuda_arch",), {"multi": True, "when": "+cuda"}))
 
     class CudaPackage(PackageBase):
-        pass
+        cuda_arch_values = CUDA_ARCH_VALUES
+
+    class Executable:
+        def __init__(self, path):
+            self.path = str(path)
+
+        def __call__(self, *args, **kwargs):
+            Calls.log.append(("run", self.path, [str(a) for a in args]))
+
+    @contextlib.contextmanager
+    def working_dir(path):
+        Calls.log.append(("cd", str(path), []))
+        yield
 
     package.CMakePackage = CMakePackage
     package.CudaPackage = CudaPackage
+    package.Executable = Executable
+    package.working_dir = working_dir
+    package.make_jobs = 2
     for kind in ("version", "variant", "depends_on", "conflicts", "maintainers", "generator",
                  "license", "patch", "provides", "requires", "resource", "extends"):
         setattr(package, kind, Recorder.directive(kind))
@@ -157,10 +279,61 @@ def variant_tokens(spec):
     return found
 
 
+def version_range(spec):
+    """(low, high) of the root's `@low:high` ("" for an open end), or None."""
+    match = re.match(r"[\w-]+@([\w.]*)(:?)([\w.]*)", root_part(spec).strip())
+    if not match:
+        return None
+    low, colon, high = match.groups()
+    return (low, high) if colon else (low, low)
+
+
+def version_key(text):
+    return tuple(int(p) if p.isdigit() else p for p in text.split("."))
+
+
+def within(high, limit):
+    """Whether an upper bound `high` admits nothing above `limit`."""
+    if not high:
+        return False
+    key, limit_key = version_key(high), version_key(limit)
+    return key[: len(limit_key)] <= limit_key
+
+
+def unguarded_sets(cmake_files, name):
+    """(file, value) for each `set(NAME value)` that would replace a -DNAME
+    given on the command line: not CACHE, not PARENT_SCOPE, and not inside an
+    if() that tests `NOT NAME` or `NOT DEFINED NAME`."""
+    token = re.compile(r"\b(if|elseif|else|endif|set)\s*\(([^)]*)\)", re.IGNORECASE)
+    guard = re.compile(r"\bNOT\s+(DEFINED\s+)?" + re.escape(name) + r"\b")
+    found = []
+    for path in cmake_files:
+        text = re.sub(r"#[^\n]*", "", open(path, errors="replace").read())
+        conditions = []
+        for match in token.finditer(text):
+            command, body = match.group(1).lower(), match.group(2)
+            if command == "if":
+                conditions.append(body)
+            elif command in ("elseif", "else"):
+                if conditions:
+                    conditions[-1] = body if command == "elseif" else ""
+            elif command == "endif":
+                if conditions:
+                    conditions.pop()
+            else:
+                words = body.split()
+                if not words or words[0] != name or "CACHE" in words or "PARENT_SCOPE" in words:
+                    continue
+                if not any(guard.search(c) for c in conditions):
+                    found.append((path, " ".join(words[1:])))
+    return found
+
+
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
     recipe = os.path.join(root, "spack", "packages", "kolos", "package.py")
     problems = []
+    passed = []
 
     def problem(message):
         problems.append(message)
@@ -187,13 +360,11 @@ def main():
     directives = cls.directives
     by_kind = lambda kind: [(a, k) for d, a, k in directives if d == kind]
 
-    # Metadata and versions.
-    if not getattr(cls, "homepage", ""):
-        problem("no homepage")
-    if not (getattr(cls, "git", "") or getattr(cls, "url", "")):
-        problem("no source: set git or url")
-    if not (cls.__doc__ or "").strip():
+    # Source, metadata and versions.
+    doc = (cls.__doc__ or "").strip()
+    if not doc:
         problem("no docstring (Spack shows it as the description)")
+    address = {a: getattr(cls, a, "") for a in ("homepage", "url", "git") if getattr(cls, a, "")}
     versions = [a[0] for a, _ in by_kind("version")]
     if not versions:
         problem("no version()")
@@ -201,9 +372,30 @@ def main():
     project = re.search(r"project\(kolos VERSION ([0-9.]+)", cmake_text)
     if project and project.group(1) not in versions:
         problem(f"the project's version {project.group(1)} (CMakeLists.txt) has no version() in the recipe")
-    for args, kwargs in by_kind("version"):
-        if getattr(cls, "git", "") and not ({"tag", "branch", "commit"} & set(kwargs)) and "sha256" not in kwargs:
-            problem(f"version({args[0]!r}) names no tag, branch, commit or sha256")
+    if not address:
+        for args, kwargs in by_kind("version"):
+            fetch = sorted({"tag", "branch", "commit", "url", "sha256", "git"} & set(kwargs))
+            if fetch or len(args) > 1:
+                problem(f"version({args[0]!r}) names a source ({fetch or 'a checksum'}) but the "
+                        "recipe has no url or git to fetch it from")
+        if not re.search(r"spack (dev-build|develop)", doc):
+            problem("with no public source address, the docstring must say how to build from a "
+                    "checkout (spack dev-build / spack develop)")
+        if by_kind("maintainers"):
+            problem("maintainers() without a public source address: maintainers are the GitHub "
+                    "handles of the package's upstream")
+    else:
+        if "url" not in address and "git" not in address:
+            problem(f"{sorted(address)} set but no url or git: nothing to fetch from")
+        for args, kwargs in by_kind("version"):
+            pinned = {"sha256", "commit"} & set(kwargs) or len(args) > 1
+            if "tag" in kwargs and "commit" not in kwargs:
+                problem(f"version({args[0]!r}) names tag {kwargs['tag']!r} without a commit pin")
+            elif not pinned and "branch" not in kwargs:
+                problem(f"version({args[0]!r}) is pinned by neither sha256 nor commit")
+            elif "branch" in kwargs and re.fullmatch(r"[0-9.]+", args[0]):
+                problem(f"version({args[0]!r}) is a release number following branch {kwargs['branch']!r}")
+    passed.append(f"source: {sorted(address) or 'checkout only'}, versions {versions}")
 
     # Variants: declared, and every use of one.
     declared = {}
@@ -232,13 +424,25 @@ def main():
     for name in re.findall(r"variants\[\"([^\"]+)\"\]", source):
         if name not in declared:
             problem(f"spec.variants[{name!r}] is not declared")
+    for variant in ("cuda", "nccl", "ucx", "tests", "hdf5_parallel"):
+        if variant not in declared:
+            problem(f"variant {variant!r} is not declared")
 
     # Dependencies.
-    dependencies = []
+    cmake_files = []
+    for folder, _, files in os.walk(root):
+        rel = folder[len(root):]
+        if rel.startswith(("/build", "/.git", "/install")) or "/spack-build" in rel:
+            continue
+        cmake_files += [os.path.join(folder, f) for f in files if f == "CMakeLists.txt" or f.endswith(".cmake")]
+    cmake_source = "".join(open(f, errors="replace").read() for f in cmake_files)
+    dependencies = []  # (name, spec, when, types)
     for args, kwargs in by_kind("depends_on"):
         spec = args[0]
         name = re.match(r"[\w-]+", spec).group(0)
-        dependencies.append((name, spec, kwargs.get("when")))
+        types_ = kwargs.get("type", ("build", "link"))
+        types_ = (types_,) if isinstance(types_, str) else tuple(types_)
+        dependencies.append((name, spec, kwargs.get("when"), types_))
         if name not in KNOWN_PACKAGES:
             problem(f"depends_on({spec!r}): {name!r} is not a known Spack package")
             continue
@@ -249,82 +453,225 @@ def main():
         for dep in re.findall(r"\^(?:\[[^\]]*\]\s*)?([\w-]+)", when):
             if dep not in KNOWN_PACKAGES:
                 problem(f"depends_on({spec!r}, when={when!r}): {dep!r} is not a known Spack package")
-    unconditional = {n for n, _, when in dependencies if not when}
+        if name in TOOL_USE and not re.search(TOOL_USE[name], cmake_source):
+            problem(f"depends_on({spec!r}): no CMake file of the project uses {name}")
+    unconditional = {n for n, _, when, _ in dependencies if not when}
     for name in sorted(REQUIRED - unconditional):
         problem(f"no unconditional depends_on({name!r})")
-    for options in REQUIRED_ANY:
-        if not set(options) & unconditional:
-            problem(f"no unconditional dependency on any of {options}")
-    hdf5 = [(s, w) for n, s, w in dependencies if n == "hdf5"]
-    if not any("+mpi" in s for s, _ in hdf5):
+    if not any("+mpi" in s for n, s, _, _ in dependencies if n == "hdf5"):
         problem("no depends_on('hdf5 +mpi') (parallel HDF5)")
-    if not any("program_options" in s for n, s, _ in dependencies if n == "boost"):
+    if not any("program_options" in s for n, s, _, _ in dependencies if n == "boost"):
         problem("boost is needed with +program_options")
     for variant, dep in (("ucx", "ucx"), ("nccl", "nccl")):
-        if variant in declared and not any(n == dep and w and f"+{variant}" in w for n, _, w in dependencies):
+        if variant in declared and not any(n == dep and w and f"+{variant}" in w for n, _, w, _ in dependencies):
             problem(f"variant {variant!r} has no depends_on({dep!r}, when='+{variant}')")
-    for variant in ("cuda", "nccl", "ucx"):
-        if variant not in declared:
-            problem(f"variant {variant!r} is not declared")
 
-    # cmake_args() for every combination of boolean variants: each -D must be
-    # a variable the project's CMake files read.
-    cmake_files = []
-    for folder, _, files in os.walk(root):
-        if "/build" in folder[len(root):] or "/.git" in folder:
+    # Upper bounds where kolos uses the dependency's API: either one
+    # unconditional depends_on carries the bound, or every one of them does.
+    for name, (limit, why) in VERSION_BOUNDS.items():
+        specs = [(s, w) for n, s, w, _ in dependencies if n == name]
+        if not specs:
             continue
-        cmake_files += [os.path.join(folder, f) for f in files if f == "CMakeLists.txt" or f.endswith(".cmake")]
-    cmake_source = "".join(open(f, errors="replace").read() for f in cmake_files)
+        ranges = [(version_range(s), w) for s, w in specs]
+        bounded = [(r, w) for r, w in ranges if r and within(r[1], limit)]
+        # A bound under condition W covers every dependency whose condition
+        # includes W (an unconditional bound covers all).
+        covers = lambda w, other: set((w or "").split()) <= set((other or "").split())
+        if not bounded or not all(any(covers(bw, w) for _, bw in bounded) for _, w in specs):
+            problem(f"depends_on({name!r}) has no upper bound at or below {limit} ({why})")
+        for r, w in ranges:
+            if r and r[1] and not within(r[1], limit):
+                problem(f"depends_on({name}@{r[0]}:{r[1]}) allows more than {limit} ({why})")
+    passed.append("version bounds: " + ", ".join(f"{n}<={l}" for n, (l, _) in VERSION_BOUNDS.items()))
+
+    # CUDA: every cuda_arch reaches the CUDA libraries kolos links.
+    for dep in CUDA_ARCH_DEPENDENCIES:
+        missing = []
+        for arch in CUDA_ARCH_VALUES:
+            if not any(n == dep and re.search(rf"cuda_arch={arch}\b", s) and w
+                       and re.search(rf"cuda_arch={arch}\b", w) for n, s, w, _ in dependencies):
+                missing.append(arch)
+        if missing:
+            problem(f"cuda_arch is not passed on to {dep} for {len(missing)} of "
+                    f"{len(CUDA_ARCH_VALUES)} values (e.g. {missing[0]}): add "
+                    f"depends_on('{dep} +cuda cuda_arch=X', when='... cuda_arch=X') for each")
+    passed.append(f"cuda_arch passed on to {', '.join(CUDA_ARCH_DEPENDENCIES)}")
+
+    # googletest: in the graph with +tests (not test-only, which +tests
+    # alone would not pull in) and with --test (type "test").
+    gtest = [(w, t) for n, _, w, t in dependencies if n == "googletest"]
+    if not any(w and "+tests" in w and set(t) & {"build", "link"} for w, t in gtest):
+        problem("googletest is not a build/link dependency when +tests (a test-only one is left "
+                "out of the graph unless `spack install --test` is given)")
+    if not any(not w and "test" in t for w, t in gtest):
+        problem("googletest is not an unconditional type='test' dependency, so `spack install "
+                "--test=root` builds the tests without it")
+
+    # cmake_args() for every combination of boolean variants and of
+    # self.run_tests: each -D must be a variable the project's CMake reads.
     booleans = [n for n, k in declared.items() if isinstance(k.get("default", False), bool) and not k.get("multi")]
-    seen = set()
-    for values in itertools.product([False, True], repeat=len(booleans)):
+    seen = {}
+    combinations = 0
+    # One line per kind of failure: the first combination it showed in, and
+    # how many it showed in.
+    per_combination = {}
+
+    def combination_problem(message, where):
+        first, count = per_combination.get(message, (where, 0))
+        per_combination[message] = (first, count + 1)
+
+    for values in itertools.product([False, True], repeat=len(booleans) + 1):
         variants = dict(zip(booleans, values))
+        run_tests = values[-1]
         variants["cuda_arch"] = ("90",) if variants.get("cuda") else ("none",)
+        combinations += 1
         try:
-            args = cls(FakeSpec(variants)).cmake_args()
+            args = cls(FakeSpec(variants), run_tests=run_tests).cmake_args()
         except Exception as e:  # noqa: BLE001 - report any failure of the recipe's code
-            problem(f"cmake_args() with {variants} raised {type(e).__name__}: {e}")
+            problem(f"cmake_args() with {variants}, run_tests={run_tests} raised {type(e).__name__}: {e}")
             continue
+        defined = {}
         for arg in args:
-            match = re.match(r"-D([A-Za-z_][A-Za-z0-9_]*)(:\w+)?=", arg)
+            match = re.match(r"-D([A-Za-z_][A-Za-z0-9_]*)(:\w+)?=(.*)", arg)
             if not match:
                 problem(f"cmake_args() returned {arg!r}, not -DNAME=VALUE")
                 continue
-            seen.add(match.group(1))
+            defined[match.group(1)] = match.group(3)
+            seen.setdefault(match.group(1), set()).add(match.group(3))
+        where = f"{variants}, run_tests={run_tests}"
+        want_tests = "ON" if (variants.get("tests") or run_tests) else "OFF"
+        if defined.get("KOLOS_BUILD_TESTS") != want_tests:
+            combination_problem(f"sets KOLOS_BUILD_TESTS={defined.get('KOLOS_BUILD_TESTS')}, expected "
+                                f"{want_tests} (it follows +tests and self.run_tests)", where)
+        want_parallel = "ON" if variants.get("hdf5_parallel") else "OFF"
+        if defined.get("HDF5_PREFER_PARALLEL") != want_parallel:
+            combination_problem(f"sets HDF5_PREFER_PARALLEL={defined.get('HDF5_PREFER_PARALLEL')}, "
+                                f"expected {want_parallel}", where)
+        if variants.get("cuda"):
+            nvcc = FakeDependency("cuda").prefix.bin.nvcc
+            if defined.get("CMAKE_CUDA_COMPILER") != nvcc:
+                combination_problem("does not set CMAKE_CUDA_COMPILER to spec['cuda'].prefix.bin.nvcc "
+                                    "(CMake would take the first nvcc it finds)", where)
+    for message, (first, count) in per_combination.items():
+        problem(f"cmake_args() {message}: in {count} of {combinations} combinations, e.g. {first}")
     for name in sorted(seen):
         if not name.startswith("CMAKE_") and not re.search(r"\b" + name + r"\b", cmake_source):
             problem(f"cmake_args() sets {name}, which no CMake file of the project reads")
+        for path, value in unguarded_sets(cmake_files, name):
+            problem(f"cmake_args() sets {name}, but {os.path.relpath(path, root)} overrides it with "
+                    f"`set({name} {value})`: make it a cache variable or guard it with "
+                    f"if(NOT DEFINED {name})")
+    passed.append(f"cmake_args over {combinations} combinations (variants x run_tests) sets {sorted(seen)}")
+
+    # check(): ctest without `launch`, and without `gpu` unless +cuda on a
+    # node with a GPU.
+    labels_in_tests = set(re.findall(r"LABELS\s+\"?([a-z]+)", cmake_source))
+    if "check" not in cls.__dict__:
+        problem("no check(): `spack install --test=root` would run CMakePackage's default `ninja test`, "
+                "launch and gpu tests included")
+    else:
+        cases = [({"cuda": False}, False, {"launch", "gpu"}), ({"cuda": True}, False, {"launch", "gpu"}),
+                 ({"cuda": True}, True, {"launch"})]
+        for overrides, gpu, want in cases:
+            variants = {n: bool(declared[n].get("default", False)) for n in booleans}
+            variants.update(overrides)
+            variants["cuda_arch"] = ("90",) if variants.get("cuda") else ("none",)
+            pkg = cls(FakeSpec(variants), run_tests=True)
+            pkg._gpu_visible = lambda: gpu
+            Calls.log = []
+            try:
+                pkg.check()
+            except Exception as e:  # noqa: BLE001
+                problem(f"check() with {overrides}, GPU={gpu} raised {type(e).__name__}: {e}")
+                continue
+            runs = [(path, args) for kind, path, args in Calls.log if kind == "run"]
+            ctest = [args for path, args in runs if os.path.basename(path) == "ctest"]
+            if not ctest:
+                problem(f"check() with {overrides}, GPU={gpu} runs no ctest ({runs})")
+                continue
+            args = ctest[0]
+            excluded = set()
+            for flag in ("-LE", "--label-exclude"):
+                if flag in args and args.index(flag) + 1 < len(args):
+                    excluded |= set(re.split(r"[|]", args[args.index(flag) + 1].strip("^$()")))
+            if excluded != want:
+                problem(f"check() with {overrides}, GPU={gpu} excludes labels {sorted(excluded)}, "
+                        f"expected {sorted(want)}")
+            if not any(kind == "cd" and path == pkg.build_directory for kind, path, _ in Calls.log):
+                problem("check() does not run ctest in self.build_directory")
+        for label in ("launch", "gpu"):
+            if label not in labels_in_tests:
+                problem(f"check() leaves out label {label!r}, which no test of the project has")
+        passed.append("check(): ctest -LE launch|gpu (gpu kept with +cuda on a GPU node)")
 
     # The environment and the repository description.
     with open(os.path.join(root, "spack", "repo.yaml")) as f:
         repo = yaml.safe_load(f)
     if not (repo or {}).get("repo", {}).get("namespace"):
         problem("spack/repo.yaml has no repo.namespace")
-    with open(os.path.join(root, "spack", "spack.yaml")) as f:
-        env = (yaml.safe_load(f) or {}).get("spack")
+    env_file = os.path.join(root, "spack", "spack.yaml")
+    try:
+        with open(env_file) as f:
+            env = (yaml.safe_load(f) or {}).get("spack")
+    except yaml.YAMLError as e:
+        problem(f"spack/spack.yaml is not valid YAML: {e}")
+        env = None
     if not env:
         problem("spack/spack.yaml has no top-level `spack:`")
     else:
-        specs = env.get("specs") or []
-        kolos_specs = [s for s in specs if str(s).startswith("kolos")]
+        for key, schema in (("specs", SPEC_LIST_SCHEMA), ("develop", DEVELOP_SCHEMA)):
+            if key not in env:
+                continue
+            validator = jsonschema.Draft7Validator(schema)
+            for error in sorted(validator.iter_errors(env[key]), key=lambda e: list(e.path)):
+                location = "/".join(str(p) for p in error.path)
+                problem(f"spack.yaml: {key}[{location}] = {error.instance!r} is not valid under "
+                        f"Spack's schema for `{key}` ({error.message.splitlines()[0][:120]}); "
+                        "quote spec strings that contain `: `")
+        strings = []
+        for item in env.get("specs") or []:
+            if isinstance(item, str):
+                strings.append(item)
+            elif isinstance(item, dict):
+                strings += [s for row in item.get("matrix") or [] for s in row if isinstance(s, str)]
+        kolos_specs = [s for s in strings if s.startswith("kolos")]
         if not kolos_specs:
             problem("spack.yaml: no kolos spec")
-        for s in kolos_specs:
-            check_condition(str(s), "spack.yaml spec")
+        for s in strings:
+            name = re.match(r"[\w-]*", s).group(0)
+            if name == "kolos":
+                check_condition(s, "spack.yaml spec")
+            elif name in KNOWN_PACKAGES:
+                for sign, variant in variant_tokens(s):
+                    if variant not in KNOWN_PACKAGES[name]:
+                        problem(f"spack.yaml spec {s!r}: {name} has no variant {variant!r}")
+            elif name:
+                problem(f"spack.yaml spec {s!r}: {name!r} is not a known Spack package")
+        for s in kolos_specs + [d.get("spec", "") for d in (env.get("develop") or {}).values()
+                                if isinstance(d, dict)]:
+            r = version_range(s)
+            if r and r[0] and not any(v == r[0] or v.startswith(r[0] + ".") for v in versions):
+                problem(f"spack.yaml: {s!r} names version {r[0]}, which the recipe does not declare {versions}")
         for path in env.get("repos") or []:
             if not os.path.exists(os.path.join(root, "spack", path, "repo.yaml")):
                 problem(f"spack.yaml: repo {path!r} has no repo.yaml")
-        for name, dev in (env.get("develop") or {}).items():
+        develop = env.get("develop") or {}
+        if "kolos" not in develop:
+            problem("spack.yaml: no `develop: kolos:` entry, so the environment has no source for kolos")
+        for name, dev in develop.items():
+            if not isinstance(dev, dict):
+                continue
             path = os.path.normpath(os.path.join(root, "spack", dev.get("path", "")))
             if not os.path.exists(os.path.join(path, "CMakeLists.txt")):
                 problem(f"spack.yaml: develop {name} path {dev.get('path')!r} is not the kolos checkout")
+        passed.append(f"spack.yaml: specs {strings} valid under Spack's spec-list schema")
 
     if problems:
         print(f"{len(problems)} problem(s)")
         return 1
-    print(f"PASS: recipe kolos: {len(versions)} versions, variants {sorted(declared)}, "
-          f"{len(dependencies)} dependencies, cmake_args over {2 ** len(booleans)} variant combinations "
-          f"sets {sorted(seen)}")
+    for line in passed:
+        print("ok:", line)
+    print(f"PASS: recipe kolos: variants {sorted(declared)}, {len(dependencies)} dependencies")
     return 0
 
 
