@@ -430,7 +430,7 @@ def main():
 
     # Dependencies.
     cmake_files = []
-    for folder, _, files in os.walk(root):
+    for folder, _, files in os.walk(root, followlinks=True):
         rel = folder[len(root):]
         if rel.startswith(("/build", "/.git", "/install")) or "/spack-build" in rel:
             continue

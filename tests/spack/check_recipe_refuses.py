@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""check_recipe.py refuses the mistakes it exists to catch.
+
+    check_recipe_refuses.py REPO_ROOT
+
+Each case copies the checkout's spack/ (and, where the case needs it, one
+CMake file) into a temporary tree whose other entries link to the checkout,
+breaks one thing, runs check_recipe.py on it and expects exit 1 with the
+message that names the mistake. The unbroken copy must pass.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECIPE = "spack/packages/kolos/package.py"
+ENV = "spack/spack.yaml"
+
+# (name, file, text to replace, replacement, expected message)
+CASES = [
+    ("unquoted spec in spack.yaml", ENV,
+     '- "openmpi@4.1: fabrics=ucx schedulers=slurm"', "- openmpi@4.1: fabrics=ucx schedulers=slurm",
+     "is not valid under Spack's schema for `specs`"),
+    ("tag without a source", RECIPE, 'version("0.1.0")', 'version("0.1.0", tag="v0.1.0")',
+     "names a source"),
+    ("placeholder maintainers", RECIPE, 'version("0.1.0")', 'version("0.1.0")\n    maintainers("kolos")',
+     "maintainers() without a public source address"),
+    ("unpinned tag", RECIPE, 'version("0.1.0")',
+     'git = "https://example.org/kolos.git"\n    version("0.1.0", tag="v0.1.0")',
+     "without a commit pin"),
+    ("tests ignore run_tests", RECIPE, 'spec.satisfies("+tests") or self.run_tests', 'spec.satisfies("+tests")',
+     "KOLOS_BUILD_TESTS=OFF, expected ON"),
+    ("googletest only test-only", RECIPE,
+     'depends_on("googletest@1.10: +gmock", type=("build", "link"), when="+tests")',
+     'depends_on("googletest@1.10: +gmock", type="test", when="+tests")',
+     "googletest is not a build/link dependency when +tests"),
+    ("no check()", RECIPE, "def check(self):", "def unused_check(self):", "no check()"),
+    ("check() runs launch tests", RECIPE, 'excluded = ["launch"]', "excluded = []",
+     "excludes labels"),
+    ("toml11 unbounded", RECIPE, 'depends_on("toml11@3.7:3")', 'depends_on("toml11@3.7:")',
+     "depends_on('toml11') has no upper bound"),
+    ("hdf5 2.x allowed", RECIPE, 'depends_on("hdf5@1.10:1.14")', 'depends_on("hdf5@1.10:2")',
+     "allows more than 1.14"),
+    ("HDF5_PREFER_PARALLEL overridden", "checkpoint/CMakeLists.txt",
+     'set(HDF5_PREFER_PARALLEL ON CACHE BOOL "Prefer the MPI build of HDF5 when both are installed")',
+     "set(HDF5_PREFER_PARALLEL TRUE)", "overrides it with `set(HDF5_PREFER_PARALLEL TRUE)`"),
+    ("nvcc not from the spec", RECIPE,
+     'args.append(self.define("CMAKE_CUDA_COMPILER", spec["cuda"].prefix.bin.nvcc))', "pass",
+     "does not set CMAKE_CUDA_COMPILER"),
+    ("cuda_arch not passed to nccl", RECIPE,
+     'depends_on(f"nccl +cuda cuda_arch={_arch}", when=f"+nccl cuda_arch={_arch}")', "pass",
+     "cuda_arch is not passed on to nccl"),
+    ("unused pkgconfig", RECIPE, 'depends_on("ninja", type="build")',
+     'depends_on("ninja", type="build")\n    depends_on("pkgconfig", type="build")',
+     "no CMake file of the project uses pkgconfig"),
+]
+
+
+def make_tree(root, top, copied):
+    """A tree in `top` whose entries link to `root`'s, except spack/ and the
+    files in `copied`, which are copies that may be changed."""
+    for entry in os.listdir(root):
+        if entry in ("spack", ".git", "build") or entry.startswith("build-"):
+            continue
+        if not any(c.split("/")[0] == entry for c in copied):
+            os.symlink(os.path.join(root, entry), os.path.join(top, entry))
+    shutil.copytree(os.path.join(root, "spack"), os.path.join(top, "spack"),
+                    ignore=shutil.ignore_patterns(".spack-env", "spack.lock", "__pycache__"))
+    for path in copied:
+        if path.startswith("spack/"):
+            continue
+        # Copy the folder chain of `path`: its siblings link to the checkout.
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            folder = os.path.join(top, *parts[:depth])
+            if os.path.islink(folder):
+                os.unlink(folder)
+            if not os.path.isdir(folder):
+                os.mkdir(folder)
+                source = os.path.join(root, *parts[:depth])
+                for entry in os.listdir(source):
+                    if entry != parts[depth]:
+                        os.symlink(os.path.join(source, entry), os.path.join(folder, entry))
+        shutil.copy(os.path.join(root, path), os.path.join(top, path))
+
+
+def run_check(top):
+    result = subprocess.run([sys.executable, os.path.join(HERE, "check_recipe.py"), top],
+                            capture_output=True, text=True, timeout=60)
+    return result.returncode, result.stdout + result.stderr
+
+
+def main():
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
+    failures = 0
+    with tempfile.TemporaryDirectory() as top:
+        make_tree(root, top, [])
+        rc, out = run_check(top)
+        if rc != 0:
+            print(f"FAIL: the unbroken copy does not pass:\n{out}")
+            return 1
+    for name, path, old, new, expected in CASES:
+        with tempfile.TemporaryDirectory() as top:
+            make_tree(root, top, [path])
+            target = os.path.join(top, path)
+            text = open(target).read()
+            if old not in text:
+                print(f"FAIL: {name}: {path} no longer contains {old!r}; update this case")
+                failures += 1
+                continue
+            open(target, "w").write(text.replace(old, new, 1))
+            rc, out = run_check(top)
+            if rc == 1 and expected in out:
+                print(f"ok: {name}: refused ({expected})")
+            else:
+                print(f"FAIL: {name}: exit {rc}, expected 1 with {expected!r}:\n{out}")
+                failures += 1
+    print(f"{len(CASES) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
