@@ -85,15 +85,34 @@ std::vector<std::string> split_path_list(const char* value) {
   return entries;
 }
 
-// <prefix>/KOLOS_PLUGIN_INSTALL_SUBDIR for an executable at <prefix>/bin/x,
-// or "" when the running executable cannot be found.
-std::string install_plugin_dir() {
+// The running executable (symlinks resolved), or "" when it cannot be found.
+fs::path running_executable() {
   std::error_code error;
   const fs::path executable = fs::read_symlink("/proc/self/exe", error);
-  if (error || executable.empty()) return "";
+  return error ? fs::path() : executable;
+}
+
+// <prefix>/KOLOS_PLUGIN_INSTALL_SUBDIR for an executable at <prefix>/bin/x,
+// or "" when the running executable is unknown.
+std::string install_plugin_dir(const fs::path& executable) {
+  if (executable.empty()) return "";
   const fs::path subdir = KOLOS_PLUGIN_INSTALL_SUBDIR;
   if (subdir.is_absolute()) return normalize(subdir.string());
   return normalize((executable.parent_path().parent_path() / subdir).string());
+}
+
+// The build tree's plugin directory, only for an executable that runs from
+// the build tree's bin directory (KOLOS_BUILD_RUNTIME_DIR, recorded at
+// configure time). An installed binary carries the same config.h but runs
+// from elsewhere, so it never searches (or loads from) a build folder that
+// happens to exist on the machine. "" when the executable is not the build
+// tree's or the build tree is gone.
+std::string build_plugin_dir(const fs::path& executable) {
+  if (executable.empty() || std::string(KOLOS_PLUGIN_BUILD_DIR).empty()) return "";
+  std::error_code error;
+  const bool in_build_tree =
+      fs::equivalent(executable.parent_path(), fs::path(KOLOS_BUILD_RUNTIME_DIR), error);
+  return !error && in_build_tree ? std::string(KOLOS_PLUGIN_BUILD_DIR) : "";
 }
 
 bool is_directory(const std::string& dir) {
@@ -236,9 +255,11 @@ PluginRegistry::PluginRegistry(std::vector<std::string> config_paths)
   for (const std::string& dir : split_path_list(std::getenv("KOLOS_PLUGIN_PATH"))) {
     wanted.push_back(dir);
   }
-  const std::string install_dir = install_plugin_dir();
+  const fs::path executable = running_executable();
+  const std::string install_dir = install_plugin_dir(executable);
   if (!install_dir.empty()) wanted.push_back(install_dir);
-  if (!std::string(KOLOS_PLUGIN_BUILD_DIR).empty()) wanted.push_back(KOLOS_PLUGIN_BUILD_DIR);
+  const std::string build_dir = build_plugin_dir(executable);
+  if (!build_dir.empty()) wanted.push_back(build_dir);
 
   std::set<std::string> seen;
   for (const std::string& dir : wanted) {

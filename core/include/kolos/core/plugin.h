@@ -2,7 +2,9 @@
 //
 // Search order: the TOML `[plugins] path` entries, then KOLOS_PLUGIN_PATH
 // (colon-separated), then the install's lib/kolos/plugins (found relative to
-// the running executable), then the build tree's plugin directory. The first
+// the running executable), then the build tree's plugin directory, the last
+// only for an executable that runs from the build tree's bin directory (an
+// installed binary searches its own tree and the configured paths). The first
 // acceptable plugin of a name wins. A plugin whose ABI, kolos or LibTorch
 // version differs from the core's is refused with a message naming both
 // sides; a library that does not load or lacks `kolos_plugin_v1` is refused
