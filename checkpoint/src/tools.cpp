@@ -16,14 +16,6 @@ namespace fs = std::filesystem;
 namespace kolos::checkpoint {
 namespace {
 
-std::string shape_string(const std::vector<int64_t>& v) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
-  out << ']';
-  return out.str();
-}
-
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
