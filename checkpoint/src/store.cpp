@@ -605,25 +605,8 @@ std::string verify_mapping(const IndexInfo& index, const Mapping& m) {
         static_cast<uint32_t>(h5::read_attr_int(ds, "kolos.crc32c", where));
     // Checksum in bounded chunks of whole rows (dim 0).
     uint32_t crc = 0;
-    const int nd = static_cast<int>(shape.size());
-    int64_t row = esize;
-    for (int d = 1; d < nd; ++d) row *= shape[d];
-    const int64_t rows_per = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, row));
-    std::vector<char> buf;
-    H5Id fspace = h5::space(H5Dget_space(ds), where);
-    for (int64_t r0 = 0; nd > 0 && r0 < shape[0]; r0 += rows_per) {
-      const int64_t rows = std::min(rows_per, shape[0] - r0);
-      std::vector<hsize_t> start(nd, 0), count(shape.begin(), shape.end());
-      start[0] = static_cast<hsize_t>(r0);
-      count[0] = static_cast<hsize_t>(rows);
-      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-      H5Id mspace = h5::space(H5Screate_simple(nd, count.data(), nullptr), where);
-      buf.resize(static_cast<size_t>(rows * row));
-      if (H5Dread(ds, h5::memory_type(dtype), mspace, fspace, H5P_DEFAULT, buf.data()) < 0) {
-        h5::fail("cannot read " + where);
-      }
-      crc = crc32c(crc, buf.data(), buf.size());
-    }
+    h5::read_rows(ds, shape, dtype, kChunkBytes, where,
+                  [&](const char* data, size_t bytes) { crc = crc32c(crc, data, bytes); });
     if (crc != stored) {
       char line[128];
       std::snprintf(line, sizeof line, ": checksum mismatch (stored %08x, read %08x)", stored, crc);
