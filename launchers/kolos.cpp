@@ -138,7 +138,7 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
     std::unique_ptr<checkpoint::Checkpointer> ckpt;
     if (!cc.dir.empty() || resuming) {
       ckpt = std::make_unique<checkpoint::Checkpointer>(
-          engine, checkpoint::Options{cc.dir, cc.keep_last, cc.async});
+          runtime.world(), checkpoint::Options{cc.dir, cc.keep_last, cc.async});
     }
     if (resuming) {
       if (resume.empty() && cc.dir.empty()) {
@@ -150,7 +150,9 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
                        cc.dir.c_str());
         }
       } else {
-        const std::string dir = ckpt->load(resume.empty() ? cc.dir : resume);
+        TrainingState state = engine.state();
+        const std::string dir = ckpt->load(resume.empty() ? cc.dir : resume, state);
+        engine.load_state(state);
         if (runtime.rank() == 0) {
           std::fprintf(stderr, "kolos: resumed from %s at step %lld\n", dir.c_str(),
                        (long long)engine.steps_done());
@@ -159,9 +161,9 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
     }
     const bool saving = !cc.dir.empty();
     TrainSummary summary = engine.train([&](const StepMetrics& m) {
-      if (saving && cc.every > 0 && m.step % cc.every == 0) ckpt->save();
+      if (saving && cc.every > 0 && m.step % cc.every == 0) ckpt->save(engine.state());
     });
-    if (saving && ckpt->last_saved_step() != engine.steps_done()) ckpt->save();
+    if (saving && ckpt->last_saved_step() != engine.steps_done()) ckpt->save(engine.state());
     if (ckpt) ckpt->wait();
     if (runtime.rank() == 0) std::fprintf(stderr, "%s\n", format_summary(summary, engine).c_str());
     if (summary.stopped) {

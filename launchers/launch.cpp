@@ -21,14 +21,6 @@ int usable_cores() {
   return 1;
 }
 
-std::string self_executable() {
-  char path[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) return "kolos";
-  path[n] = '\0';
-  return path;
-}
-
 std::string quote(const std::string& word) {
   if (word.find_first_of(" \t\"'$\\") == std::string::npos && !word.empty()) return word;
   std::string out = "'";
@@ -37,6 +29,14 @@ std::string quote(const std::string& word) {
 }
 
 }  // namespace
+
+std::string self_executable() {
+  char path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "kolos";
+  path[n] = '\0';
+  return path;
+}
 
 bool use_ucx(const LaunchOptions& o) {
   if (!KOLOS_WITH_UCX || o.no_ucx) return false;

@@ -22,6 +22,10 @@ struct LaunchOptions {
   bool root = false;  // set from the effective uid when building for real
 };
 
+// The path of the running executable (/proc/self/exe), or "kolos" when it
+// cannot be read: what `kolos run` and `kolos slurm gen` start by default.
+std::string self_executable();
+
 // Whether the command selects MPI's UCX transport: --ucx, or by default when
 // every rank has a spare core for its communication thread.
 bool use_ucx(const LaunchOptions& options);

@@ -24,6 +24,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/core/run_config.h"
+#include "launch.h"
 
 namespace kolos::cli {
 
@@ -72,14 +73,6 @@ std::string absolute(const std::string& path) {
   char cwd[PATH_MAX];
   if (getcwd(cwd, sizeof cwd) == nullptr) return path;
   return std::string(cwd) + "/" + path;
-}
-
-std::string self_executable() {
-  char path[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) return "kolos";
-  path[n] = '\0';
-  return path;
 }
 
 class Script {

@@ -12,7 +12,8 @@
 //   - zero_grad, forward + mean cross-entropy, (loss / M).backward() per
 //     micro-batch,
 //   - torch::nn::utils::clip_grad_norm_ (optim.grad_clip),
-//   - the learning rate of kolos's warm-up + cosine schedule,
+//   - the learning rate of kolos's warm-up + cosine schedule (the engine's
+//     own function, learning_rate_at),
 //   - torch::optim::AdamW with the run's betas, eps, weight decay.
 // A step's time covers all of it (data included), as kolos's step_time_s
 // does. Prints one JSON line: median step time over the steps after the
@@ -31,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "kolos/core/engine.h"  // learning_rate_at
 #include "kolos/core/gradients.h"
 #include "kolos/core/layers.h"
 #include "kolos/core/run_config.h"
@@ -38,16 +40,6 @@
 #include "kolos/modules/gpt.h"
 
 namespace {
-
-// As the engine's lr_at: linear warm-up, then cosine to min_lr.
-double lr_at(const kolos::RunConfig& c, int64_t step) {
-  const auto& o = c.optim;
-  if (step < o.warmup_steps) return o.lr * static_cast<double>(step + 1) / o.warmup_steps;
-  const int64_t decay = std::max<int64_t>(1, c.train.steps - o.warmup_steps);
-  const double progress =
-      std::min(1.0, static_cast<double>(step - o.warmup_steps) / static_cast<double>(decay));
-  return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
-}
 
 void set_blas_threads(int threads) {
   using SetThreads = void (*)(int);
@@ -138,7 +130,8 @@ int main(int argc, char** argv) {
       }
       if (config.optim.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, config.optim.grad_clip);
       for (auto& group : optimizer.param_groups()) {
-        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr_at(config, step));
+        static_cast<torch::optim::AdamWOptions&>(group.options())
+            .lr(kolos::learning_rate_at(config, step));
       }
       optimizer.step();
       times.push_back(

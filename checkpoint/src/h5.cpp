@@ -262,4 +262,28 @@ std::vector<std::string> list_group(hid_t file, const std::string& group_path, i
   return names;
 }
 
+void read_rows(hid_t dataset, const std::vector<int64_t>& shape, const std::string& dtype,
+               int64_t max_bytes, const std::string& where,
+               const std::function<void(const char* data, size_t bytes)>& consume) {
+  const int nd = static_cast<int>(shape.size());
+  int64_t row = element_size(dtype);
+  for (int d = 1; d < nd; ++d) row *= shape[d];
+  const int64_t rows_per = std::max<int64_t>(1, max_bytes / std::max<int64_t>(1, row));
+  std::vector<char> buf;
+  H5Id fspace = space(H5Dget_space(dataset), where);
+  for (int64_t r0 = 0; nd > 0 && r0 < shape[0]; r0 += rows_per) {
+    const int64_t rows = std::min(rows_per, shape[0] - r0);
+    std::vector<hsize_t> start(nd, 0), count(shape.begin(), shape.end());
+    start[0] = static_cast<hsize_t>(r0);
+    count[0] = static_cast<hsize_t>(rows);
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+    H5Id mspace = space(H5Screate_simple(nd, count.data(), nullptr), where);
+    buf.resize(static_cast<size_t>(rows * row));
+    if (H5Dread(dataset, memory_type(dtype), mspace, fspace, H5P_DEFAULT, buf.data()) < 0) {
+      fail("cannot read " + where);
+    }
+    consume(buf.data(), buf.size());
+  }
+}
+
 }  // namespace kolos::checkpoint::h5

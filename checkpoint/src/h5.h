@@ -10,6 +10,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -91,6 +92,13 @@ std::string read_attr_string(hid_t obj, const std::string& name, int64_t max_len
 
 // A dataset's extents, bounded: rank <= 32, product <= `max_numel`.
 std::vector<int64_t> extents(hid_t dataset, int64_t max_numel, const std::string& where);
+
+// Reads a whole dataset of `shape` (its extents) and `dtype` in whole rows
+// of dim 0, at most about `max_bytes` at a time (at least one row), and hands
+// each block of rows to `consume` in order; a 0-d dataset yields nothing.
+void read_rows(hid_t dataset, const std::vector<int64_t>& shape, const std::string& dtype,
+               int64_t max_bytes, const std::string& where,
+               const std::function<void(const char* data, size_t bytes)>& consume);
 
 // Names of the links in a group, in name order, at most `max_count`.
 std::vector<std::string> list_group(hid_t file, const std::string& group, int64_t max_count,

@@ -60,14 +60,6 @@ std::string capture(Body&& body) {
   return "";
 }
 
-std::string shape_string(const std::vector<int64_t>& v) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
-  out << ']';
-  return out.str();
-}
-
 std::string slash(const std::string& path) { return "/" + path; }
 
 void check_path(const std::string& path) {
@@ -116,30 +108,6 @@ std::vector<Record> deserialize(const std::string& text) {
     records.push_back(std::move(r));
   }
   return records;
-}
-
-// Gathers every rank's text on rank 0 (in rank order).
-std::vector<std::string> gather_text(MPI_Comm comm, const std::string& mine) {
-  int size = 1, rank = 0;
-  MPI_Comm_size(comm, &size);
-  MPI_Comm_rank(comm, &rank);
-  int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(size);
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
-  std::vector<int> displs(size, 0);
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    displs[r] = total;
-    total += lengths[r];
-  }
-  std::string all(rank == 0 ? total : 0, '\0');
-  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR,
-              0, comm);
-  std::vector<std::string> out;
-  if (rank == 0) {
-    for (int r = 0; r < size; ++r) out.push_back(all.substr(displs[r], lengths[r]));
-  }
-  return out;
 }
 
 void maybe_die(int rank, int64_t step) {
@@ -324,6 +292,29 @@ std::vector<int64_t> file_shape(const std::vector<int64_t>& shape) {
   return shape.empty() ? std::vector<int64_t>{1} : shape;
 }
 
+std::vector<std::string> gather_bytes(MPI_Comm comm, const std::string& mine) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(size);
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm);
+  std::vector<int> displs(size, 0);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[r] = total;
+    total += lengths[r];
+  }
+  std::string all(rank == 0 ? total : 0, '\0');
+  MPI_Gatherv(mine.data(), length, MPI_BYTE, all.data(), lengths.data(), displs.data(), MPI_BYTE, 0,
+              comm);
+  std::vector<std::string> out;
+  if (rank == 0) {
+    for (int r = 0; r < size; ++r) out.push_back(all.substr(displs[r], lengths[r]));
+  }
+  return out;
+}
+
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
   if (fd < 0) throw CheckpointError("cannot open " + path + " to fsync: " + std::strerror(errno));
@@ -342,21 +333,17 @@ SaveJob snapshot(const MeshLayout& layout, int rank, const std::string& dir,
   const Coords coords = layout.coords(rank);
   torch::NoGradGuard no_grad;
   for (const auto& p : pieces) {
-    check_path(p.path);
+    check_path(p.name);
     const Placement& pl = p.placement;
-    // Replicas write once: the one at coordinate 0 on every unsharded axis.
-    bool writer = pl.piece_numel() > 0;
-    for (int a = 0; a < kNumAxes && writer; ++a) {
-      if (!pl.sharded().contains(static_cast<Axis>(a)) && coords[a] != 0) writer = false;
-    }
-    if (!writer) continue;
-    KOLOS_CHECK_KIND(kCheckpoint, p.tensor.defined(), "piece ", p.path, " has no tensor");
-    KOLOS_CHECK_KIND(kCheckpoint, p.tensor.dim() == pl.dim(), "piece ", p.path, " is ",
+    // Replicas write once, from the canonical replica; empty pieces not at all.
+    if (pl.piece_numel() == 0 || !pl.is_canonical_replica(coords)) continue;
+    KOLOS_CHECK_KIND(kCheckpoint, p.tensor.defined(), "piece ", p.name, " has no tensor");
+    KOLOS_CHECK_KIND(kCheckpoint, p.tensor.dim() == pl.dim(), "piece ", p.name, " is ",
                      p.tensor.dim(), "-d but its placement ", pl.to_string(), " is ", pl.dim(),
                      "-d");
     at::Tensor t = p.tensor.detach();
     for (int d = 0; d < pl.dim(); ++d) {
-      KOLOS_CHECK_KIND(kCheckpoint, t.size(d) == pl.slice(d).padded, "piece ", p.path,
+      KOLOS_CHECK_KIND(kCheckpoint, t.size(d) == pl.slice(d).padded, "piece ", p.name,
                        ": local extent ", t.size(d), " along dim ", d, ", placement says ",
                        pl.slice(d).padded);
       if (pl.slice(d).length != pl.slice(d).padded) t = t.narrow(d, 0, pl.slice(d).length);
@@ -364,7 +351,7 @@ SaveJob snapshot(const MeshLayout& layout, int rank, const std::string& dir,
     t = t.to(at::kCPU);
     t = copy ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous();
     HostPiece hp;
-    hp.record.path = p.path;
+    hp.record.path = p.name;
     hp.record.dtype = dtype_name(t.scalar_type());
     hp.record.rank = rank;
     hp.record.global_shape = file_shape(pl.global_shape());
@@ -409,7 +396,7 @@ void run_job(MPI_Comm comm, SaveJob& job) {
     maybe_die(job.rank, job.meta.step);
   }));
 
-  std::vector<std::string> texts = gather_text(comm, serialize(job.mine));
+  std::vector<std::string> texts = gather_bytes(comm, serialize(job.mine));
   agree(comm, rank != 0 ? "" : capture([&] {
     std::vector<Record> records;
     std::vector<int64_t> writers;
@@ -618,25 +605,8 @@ std::string verify_mapping(const IndexInfo& index, const Mapping& m) {
         static_cast<uint32_t>(h5::read_attr_int(ds, "kolos.crc32c", where));
     // Checksum in bounded chunks of whole rows (dim 0).
     uint32_t crc = 0;
-    const int nd = static_cast<int>(shape.size());
-    int64_t row = esize;
-    for (int d = 1; d < nd; ++d) row *= shape[d];
-    const int64_t rows_per = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, row));
-    std::vector<char> buf;
-    H5Id fspace = h5::space(H5Dget_space(ds), where);
-    for (int64_t r0 = 0; nd > 0 && r0 < shape[0]; r0 += rows_per) {
-      const int64_t rows = std::min(rows_per, shape[0] - r0);
-      std::vector<hsize_t> start(nd, 0), count(shape.begin(), shape.end());
-      start[0] = static_cast<hsize_t>(r0);
-      count[0] = static_cast<hsize_t>(rows);
-      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-      H5Id mspace = h5::space(H5Screate_simple(nd, count.data(), nullptr), where);
-      buf.resize(static_cast<size_t>(rows * row));
-      if (H5Dread(ds, h5::memory_type(dtype), mspace, fspace, H5P_DEFAULT, buf.data()) < 0) {
-        h5::fail("cannot read " + where);
-      }
-      crc = crc32c(crc, buf.data(), buf.size());
-    }
+    h5::read_rows(ds, shape, dtype, kChunkBytes, where,
+                  [&](const char* data, size_t bytes) { crc = crc32c(crc, data, bytes); });
     if (crc != stored) {
       char line[128];
       std::snprintf(line, sizeof line, ": checksum mismatch (stored %08x, read %08x)", stored, crc);
@@ -733,7 +703,7 @@ Metadata load_pieces(MPI_Comm comm, const std::string& dir_or_root,
   {
     std::set<std::string> mine;
     for (const auto& p : pieces) {
-      if (p.placement.global_numel() > 0) mine.insert(p.path);
+      if (p.placement.global_numel() > 0) mine.insert(p.name);
     }
     for (size_t i = 0; i < index.tensors.size(); ++i) {
       held[i] = mine.count(index.tensors[i]) ? 1 : 0;
@@ -745,7 +715,7 @@ Metadata load_pieces(MPI_Comm comm, const std::string& dir_or_root,
     // This run's tensors (over all ranks) and the checkpoint's must be the same set.
     std::set<std::string> ours, theirs(index.tensors.begin(), index.tensors.end());
     for (const auto& p : pieces) {
-      if (p.placement.global_numel() > 0) ours.insert(p.path);
+      if (p.placement.global_numel() > 0) ours.insert(p.name);
     }
     std::vector<std::string> missing, extra;
     for (const auto& t : ours) {
@@ -765,14 +735,14 @@ Metadata load_pieces(MPI_Comm comm, const std::string& dir_or_root,
     for (const auto& p : pieces) {
       if (p.placement.global_numel() == 0) continue;
       const auto shape = detail::file_shape(p.placement.global_shape());
-      if (index.shapes.at(p.path) != shape) {
-        throw CheckpointError(where + ": dataset /" + p.path + " has shape " +
-                              detail::shape_string(index.shapes.at(p.path)) + ", this run's is " +
-                              detail::shape_string(shape) + " (a checkpoint of another model shape?)");
+      if (index.shapes.at(p.name) != shape) {
+        throw CheckpointError(where + ": dataset /" + p.name + " has shape " +
+                              shape_string(index.shapes.at(p.name)) + ", this run's is " +
+                              shape_string(shape) + " (a checkpoint of another model shape?)");
       }
       const std::string dtype = detail::dtype_name(p.tensor.scalar_type());
-      if (index.dtypes.at(p.path) != dtype) {
-        throw CheckpointError(where + ": dataset /" + p.path + " is " + index.dtypes.at(p.path) +
+      if (index.dtypes.at(p.name) != dtype) {
+        throw CheckpointError(where + ": dataset /" + p.name + " is " + index.dtypes.at(p.name) +
                               ", this run's tensor is " + dtype);
       }
     }
@@ -793,8 +763,8 @@ Metadata load_pieces(MPI_Comm comm, const std::string& dir_or_root,
       const Placement& pl = p.placement;
       if (pl.has_padding() || pl.piece_numel() == 0) p.tensor.zero_();  // padding reads as 0
       if (pl.global_numel() == 0 || pl.piece_numel() == 0) continue;
-      const std::string where = path + ": dataset /" + p.path;
-      h5::H5Id ds = h5::dataset(H5Dopen2(file, ("/" + p.path).c_str(), H5P_DEFAULT), where);
+      const std::string where = path + ": dataset /" + p.name;
+      h5::H5Id ds = h5::dataset(H5Dopen2(file, ("/" + p.name).c_str(), H5P_DEFAULT), where);
       std::vector<hsize_t> start, count;
       std::vector<int64_t> piece_shape;
       for (int d = 0; d < pl.dim(); ++d) {

@@ -1,6 +1,5 @@
 // Private to libkolos_checkpoint: the steps of a save and a load, shared by
-// the collective functions (store.cpp), the engine's Checkpointer and the
-// tools.
+// the collective functions (store.cpp), the Checkpointer and the tools.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -89,5 +88,9 @@ std::string verify_mapping(const IndexInfo& index, const Mapping& m);
 std::vector<std::string> coverage_problems(const IndexInfo& index);
 
 void fsync_path(const std::string& path, bool directory);
+
+// Collective over `comm`: every rank's bytes on rank 0, in rank order
+// (empty on the other ranks).
+std::vector<std::string> gather_bytes(MPI_Comm comm, const std::string& mine);
 
 }  // namespace kolos::checkpoint::detail

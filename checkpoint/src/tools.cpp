@@ -16,14 +16,6 @@ namespace fs = std::filesystem;
 namespace kolos::checkpoint {
 namespace {
 
-std::string shape_string(const std::vector<int64_t>& v) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
-  out << ']';
-  return out.str();
-}
-
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -158,32 +150,14 @@ int64_t export_safetensors(const std::string& path, const std::string& out_file)
 
   auto lock = h5::h5_lock();
   h5::H5Id file = h5::open_file_read(dir + "/index.h5");
-  std::vector<char> buf;
   for (const auto& t : names) {
     // Whole rows at a time (dim 0), a bounded buffer, through the VDS.
     const std::string where = dir + "/index.h5: dataset /" + t;
     h5::H5Id ds = h5::dataset(H5Dopen2(file, ("/" + t).c_str(), H5P_DEFAULT), where);
-    const auto& shape = index.shapes[t];
-    const int nd = static_cast<int>(shape.size());
-    const int64_t esize = h5::element_size(index.dtypes[t]);
-    int64_t row = esize;
-    for (int d = 1; d < nd; ++d) row *= shape[d];
-    const int64_t rows_per = std::max<int64_t>(1, detail::kChunkBytes / std::max<int64_t>(1, row));
-    h5::H5Id fspace = h5::space(H5Dget_space(ds), where);
-    for (int64_t r0 = 0; nd > 0 && r0 < shape[0]; r0 += rows_per) {
-      const int64_t rows = std::min(rows_per, shape[0] - r0);
-      std::vector<hsize_t> start(nd, 0), count(shape.begin(), shape.end());
-      start[0] = static_cast<hsize_t>(r0);
-      count[0] = static_cast<hsize_t>(rows);
-      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-      h5::H5Id mspace = h5::space(H5Screate_simple(nd, count.data(), nullptr), where);
-      buf.resize(static_cast<size_t>(rows * row));
-      if (H5Dread(ds, h5::memory_type(index.dtypes[t]), mspace, fspace, H5P_DEFAULT,
-                  buf.data()) < 0) {
-        h5::fail("cannot read " + where);
-      }
-      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-    }
+    h5::read_rows(ds, index.shapes[t], index.dtypes[t], detail::kChunkBytes, where,
+                  [&](const char* data, size_t bytes) {
+                    out.write(data, static_cast<std::streamsize>(bytes));
+                  });
   }
   out.close();
   if (!out) throw CheckpointError("cannot write " + tmp);

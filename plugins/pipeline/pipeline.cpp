@@ -39,7 +39,6 @@
 // Their placement stays replicated along pp, so norms and checkpoints count
 // the copy of the first holder only (which must be stage 0).
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/core/StorageImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -56,6 +55,7 @@
 #include "kolos/core/mesh.h"
 #include "kolos/core/plugin.h"
 #include "kolos/core/schedule.h"
+#include "kolos/core/tensor_storage.h"
 #include "plan.h"
 
 namespace kolos::pipeline {
@@ -96,12 +96,6 @@ std::vector<int64_t> balanced_cut(const std::vector<double>& weights, int parts)
     i = from[k][i];
   }
   return counts;
-}
-
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
-  s->set_nbytes(0);
 }
 
 std::string block_names(const Model& model) {

@@ -1,11 +1,15 @@
 #include "kolos/core/engine.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "kolos/core/error.h"
@@ -51,28 +55,18 @@ void agreed(MPI_Comm world, Body&& body) {
   detail::agree_on_error(world, error, kind);
 }
 
-// Global L2 norm when stages hold different parameters (and some hold copies
-// of tied ones): each piece is counted by one rank of the ranks that hold the
-// same piece, the one at coordinate 0 on every axis the piece is not sharded
-// along (the rank that checkpoints it), and the squares are summed over the
-// world.
-double pipelined_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh) {
-  const Coords coords = mesh.layout().coords(mesh.rank());
-  std::vector<at::Tensor> norms;
-  for (const auto& piece : pieces) {
-    if (!piece.grad.defined() || piece.grad.numel() == 0) continue;
-    bool counts = true;
-    for (int a = 0; a < kNumAxes; ++a) {
-      if (!piece.placement.sharded().contains(static_cast<Axis>(a)) && coords[a] != 0) {
-        counts = false;
-      }
-    }
-    if (counts) norms.push_back(piece.grad.norm().to(torch::kDouble));
-  }
-  at::Tensor sum = norms.empty() ? torch::zeros({1}, torch::kDouble)
-                                 : torch::stack(norms).pow(2).sum().reshape({1});
-  mesh.world()->all_reduce(sum, comm::ReduceOp::kSum)->wait();
-  return std::sqrt(sum.item<double>());
+std::vector<uint8_t> cpu_rng_state() {
+  at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
+  const auto* p = state.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + state.numel());
+}
+
+void set_cpu_rng_state(const std::vector<uint8_t>& bytes) {
+  at::Tensor state = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  std::memcpy(state.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
 }
 
 }  // namespace
@@ -163,10 +157,10 @@ Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
 
 Engine::~Engine() = default;
 
-double Engine::lr_at(int64_t step) const {
-  const auto& o = config_.optim;
+double learning_rate_at(const RunConfig& config, int64_t step) {
+  const auto& o = config.optim;
   if (step < o.warmup_steps) return o.lr * static_cast<double>(step + 1) / o.warmup_steps;
-  const int64_t decay = std::max<int64_t>(1, config_.train.steps - o.warmup_steps);
+  const int64_t decay = std::max<int64_t>(1, config.train.steps - o.warmup_steps);
   const double progress =
       std::min(1.0, static_cast<double>(step - o.warmup_steps) / static_cast<double>(decay));
   return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
@@ -197,7 +191,7 @@ std::vector<MicroBatch> Engine::next_micro_batches() {
 StepMetrics Engine::step() {
   const auto start = std::chrono::steady_clock::now();
   StepMetrics metrics;
-  metrics.lr = lr_at(step_);
+  metrics.lr = learning_rate_at(config_, step_);
 
   std::vector<MicroBatch> micro = next_micro_batches();
   gradients_->zero_grad();
@@ -207,8 +201,7 @@ StepMetrics Engine::step() {
 
   std::vector<GradPiece> pieces = gradients_->grad_pieces();
   schedule_->sync_tied_gradients(pieces);
-  metrics.grad_norm =
-      model_->pipelined() ? pipelined_grad_norm(pieces, *mesh_) : global_grad_norm(pieces, *mesh_);
+  metrics.grad_norm = global_grad_norm(pieces, *mesh_);
   const double clip = config_.optim.grad_clip;
   if (clip > 0 && metrics.grad_norm > clip) {
     const double scale = clip / (metrics.grad_norm + 1e-6);
@@ -310,6 +303,55 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
     out.emplace_back(p.name, t);
   }
   return out;
+}
+
+TrainingState Engine::state() {
+  TrainingState state;
+  for (auto& p : gradients_->parameters_at_rest()) {
+    state.pieces.push_back(StatePiece{"model/" + p.name, p.tensor.detach(), p.placement});
+  }
+  for (auto& s : gradients_->optimizer_state()) {
+    state.pieces.push_back(StatePiece{"optim/" + s.name, s.tensor, s.placement});
+  }
+  state.step = step_;
+  state.data_position = step_ * config_.train.global_batch;
+  state.optimizer_steps = gradients_->optimizer_steps();
+  state.rng_cpu = cpu_rng_state();
+  state.config_toml = to_toml(config_);
+  state.mesh = mesh_->layout().shape();
+  return state;
+}
+
+void Engine::load_state(const TrainingState& state) {
+  const TrainingState live = this->state();
+  std::map<std::string, const StatePiece*> by_name;
+  for (const auto& p : live.pieces) by_name[p.name] = &p;
+  torch::NoGradGuard no_grad;
+  for (const auto& p : state.pieces) {
+    const auto it = by_name.find(p.name);
+    KOLOS_CHECK(it != by_name.end(), "load_state: this engine holds no piece ", p.name);
+    const StatePiece& mine = *it->second;
+    // This engine's own tensor (a state from state(), read into in place).
+    if (p.tensor.data_ptr() == mine.tensor.data_ptr() && p.tensor.sizes() == mine.tensor.sizes()) {
+      continue;
+    }
+    KOLOS_CHECK(p.placement == mine.placement && p.tensor.sizes() == mine.tensor.sizes(),
+                "load_state: piece ", p.name, " is placed as ", p.placement.to_string(), " (",
+                p.tensor.sizes(), "), this engine's as ", mine.placement.to_string(), " (",
+                mine.tensor.sizes(), ")");
+    mine.tensor.copy_(p.tensor);
+  }
+  step_ = state.step;
+  gradients_->set_optimizer_steps(state.optimizer_steps);
+  if (!state.rng_cpu.empty()) set_cpu_rng_state(state.rng_cpu);
+  const int64_t batch = config_.train.global_batch;
+  if (mesh_->rank() == 0 && state.data_position != state.step * batch) {
+    std::fprintf(stderr,
+                 "kolos: warning: the state consumed %lld samples in %lld steps; with this run's "
+                 "global batch of %lld, data continues at sample %lld\n",
+                 static_cast<long long>(state.data_position), static_cast<long long>(state.step),
+                 static_cast<long long>(batch), static_cast<long long>(state.step * batch));
+  }
 }
 
 std::string Engine::describe() const {

@@ -9,13 +9,26 @@
 
 namespace kolos {
 
+// Each distinct piece counted once. Pieces are grouped by their set S of
+// sharded axes; a group's squares are summed over the mesh group of S, whose
+// ranks hold the group's other pieces. Ranks that differ along any other
+// axis hold the same pieces with the same (reduced) gradients and compute
+// the same sum on their own, with no communication, except along pp: there
+// ranks hold different blocks, and a weight that several stages hold (a
+// tied embedding) must be counted by one of them. So under pipelining each
+// group is also summed over pp, and a piece not sharded along pp is counted
+// only by its canonical replica along pp (Placement::is_canonical_replica,
+// the stage that checkpoints it).
 double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh) {
+  const AxisSet varying = mesh.size(Axis::kPP) > 1 ? AxisSet{Axis::kPP} : AxisSet{};
+  const Coords coords = mesh.layout().coords(mesh.rank());
   // Per set of sharded axes: the pieces' norms (in their own dtype, no
   // copies), squared and summed in double with one host sync per set.
   std::map<uint8_t, std::vector<at::Tensor>> norms;
   for (const auto& piece : pieces) {
     if (!piece.grad.defined() || piece.grad.numel() == 0) continue;
-    norms[piece.placement.sharded().bits()].push_back(piece.grad.norm());
+    if (!piece.placement.is_canonical_replica(coords, varying)) continue;
+    norms[(piece.placement.sharded() | varying).bits()].push_back(piece.grad.norm());
   }
   std::map<uint8_t, double> sums;
   for (const auto& [bits, list] : norms) {

@@ -1,7 +1,7 @@
 #include <torch/torch.h>
 
-#include "kolos/core/engine.h"
 #include "kolos/core/error.h"
+#include "kolos/core/placement.h"
 
 namespace kolos {
 

@@ -91,11 +91,25 @@ bool Placement::intersect(const Placement& other, std::vector<DimSlice>* out) co
   return true;
 }
 
-std::string Placement::to_string() const {
+bool Placement::is_canonical_replica(const Coords& coords, AxisSet among) const {
+  for (int a = 0; a < kNumAxes; ++a) {
+    const Axis axis = static_cast<Axis>(a);
+    if (among.contains(axis) && !sharded_.contains(axis) && coords[a] != 0) return false;
+  }
+  return true;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
   std::ostringstream out;
   out << '[';
-  for (size_t d = 0; d < global_shape_.size(); ++d) out << (d ? ", " : "") << global_shape_[d];
+  for (size_t d = 0; d < shape.size(); ++d) out << (d ? ", " : "") << shape[d];
   out << ']';
+  return out.str();
+}
+
+std::string Placement::to_string() const {
+  std::ostringstream out;
+  out << shape_string(global_shape_);
   if (is_full()) {
     out << " whole";
   } else {

@@ -66,9 +66,38 @@ TEST(Placement, IntersectGivesTheOverlapForResharding) {
   EXPECT_THROW(a.intersect(Placement::replicated({12, 5}), nullptr), Error);
 }
 
+TEST(Placement, OneCanonicalReplicaPerPiece) {
+  // tp2 x dp2 (pp, dp, sp, tp): a tp-sharded piece is held by (dp 0, tp t)
+  // and (dp 1, tp t); the rank at dp 0 speaks for both.
+  const MeshLayout layout(MeshShape{1, 2, 1, 2});
+  int canonical = 0;
+  for (int64_t rank = 0; rank < layout.world_size(); ++rank) {
+    const Coords c = layout.coords(rank);
+    const Placement p = Placement::replicated({8, 4}).shard(0, c[3], 2, AxisSet{Axis::kTP});
+    EXPECT_EQ(p.is_canonical_replica(c), c[1] == 0) << "rank " << rank;
+    canonical += p.is_canonical_replica(c) ? 1 : 0;
+    // Asked only about pp, along which this mesh has one rank: every rank.
+    EXPECT_TRUE(p.is_canonical_replica(c, AxisSet{Axis::kPP}));
+  }
+  EXPECT_EQ(canonical, 2);  // one per distinct piece
+  // A whole tensor: only the rank at coordinate 0 everywhere.
+  EXPECT_TRUE(Placement::replicated({3}).is_canonical_replica(Coords{0, 0, 0, 0}));
+  EXPECT_FALSE(Placement::replicated({3}).is_canonical_replica(Coords{0, 0, 0, 1}));
+  // Sharded along every axis: every rank holds its own piece.
+  const Placement all = Placement::replicated({16}).shard(0, 5, 16, AxisSet::all());
+  EXPECT_TRUE(all.is_canonical_replica(Coords{1, 1, 1, 1}));
+  // Along pp only (the gradient norm's question under pipelining).
+  EXPECT_FALSE(
+      Placement::replicated({3}).is_canonical_replica(Coords{1, 0, 0, 0}, AxisSet{Axis::kPP}));
+  EXPECT_TRUE(
+      Placement::replicated({3}).is_canonical_replica(Coords{0, 1, 0, 1}, AxisSet{Axis::kPP}));
+}
+
 TEST(Placement, Describes) {
   Placement p = Placement::replicated({10, 3}).shard(0, 3, 4, AxisSet{Axis::kDP});
   EXPECT_EQ(p.to_string(), "[10, 3] piece [9:10+pad2, 0:3] | sharded dp");
+  EXPECT_EQ(shape_string({768, 3072}), "[768, 3072]");
+  EXPECT_EQ(shape_string({}), "[]");
 }
 
 }  // namespace

@@ -6,9 +6,9 @@
 //                this rank holds, as a dataset of the piece's (unpadded)
 //                shape, with attributes kolos.offset (into the global
 //                tensor), kolos.global_shape, kolos.dtype and kolos.crc32c.
-//                Replicas are written once: a piece is written by the rank
-//                whose coordinate is 0 on every mesh axis the piece is NOT
-//                sharded along.
+//                Replicas are written once, by the canonical replica
+//                (Placement::is_canonical_replica: the rank whose coordinate
+//                is 0 on every mesh axis the piece is NOT sharded along).
 //   index.h5     one HDF5 virtual dataset (VDS) per global tensor, under its
 //                name (/model/<param>, /optim/exp_avg/<param>,
 //                /optim/exp_avg_sq/<param>), mapping each piece's hyperslab
@@ -33,6 +33,10 @@
 // Threads: HDF5 (the Debian build) is not thread-safe; this library
 // serialises every HDF5 call behind one mutex, so a background save and a
 // tool call in the same process are safe.
+//
+// The library stores pieces and scalars; it does not know what produced
+// them. A trainer hands it a TrainingState (kolos/core/training_state.h;
+// Engine::state()) and applies what it loads (Engine::load_state()).
 #pragma once
 
 #include <mpi.h>
@@ -47,27 +51,20 @@
 #include "kolos/checkpoint/error.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/placement.h"
+#include "kolos/core/training_state.h"
 
-namespace kolos {
-
-class Engine;
-
-namespace checkpoint {
+namespace kolos::checkpoint {
 
 inline constexpr int kFormatVersion = 1;
 
-// One tensor piece: `path` is the dataset path of its global tensor
-// ("model/h.0.mlp.fc.weight"), `tensor` this rank's local (possibly padded)
-// tensor, `placement` where it sits.
-struct Piece {
-  std::string path;
-  at::Tensor tensor;
-  Placement placement;
-};
+// One tensor piece: `name` is the dataset path of its global tensor
+// ("model/h.0.mlp.fc.weight", no leading slash), `tensor` this rank's local
+// (possibly padded) tensor, `placement` where it sits.
+using Piece = StatePiece;
 
 // What a checkpoint records besides tensors.
 struct Metadata {
-  int64_t step = 0;             // optimizer steps the engine has taken
+  int64_t step = 0;             // optimizer steps taken
   int64_t data_position = 0;    // global samples consumed (step x global batch)
   int64_t optimizer_steps = 0;  // the optimizer's own step count (bias correction)
   std::string config_toml;      // the effective configuration
@@ -78,7 +75,7 @@ struct Metadata {
   std::vector<std::vector<uint8_t>> rng_cpu;
 };
 
-// ---- Engine-free, collective layer (Placement level) -----------------------
+// ---- collective layer (Placement level) -----------------------------------
 
 // Collective over `comm` (whose ranks are the mesh `layout`'s, in order):
 // writes `pieces` and `meta` as the checkpoint directory `dir` atomically
@@ -103,7 +100,7 @@ std::string latest(const std::string& root);
 // <path>/latest names. Throws CheckpointError when neither exists.
 std::string resolve(const std::string& path);
 
-// ---- the engine's checkpoints -----------------------------------------------
+// ---- a training run's checkpoints ---------------------------------------------
 
 struct Options {
   std::string root;       // checkpoints go to <root>/step-N
@@ -111,43 +108,45 @@ struct Options {
   bool async = false;     // write in a background thread after a host copy
 };
 
-// Saves and loads an Engine's state: parameters at rest, optimizer states and
-// step count, engine step (= data position), RNG states, config, mesh.
-// Construction is collective over the engine's communicator (duplicates it).
+// Saves and loads TrainingStates as <root>/step-N, with `latest` and
+// pruning. Construction is collective over `comm` (duplicated: saves run on
+// the duplicate, so a background save never interleaves with the caller's
+// collectives); its ranks are the ranks of the states' mesh, in layout order.
 class Checkpointer {
  public:
-  Checkpointer(Engine& engine, Options options);
+  Checkpointer(MPI_Comm comm, Options options);
   ~Checkpointer();  // waits for a pending save; never throws
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Collective. Saves the engine's current state as <root>/step-N, updates
-  // `latest` and prunes. Waits for the previous save first (rethrowing its
-  // error). With async, returns once the state is copied to host buffers;
-  // the files are written by a background thread.
-  void save();
+  // Collective. Saves `state` (every rank its own pieces; the ranks'
+  // generator states gathered into one table) as <root>/step-<state.step>,
+  // updates `latest` and prunes. Waits for the previous save first
+  // (rethrowing its error). With async, returns once the pieces are copied
+  // to host buffers; the files are written by a background thread.
+  void save(const TrainingState& state);
   // Collective: waits for a pending asynchronous save; rethrows its error
   // (the same CheckpointError on every rank).
   void wait();
   // Collective: loads the checkpoint at `path` (a checkpoint directory, or a
-  // root whose `latest` names one) into the engine. Returns the directory.
-  std::string load(const std::string& path);
+  // root whose `latest` names one): reads into the tensors of
+  // `state.pieces` the hyperslabs their placements name, and sets the step,
+  // data position, optimizer steps and `rng_cpu` (this rank's generator
+  // state when the world size matches the writer's, rank 0's otherwise;
+  // empty when none was saved). The state's config and mesh stay this
+  // run's (inspect() shows the writer's). Returns the directory.
+  std::string load(const std::string& path, TrainingState& state);
 
   int64_t last_saved_step() const { return last_saved_step_; }
   const Options& options() const { return options_; }
 
  private:
   struct Pending;
-  Engine& engine_;
   Options options_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::unique_ptr<Pending> pending_;
   int64_t last_saved_step_ = -1;
 };
-
-// The checkpoint state of an engine as pieces: "model/<p>" for the
-// parameters at rest, "optim/<state>" for the optimizer's pieces.
-std::vector<Piece> engine_pieces(Engine& engine);
 
 // ---- tools (no MPI; `kolos ckpt`) -------------------------------------------
 
@@ -180,5 +179,4 @@ int64_t export_safetensors(const std::string& path, const std::string& out_file)
 // _exit()s with code 9 right after writing its shard of the save of step S,
 // before the save commits, as a rank killed mid-save would.
 
-}  // namespace checkpoint
-}  // namespace kolos
+}  // namespace kolos::checkpoint

@@ -23,6 +23,7 @@
 #include "kolos/core/model.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/schedule.h"
+#include "kolos/core/training_state.h"
 
 namespace kolos {
 
@@ -85,19 +86,23 @@ class Engine {
   Model& model() { return *model_; }
   const RoleChoice& roles() const { return roles_; }
   int64_t steps_done() const { return step_; }
-  // Checkpoints (libkolos_checkpoint): the gradients strategy holds the
-  // parameters at rest and the optimizer state; the communicator the engine
-  // was built on; setting the step moves the data position with it (data is
-  // addressed by step, see next_micro_batches).
-  GradientStrategy& gradients() { return *gradients_; }
-  MPI_Comm comm() const { return world_; }
-  void set_steps_done(int64_t step) { step_ = step; }
   int64_t accumulation() const { return accumulation_; }
   std::string describe() const;  // one line: model size, mesh, plugins, batch
 
+  // What a run resumes from (see training_state.h): this rank's pieces,
+  // live, and the scalars. Local (no communication).
+  TrainingState state();
+  // Applies a state (local): pieces that are not this engine's own live
+  // tensors are copied into them (same names and placements required), then
+  // the step (and with it the data position: data is addressed by step),
+  // the optimizer's step count and, when present, this rank's generator
+  // state. A data position that the step and this run's global batch do
+  // not reproduce is reported on stderr by mesh rank 0: data continues at
+  // step x global batch.
+  void load_state(const TrainingState& state);
+
  private:
   std::vector<MicroBatch> next_micro_batches();
-  double lr_at(int64_t step) const;
 
   RunConfig config_;
   MPI_Comm world_;
@@ -112,14 +117,9 @@ class Engine {
   int64_t step_ = 0;
 };
 
-// Global tensor of a local piece (collective over the placement's sharded
-// axes; the whole tensor when it is not sharded).
-at::Tensor gather_global(const at::Tensor& local, const Placement& placement,
-                         const DeviceMesh& mesh);
-// The same over `axes` only, a subset of the sharded axes whose other
-// pieces this rank's group holds (a pipeline stage gathers its parameters
-// over the axes besides pp).
-at::Tensor gather_global(const at::Tensor& local, const Placement& placement,
-                         const DeviceMesh& mesh, AxisSet axes);
+// The learning rate of step `step` (0-based): linear warm-up over
+// optim.warmup_steps, then cosine decay from optim.lr to optim.min_lr at
+// train.steps.
+double learning_rate_at(const RunConfig& config, int64_t step);
 
 }  // namespace kolos

@@ -70,8 +70,11 @@ class GradientStrategy {
   Model* model_ = nullptr;  // set by setup() implementations
 };
 
-// Global L2 norm of gradient pieces: each piece's squares are summed over
-// the mesh axes its placement says are sharded, replicas counted once.
+// Global L2 norm of gradient pieces (collective over the mesh; the same
+// value on every rank): each distinct piece counted once. Squares are summed
+// over the mesh axes a piece's placement says are sharded, and under
+// pipelining also over pp, where a piece held by several stages (a tied
+// weight) counts on its canonical replica (Placement::is_canonical_replica).
 double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh);
 
 // The AdamW options of a run, as LibTorch's AdamW takes them.

@@ -8,9 +8,15 @@
 // padded with zeros, so that every piece is a plain hyperslab). `sharded`
 // names the mesh axes along which ranks hold different pieces; ranks that
 // differ only along the other axes of the mesh hold the same piece
-// (replicas). Checkpoints write each piece once, as a hyperslab; norms and
-// metrics reduce over exactly the sharded axes. Torch-free.
+// (replicas). Of the ranks that hold the same piece one, the canonical
+// replica, speaks for all of them: checkpoints write each piece once, from
+// that rank, as a hyperslab, and the global gradient norm counts it there.
+//
+// The Placement class is plain arithmetic (no LibTorch); gather_global()
+// below is the one collective over pieces.
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>
@@ -60,6 +66,14 @@ class Placement {
   // global coordinates (offset, length per dim).
   bool intersect(const Placement& other, std::vector<DimSlice>* out) const;
 
+  // Whether the rank at `coords` is the canonical replica of its piece: its
+  // coordinate is 0 on every axis in `among` that this placement is not
+  // sharded along. Ranks that differ only along such axes hold the same
+  // piece, and exactly one of them is canonical. `among` defaults to every
+  // axis (the checkpoint writer's rule); the gradient norm asks only about
+  // the axes along which ranks may hold different parameters (pp).
+  bool is_canonical_replica(const Coords& coords, AxisSet among = AxisSet::all()) const;
+
   std::string to_string() const;  // "[768, 3072] rows 0:384 of 768 | sharded tp"
   bool operator==(const Placement& o) const;
 
@@ -68,5 +82,19 @@ class Placement {
   std::vector<DimSlice> slices_;
   AxisSet sharded_;
 };
+
+// "[768, 3072]"
+std::string shape_string(const std::vector<int64_t>& shape);
+
+// The global tensor of a local piece (collective over the placement's
+// sharded axes; a copy of the piece when it is the whole tensor). Padding is
+// dropped; every rank of the group gets the whole tensor.
+at::Tensor gather_global(const at::Tensor& local, const Placement& placement,
+                         const DeviceMesh& mesh);
+// The same over `axes` only, a subset of the sharded axes whose other
+// pieces this rank's group holds (a pipeline stage gathers its parameters
+// over the axes besides pp).
+at::Tensor gather_global(const at::Tensor& local, const Placement& placement,
+                         const DeviceMesh& mesh, AxisSet axes);
 
 }  // namespace kolos
