@@ -2,6 +2,7 @@
 //
 //   kolos train CONFIG [--set k=v ...]      one rank's part of a job (mpirun/srun start it)
 //   kolos run -n N CONFIG [--set k=v ...]   N local ranks through mpirun
+//   kolos check CONFIG [-n N] [--set k=v]   every check a run makes before it communicates
 //   kolos plugins [--path DIR ...]          plugins found, their role and versions
 //   kolos data prepare FILE... -o OUT       byte-level token file from text
 //   kolos slurm gen [CONFIG] [options]      a ready sbatch script (launchers/slurm_command.cpp)
@@ -9,6 +10,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt_command.h"
+#include "kolos/checkpoint/checkpoint.h"
 #include "kolos/config.h"
 #include "kolos/core/devices.h"
 #include "kolos/core/engine.h"
@@ -28,8 +32,6 @@
 #include "kolos/core/signals.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
-#include "ckpt_command.h"
-#include "kolos/checkpoint/checkpoint.h"
 #include "launch.h"
 #include "slurm_command.h"
 
@@ -43,6 +45,7 @@ constexpr const char* kUsage = R"(usage: kolos <command> [options]
 commands:
   train CONFIG [--set key=value ...]     train; one rank's part of a job (run under mpirun/srun)
   run -n N CONFIG [--set key=value ...]  launch N local ranks of `kolos train` through mpirun
+  check CONFIG [-n N] [--set key=value]  check a config as a run of N ranks would, start nothing
   plugins [--path DIR ...]               list the plugins found, their role, versions, refusals
   data prepare FILE... -o OUT            write a byte-level token file for [data] kind = "tokens"
   ckpt inspect|verify|export DIR         look into, check or export a checkpoint
@@ -51,6 +54,14 @@ commands:
 
 `kolos <command> --help` describes each command.
 )";
+
+// What a run checks on each rank before it communicates (plan_run), and
+// that the model exists; the data is opened only by the run.
+RunPlan check_run(const RunConfig& config, int64_t ranks) {
+  modules::register_builtin_models();
+  check_model_name(config.model);
+  return plan_run(config, ranks);
+}
 
 struct Parsed {
   po::variables_map vm;
@@ -102,12 +113,13 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
       "afresh) or --resume DIR")("resume-dir", po::value(&resume_dir), "");
   po::positional_options_description positional;
   positional.add("config", 1).add("resume-dir", 1);  // `CONFIG --resume DIR`
-  Parsed parsed = parse("train", args, options, positional,
-                        "CONFIG [--set key=value ...] [--resume [DIR]]");
+  Parsed parsed =
+      parse("train", args, options, positional, "CONFIG [--set key=value ...] [--resume [DIR]]");
   if (parsed.help) return 0;
   const bool resuming = parsed.vm.count("resume") > 0;
   if (!resume_dir.empty() && !resuming) {
-    throw UsageError("kolos train: unexpected argument `" + resume_dir + "` (see `kolos train --help`)");
+    throw UsageError("kolos train: unexpected argument `" + resume_dir +
+                     "` (see `kolos train --help`)");
   }
   if (resume.empty()) resume = resume_dir;
 
@@ -128,8 +140,7 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
       kind = static_cast<int>(e.kind());
     }
     detail::agree_on_error(runtime.world(), error, kind);
-    Engine engine(config, runtime.world(),
-                  [](const RunConfig& c) { return data::make_source(c); });
+    Engine engine(config, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());
     }
@@ -189,8 +200,8 @@ int run(const std::vector<std::string>& args) {
       "always select MPI's UCX transport (default: when there are 2+ cores per rank)")(
       "dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command, run nothing")(
       "resume", po::value<std::string>()->implicit_value(""),
-      "pass --resume [DIR] to every rank's `kolos train`")(
-      "resume-dir", po::value(&launch.resume_dir), "");
+      "pass --resume [DIR] to every rank's `kolos train`")("resume-dir",
+                                                           po::value(&launch.resume_dir), "");
   po::positional_options_description positional;
   positional.add("config", 1).add("resume-dir", 1);  // `CONFIG --resume DIR`
   Parsed parsed =
@@ -204,9 +215,42 @@ int run(const std::vector<std::string>& args) {
     throw UsageError("kolos run: unexpected argument `" + launch.resume_dir +
                      "` (see `kolos run --help`)");
   }
-  // Check the config here, so a typo fails before any rank starts.
-  load_run_config(launch.config, launch.overrides);
+  // Check the config here, as every rank will, so a typo fails before any
+  // rank starts.
+  check_run(load_run_config(launch.config, launch.overrides), launch.ranks);
   return exec_mpirun(launch);
+}
+
+int check(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int64_t ranks = 0;
+  bool effective = false;
+  options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
+      "effective", po::bool_switch(&effective),
+      "also print the effective configuration (every key, defaults included) as TOML")(
+      "np,n", po::value(&ranks), "ranks to check for (default: the fewest the config's mesh fits)")(
+      "set", po::value(&overrides)->composing(), "override a key: --set train.steps=100");
+  po::positional_options_description positional;
+  positional.add("config", 1);
+  Parsed parsed = parse("check", args, options, positional,
+                        "CONFIG [-n N] [--set key=value ...] [--effective]");
+  if (parsed.help) return 0;
+  const RunConfig config = load_run_config(config_path, overrides);
+  if (ranks <= 0) {
+    const auto& p = config.parallel;
+    ranks = std::max<int64_t>(p.data, 1) * p.pipeline.size * p.sequence.size * p.tensor.size;
+  }
+  const RunPlan plan = check_run(config, ranks);
+  std::cout << "kolos: " << config_path << ": ok for " << ranks << (ranks == 1 ? " rank" : " ranks")
+            << ": mesh pp=" << plan.shape.pp << " dp=" << plan.shape.dp << " sp=" << plan.shape.sp
+            << " tp=" << plan.shape.tp << " | layers " << plan.roles.layers << ", pipeline "
+            << plan.roles.pipeline << ", gradients " << plan.roles.gradients << " | batch "
+            << config.train.global_batch << " = " << config.train.micro_batch << " x "
+            << plan.accumulation << " accum x " << plan.shape.dp << " dp\n";
+  if (effective) std::cout << "\n" << to_toml(config);
+  return 0;
 }
 
 int plugins(const std::vector<std::string>& args) {
@@ -238,8 +282,8 @@ int data_command(const std::vector<std::string>& args) {
       "output,o", po::value(&output)->required(), "token file to write (uint16, vocab 256)");
   po::positional_options_description positional;
   positional.add("input", -1);
-  Parsed parsed = parse("data prepare", {args.begin() + 1, args.end()}, options, positional,
-                        "FILE... -o OUT");
+  Parsed parsed =
+      parse("data prepare", {args.begin() + 1, args.end()}, options, positional, "FILE... -o OUT");
   if (parsed.help) return 0;
   int64_t tokens = data::prepare_byte_tokens(inputs, output);
   std::cout << "kolos: wrote " << tokens << " tokens (uint16, vocab 256) to " << output << "\n";
@@ -284,12 +328,14 @@ int dispatch(int argc, char** argv) {
   if (command == "--version") return version({});
   if (command == "train") return train(args, argc, argv);
   if (command == "run") return run(args);
+  if (command == "check") return check(args);
   if (command == "plugins") return plugins(args);
   if (command == "data") return data_command(args);
   if (command == "ckpt") return ckpt_command(args);
   if (command == "slurm") return slurm_command(args);
   if (command == "version") return version(args);
-  std::string hint = closest_match(command, {"train", "run", "plugins", "data", "ckpt", "slurm", "version"});
+  std::string hint = closest_match(
+      command, {"train", "run", "check", "plugins", "data", "ckpt", "slurm", "version"});
   throw UsageError("unknown command `" + command + "`" +
                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
                    "; see `kolos --help`");

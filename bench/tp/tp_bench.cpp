@@ -59,11 +59,16 @@ const char* kUsage =
 // Parses argv; returns an error message, empty on success.
 std::string parse_options(int argc, char** argv, Options* o) {
   const std::vector<std::pair<const char*, int64_t*>> numbers = {
-      {"--size", &o->size},           {"--depth", &o->depth},
-      {"--layers", &o->layers},       {"--hidden", &o->hidden},
-      {"--heads", &o->heads},         {"--seq-len", &o->seq_len},
-      {"--vocab", &o->vocab},         {"--micro-batch", &o->micro_batch},
-      {"--global-batch", &o->global_batch}, {"--steps", &o->steps},
+      {"--size", &o->size},
+      {"--depth", &o->depth},
+      {"--layers", &o->layers},
+      {"--hidden", &o->hidden},
+      {"--heads", &o->heads},
+      {"--seq-len", &o->seq_len},
+      {"--vocab", &o->vocab},
+      {"--micro-batch", &o->micro_batch},
+      {"--global-batch", &o->global_batch},
+      {"--steps", &o->steps},
       {"--warmup", &o->warmup}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -78,8 +83,8 @@ std::string parse_options(int argc, char** argv, Options* o) {
       o->overrides.push_back(value);
       continue;
     }
-    auto it = std::find_if(numbers.begin(), numbers.end(),
-                           [&](const auto& n) { return arg == n.first; });
+    auto it =
+        std::find_if(numbers.begin(), numbers.end(), [&](const auto& n) { return arg == n.first; });
     if (it == numbers.end()) return "tp_bench: unknown argument `" + arg + "`";
     char* end = nullptr;
     const long long number = std::strtoll(value.c_str(), &end, 10);
@@ -109,8 +114,9 @@ std::string config_text(const Options& o) {
     << "\nsteps = " << o.steps << "\nseed = 1234\n\n"
     << "[log]\nprogress = \"off\"\n";
   if (o.mode != "serial") {
-    s << "\n[parallel]\ntensor = { size = " << o.size << ", mode = \"" << o.mode
-      << "\", depth = " << o.depth << " }\n";
+    s << "\n[parallel]\ntensor = { size = " << o.size << ", mode = \"" << o.mode << "\"";
+    if (o.mode == "2.5d") s << ", depth = " << o.depth;  // tp2p5d's key
+    s << " }\n";
   }
   return s.str();
 }
@@ -181,11 +187,12 @@ int bench(const kolos::Runtime& runtime, const Options& o) {
 
   if (root) {
     const int64_t tp = mesh.size(Axis::kTP), dp = mesh.size(Axis::kDP);
-    std::printf("mode %s, %d ranks (tensor %lld, depth %lld, data %lld), %lld micro-batch(es) of "
-                "%lld per step, %lld steps (timed: the last %lld)\n",
-                o.mode.c_str(), runtime.size(), (long long)tp, (long long)shape.depth,
-                (long long)dp, (long long)engine.accumulation(), (long long)shape.batch,
-                (long long)o.steps, (long long)timed);
+    std::printf(
+        "mode %s, %d ranks (tensor %lld, depth %lld, data %lld), %lld micro-batch(es) of "
+        "%lld per step, %lld steps (timed: the last %lld)\n",
+        o.mode.c_str(), runtime.size(), (long long)tp, (long long)shape.depth, (long long)dp,
+        (long long)engine.accumulation(), (long long)shape.batch, (long long)o.steps,
+        (long long)timed);
     std::printf("tp bytes/step measured : max over ranks %.0f, mean %.1f%s\n", max_bytes,
                 mean_bytes, any_varied ? " (varied between steps on some rank)" : "");
     std::printf("tp bytes/step analytic : %.0f (tests/support/tp_volume.h)\n", analytic);
@@ -198,10 +205,11 @@ int bench(const kolos::Runtime& runtime, const Options& o) {
                 *std::min_element(times.begin(), times.end()) * 1e3,
                 *std::max_element(times.begin(), times.end()) * 1e3, times.size());
     std::printf("loss first -> last     : %.6f -> %.6f\n", losses.front(), losses.back());
-    std::printf("result mode=%s ranks=%d bytes_max=%.0f bytes_mean=%.1f analytic=%.0f "
-                "ratio=%.6f varied=%d step_ms=%.2f loss_first=%.6f loss_last=%.6f\n",
-                o.mode.c_str(), runtime.size(), max_bytes, mean_bytes, analytic, ratio,
-                any_varied, step_ms, losses.front(), losses.back());
+    std::printf(
+        "result mode=%s ranks=%d bytes_max=%.0f bytes_mean=%.1f analytic=%.0f "
+        "ratio=%.6f varied=%d step_ms=%.2f loss_first=%.6f loss_last=%.6f\n",
+        o.mode.c_str(), runtime.size(), max_bytes, mean_bytes, analytic, ratio, any_varied, step_ms,
+        losses.front(), losses.back());
     std::fflush(stdout);
   }
   return 0;

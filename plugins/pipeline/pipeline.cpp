@@ -57,6 +57,7 @@
 #include "kolos/core/schedule.h"
 #include "kolos/core/tensor_storage.h"
 #include "plan.h"
+#include "settings.h"
 
 namespace kolos::pipeline {
 namespace {
@@ -124,6 +125,9 @@ class PipelineExecutor : public PipelineSchedule {
   std::string name() const override { return "pipeline"; }
   ~PipelineExecutor() override;
 
+  void configure(const PluginContext& context) override {
+    settings_ = read_pipeline_settings(context);
+  }
   void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override;
   StepLoss run(StepContext& context) override;
   double idle_fraction() const override { return idle_; }
@@ -156,6 +160,7 @@ class PipelineExecutor : public PipelineSchedule {
               Clock::time_point end);
   void write_trace() noexcept;
 
+  PipelineSettings settings_;
   Model* model_ = nullptr;
   comm::ProcessGroupPtr group_;
   Plan plan_;
@@ -197,28 +202,14 @@ PipelineExecutor::~PipelineExecutor() {
 void PipelineExecutor::setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) {
   model_ = &model;
   group_ = mesh.group(Axis::kPP);
-  const auto& pc = config.parallel.pipeline;
-  const std::string where = (config.source.empty() ? "<config>" : config.source) + ": ";
-  ScheduleKind kind;
-  try {
-    kind = parse_schedule(pc.schedule);
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(where + "parallel.pipeline.schedule: " + e.what());
-  }
+  // configure() checked the settings against this mesh and batch.
   const int P = static_cast<int>(mesh.size(Axis::kPP));
-  const int V = static_cast<int>(pc.chunks);
+  const int V = static_cast<int>(settings_.chunks);
   rank_ = static_cast<int>(mesh.coord(Axis::kPP));
   world_rank_ = static_cast<int>(mesh.rank());
   const int64_t per_step = config.train.micro_batch * mesh.size(Axis::kDP);
   const int M = static_cast<int>(config.train.global_batch / per_step);
-  const std::string problem = plan_problem(kind, P, M, V);
-  if (!problem.empty()) {
-    throw ConfigError(where + problem + " (M = train.global_batch " +
-                      std::to_string(config.train.global_batch) + " / (micro_batch " +
-                      std::to_string(config.train.micro_batch) + " x data " +
-                      std::to_string(mesh.size(Axis::kDP)) + "))");
-  }
-  plan_ = make_plan(kind, P, M, V);
+  plan_ = make_plan(parse_schedule(settings_.schedule), P, M, V);
 
   const std::vector<int64_t> counts = cut(model, mesh, config);
   const int S = P * V;
@@ -300,7 +291,7 @@ void PipelineExecutor::setup(Model& model, const DeviceMesh& mesh, const RunConf
 
 std::vector<int64_t> PipelineExecutor::cut(Model& model, const DeviceMesh& mesh,
                                            const RunConfig& config) {
-  const auto& pc = config.parallel.pipeline;
+  const PipelineSettings& pc = settings_;
   const std::string where = (config.source.empty() ? "<config>" : config.source) + ": ";
   const int P = plan_.stages, V = plan_.chunks, S = P * V;
   const int64_t n = static_cast<int64_t>(model.blocks().size());
@@ -321,12 +312,7 @@ std::vector<int64_t> PipelineExecutor::cut(Model& model, const DeviceMesh& mesh,
   model.find_block_reads(torch::zeros({1, config.model.seq_len}, torch::kInt64));
 
   if (!pc.layers_per_stage.empty()) {
-    const auto& counts = pc.layers_per_stage;
-    if (static_cast<int>(counts.size()) != S) {
-      throw ConfigError(where + "parallel.pipeline.layers_per_stage has " +
-                        std::to_string(counts.size()) + " entries for " + std::to_string(S) +
-                        " stages; give one block count per (virtual) stage");
-    }
+    const auto& counts = pc.layers_per_stage;  // one per (virtual) stage: configure() checked
     const int64_t sum = std::accumulate(counts.begin(), counts.end(), int64_t{0});
     if (sum != n || *std::min_element(counts.begin(), counts.end()) < 1) {
       std::string list;

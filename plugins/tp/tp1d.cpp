@@ -43,14 +43,16 @@ class Tp1dLinear : public Layer {
       w = w.split(1, rank, n, kTp);
     }
     // Drawn whole, as the serial layer draws it, then cut.
-    weight_ = register_placed("weight", local_piece(torch::randn({spec.out, spec.in}) * spec.init_std, w), w);
+    weight_ = register_placed("weight",
+                              local_piece(torch::randn({spec.out, spec.in}) * spec.init_std, w), w);
     if (spec.bias) bias_ = register_placed("bias", local_piece(torch::zeros({spec.out}), b), b);
   }
 
   at::Tensor forward(const at::Tensor& x) override {
     switch (role_) {
       case LinearRole::kColumn:
-        return torch::nn::functional::linear(input_ready_ ? x : copy_in(x, *group_), weight_, bias_);
+        return torch::nn::functional::linear(input_ready_ ? x : copy_in(x, *group_), weight_,
+                                             bias_);
       case LinearRole::kRow: {
         at::Tensor y = reduce_out(torch::matmul(x, weight_.t()), *group_);
         return bias_.defined() ? y + bias_ : y;
@@ -94,16 +96,12 @@ class Tp1dFactory : public LayerFactory {
  public:
   std::string name() const override { return "tp1d"; }
 
+  void configure(const PluginContext& context) override { configure_tp(context, "1d"); }
+
   void setup(const DeviceMesh& mesh, const RunConfig& config) override {
     LayerFactory::setup(mesh, config);
     group_ = mesh.group(Axis::kTP).get();
     rank_ = mesh.coord(Axis::kTP);
-    const int64_t n = group_->size();
-    auto split = [](int64_t size) { return size; };
-    const auto& m = config.model;
-    require_divisible(config, "model.heads", m.heads, n, "attention-head groups", split);
-    require_divisible(config, "model.hidden * model.mlp_ratio", m.hidden * m.mlp_ratio, n,
-                      "MLP column blocks", split);
   }
 
   LayerPtr linear(const LinearSpec& spec) override {

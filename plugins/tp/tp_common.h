@@ -1,30 +1,34 @@
-// What the tensor-parallel factories share: the checks of a model's shape
-// against a mode, with errors that name the numbers and what would fit.
+// What the tensor-parallel factories share: their settings and the checks of
+// a model's shape against a mode, with errors that name the numbers and what
+// would fit. All of it runs in configure(), before any communication.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 
+#include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
 
 namespace kolos::tp {
 
+// A tensor-parallel layout.
+struct TpShape {
+  std::string mode;   // "1d" | "2d" | "2.5d" | "3d"
+  int64_t size = 1;   // ranks on the tp axis
+  int64_t depth = 1;  // 2.5d: the grid's depth
+  int64_t q = 1;      // the grid's side (1d: size)
+};
+
+// Reads the plugin's keys of [parallel.tensor] (2.5d owns `depth`; the other
+// modes none besides the core's size and mode) and checks, before any
+// communication, that the tp size fits the mode's grid and that the model's
+// heads, MLP width and micro-batch divide over it. ConfigError otherwise,
+// at the key, naming the nearest values and tensor sizes that would fit.
+TpShape configure_tp(const PluginContext& context, const std::string& mode);
+
 // The grid side q of `size` in `mode` (1d: size itself), or 0 when the
 // size does not fit the mode.
 int64_t grid_side(const std::string& mode, int64_t depth, int64_t size);
-
-// Tensor-parallel sizes of `mode` (1d: n; 2d: q^2; 2.5d: q^2 * depth; 3d:
-// q^3) up to 512 whose split of `value` (given by `parts_of(size)`) divides
-// it, as "1, 4, 16".
-std::string valid_sizes(const std::string& mode, int64_t depth, int64_t value,
-                        const std::function<int64_t(int64_t size)>& parts_of);
-
-// ConfigError unless `value` (the config key `key`) divides into `parts`,
-// the split the mode makes of it; the message names both numbers, the
-// nearest values that would divide, and the tensor sizes that would fit.
-void require_divisible(const RunConfig& config, const std::string& key, int64_t value,
-                       int64_t parts, const std::string& what,
-                       const std::function<int64_t(int64_t size)>& parts_of);
 
 }  // namespace kolos::tp

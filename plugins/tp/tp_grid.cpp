@@ -46,7 +46,8 @@ class GridLinear : public Layer {
     if (plan.in != 0) w = w.split(1, grid.index(plan.in), grid.size(plan.in), kTp);
     out_rows_ = w.slice(0).length;
     w = w.shard(0, grid.index(plan.w_rest), grid.size(plan.w_rest), kTp);
-    weight_ = register_placed("weight", local_piece(torch::randn({spec.out, spec.in}) * spec.init_std, w), w);
+    weight_ = register_placed("weight",
+                              local_piece(torch::randn({spec.out, spec.in}) * spec.init_std, w), w);
     if (spec.bias) {
       Placement b = Placement::replicated({spec.out})
                         .split(0, grid.index(plan.out), grid.size(plan.out), kTp)
@@ -56,7 +57,8 @@ class GridLinear : public Layer {
   }
 
   at::Tensor forward(const at::Tensor& x) override {
-    const at::Tensor input = input_ready_ ? x : gather(x, grid_->group(plan_.x_gather), plan_.x_dim);
+    const at::Tensor input =
+        input_ready_ ? x : gather(x, grid_->group(plan_.x_gather), plan_.x_dim);
     at::Tensor w = gather(weight_, grid_->group(plan_.w_rest), 0).narrow(0, 0, out_rows_);
     at::Tensor y = torch::matmul(input, w.t());
     if (plan_.y_scatter != 0) y = scatter_sum(y, grid_->group(plan_.y_scatter), 0);
@@ -78,8 +80,8 @@ class GridLayerNorm : public Layer {
  public:
   GridLayerNorm(int64_t dim, double eps, const Grid& grid, Mask features, Mask batch)
       : grid_(&grid), features_(features), batch_(batch), dim_(dim), eps_(eps) {
-    Placement p = Placement::replicated({dim})
-                      .split(0, grid.index(features), grid.size(features), kTp);
+    Placement p =
+        Placement::replicated({dim}).split(0, grid.index(features), grid.size(features), kTp);
     rows_ = p.slice(0).length;
     p = p.shard(0, grid.index(batch), grid.size(batch), kTp);
     weight_ = register_placed("weight", local_piece(torch::ones({dim}), p), p);
@@ -142,9 +144,12 @@ class GridEmbedding : public Layer {
 
 std::string GridFactory::name() const {
   switch (mode_) {
-    case GridMode::k2d: return "tp2d";
-    case GridMode::k2p5d: return "tp2p5d";
-    case GridMode::k3d: return "tp3d";
+    case GridMode::k2d:
+      return "tp2d";
+    case GridMode::k2p5d:
+      return "tp2p5d";
+    case GridMode::k3d:
+      return "tp3d";
   }
   return "tp";
 }
@@ -153,17 +158,16 @@ std::string GridFactory::mode_name() const {
   return mode_ == GridMode::k2d ? "2d" : mode_ == GridMode::k2p5d ? "2.5d" : "3d";
 }
 
+void GridFactory::configure(const PluginContext& context) {
+  depth_ = configure_tp(context, mode_name()).depth;
+}
+
 void GridFactory::setup(const DeviceMesh& mesh, const RunConfig& config) {
   LayerFactory::setup(mesh, config);
-  const auto& tp = config.parallel.tensor;
-  const std::string mode = mode_name();
-  const int64_t depth = mode_ == GridMode::k2p5d ? tp.depth : 1;
-  const int64_t size = mesh.size(Axis::kTP);
-  q_ = grid_side(mode, depth, size);
-  KOLOS_CHECK_KIND(kConfig, q_ > 0, config.source, ": plugin ", name(), " needs a tensor size of ",
-                   mode == "2d" ? "q^2" : mode == "3d" ? "q^3" : "q^2 * depth",
-                   " but parallel.tensor.size = ", size, "; sizes that fit: ",
-                   valid_sizes(mode, depth, 1, [](int64_t) { return 1; }));
+  const int64_t depth = depth_;
+  q_ = grid_side(mode_name(), depth, mesh.size(Axis::kTP));
+  KOLOS_CHECK(q_ > 0, name(), ": setup() on a tp axis of ", mesh.size(Axis::kTP),
+              " ranks, which configure() did not check");
   std::vector<int64_t> dims;
   std::string names;
   // Bits: dimension d of `dims` is bit d (see tp_grid.h for the layouts).
@@ -186,26 +190,12 @@ void GridFactory::setup(const DeviceMesh& mesh, const RunConfig& config) {
   }
   // The groups are created once, collectively (every rank runs setup).
   grid_.build(mesh, dims, names);
-
-  const auto& m = config.model;
-  const int64_t batch_parts = grid_.size(batch_);
-  auto side = [mode, depth](int64_t s) { return std::max<int64_t>(1, grid_side(mode, depth, s)); };
-  auto batch_of = [&](int64_t s) {
-    const int64_t qq = side(s);
-    return mode_ == GridMode::k2d ? qq : mode_ == GridMode::k2p5d ? qq * depth : qq * qq;
-  };
-  require_divisible(config, "model.heads", m.heads, q_, "attention-head groups", side);
-  require_divisible(config, "model.hidden * model.mlp_ratio", m.hidden * m.mlp_ratio, q_,
-                    "MLP feature blocks", side);
-  require_divisible(config, "train.micro_batch", config.train.micro_batch, batch_parts,
-                    "batch blocks", batch_of);
 }
 
 LayerPtr GridFactory::linear(const LinearSpec& spec) {
   KOLOS_CHECK_KIND(kConfig, spec.role != LinearRole::kReplicated, name(),
                    ": a linear layer with the replicated role (", spec.in, " -> ", spec.out,
-                   ") has no layout on the ", mode_name(),
-                   " grid; give it the column or row role");
+                   ") has no layout on the ", mode_name(), " grid; give it the column or row role");
   return std::make_shared<GridLinear>(spec, grid_, spec.role == LinearRole::kRow ? row_ : column_);
 }
 LayerPtr GridFactory::embedding(int64_t num, int64_t dim, double init_std) {
@@ -231,9 +221,9 @@ at::Tensor GridFactory::loss(const at::Tensor& logits, const at::Tensor& targets
   // This rank's logits are batch block index(F) of the micro-batch.
   const int64_t rows = targets.size(0) / grid_.size(features_);
   at::Tensor mine = targets.narrow(0, grid_.index(features_) * rows, rows);
-  at::Tensor ce = vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                               mine.reshape({-1}), vocab_offset_,
-                                               grid_.group(batch_));
+  at::Tensor ce =
+      vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), mine.reshape({-1}),
+                                   vocab_offset_, grid_.group(batch_));
   return average(ce, grid_.group(features_));
 }
 

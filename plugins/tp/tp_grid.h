@@ -89,6 +89,7 @@ class GridFactory : public LayerFactory {
  public:
   explicit GridFactory(GridMode mode) : mode_(mode) {}
   std::string name() const override;
+  void configure(const PluginContext& context) override;
   void setup(const DeviceMesh& mesh, const RunConfig& config) override;
   LayerPtr linear(const LinearSpec& spec) override;
   LayerPtr embedding(int64_t num, int64_t dim, double init_std) override;
@@ -105,6 +106,7 @@ class GridFactory : public LayerFactory {
 
   GridMode mode_;
   int64_t q_ = 1;
+  int64_t depth_ = 1;  // 2.5d: from [parallel.tensor] depth
   Grid grid_;
   Mask batch_ = 0, features_ = 0;
   LinearPlan column_{}, row_{};

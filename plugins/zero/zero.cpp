@@ -66,6 +66,22 @@ int64_t ZeroStrategy::Slot::bytes() const { return bytes_of(param.tensor); }
 
 ZeroStrategy::ZeroStrategy(int stage) : stage_(stage) {}
 
+// [parallel.zero]: stage 3 owns reshard_after_forward; stages 1 and 2 have
+// no keys besides the core's stage.
+void ZeroStrategy::configure(const PluginContext& context) {
+  if (stage_ != 3) {
+    RolePlugin::configure(context);
+    return;
+  }
+  struct Settings {
+    bool reshard_after_forward = true;
+  } settings;
+  SettingsTable<Settings>("parallel.zero")
+      .boolean("reshard_after_forward", &Settings::reshard_after_forward)
+      .read(context.section, settings, context.core_keys, context.owner);
+  reshard_after_forward_ = settings.reshard_after_forward;
+}
+
 ZeroStrategy::~ZeroStrategy() {
   // Reductions or gathers still queued (an exception mid-step) must finish
   // before the buffers they use go away; never throw from here.
@@ -85,7 +101,6 @@ void ZeroStrategy::setup(Model& model, const DeviceMesh& mesh, const RunConfig& 
   group_ = mesh.group(AxisSet{Axis::kDP, Axis::kSP});
   ranks_ = group_->size();
   index_ = group_->rank();
-  reshard_after_forward_ = config.parallel.zero.reshard_after_forward;
   if (ranks_ == 1 && mesh.rank() == 0) {
     std::fprintf(stderr,
                  "kolos: warning: %s with a data-parallel group of one rank (dp x sp = 1): "
@@ -201,7 +216,8 @@ void ZeroStrategy::build_groups(const std::vector<std::vector<size_t>>& members)
         s.grad_shard = g.shard_grads.narrow(0, s.offset, s.shard_numel()).view(shape);
         const int64_t mine = s.rows_of(index_);
         if (mine > 0) {
-          s.master.narrow(0, 0, mine).copy_(s.param.tensor.detach().narrow(0, index_ * s.chunk, mine));
+          s.master.narrow(0, 0, mine)
+              .copy_(s.param.tensor.detach().narrow(0, index_ * s.chunk, mine));
         }
         if (stage_ == 1) {
           // Whole gradients as views into the bucket: micro-batches sum in place.
@@ -287,8 +303,8 @@ void ZeroStrategy::launch_ready(bool force) {
     if (!g.slots.empty()) {
       if (!force && g.pending > 0) break;
       if (stage_ == 1) {
-        in_flight_.push_back(Reduction{index, g.full_grads, {},
-                                       group_->all_reduce(g.full_grads, comm::ReduceOp::kAvg)});
+        in_flight_.push_back(Reduction{
+            index, g.full_grads, {}, group_->all_reduce(g.full_grads, comm::ReduceOp::kAvg)});
       } else {
         if (!g.staging.defined()) {  // no gradient reached this group: reduce zeros
           g.staging = torch::zeros({ranks_ * g.shard_numel}, g.shard_grads.options());
@@ -349,7 +365,8 @@ void ZeroStrategy::copy_grad_shards_from_whole() {
   for (auto& s : slots_) {
     const int64_t mine = s.rows_of(index_);
     if (mine > 0) {
-      s.grad_shard.narrow(0, 0, mine).copy_(s.param.tensor.grad().narrow(0, index_ * s.chunk, mine));
+      s.grad_shard.narrow(0, 0, mine)
+          .copy_(s.param.tensor.grad().narrow(0, index_ * s.chunk, mine));
     }
   }
 }
@@ -400,7 +417,9 @@ void ZeroStrategy::scatter_rows(const Slot& s, const at::Tensor& whole,
   for (int64_t r = 0; r < ranks_; ++r) {
     const int64_t n = s.rows_of(r);
     if (n <= 0) continue;
-    dst[r].narrow(0, s.offset, n * s.row_numel).view({n, s.row_numel})
+    dst[r]
+        .narrow(0, s.offset, n * s.row_numel)
+        .view({n, s.row_numel})
         .copy_(src.narrow(0, r * s.chunk, n));
   }
 }

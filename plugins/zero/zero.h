@@ -61,6 +61,7 @@ class ZeroStrategy : public GradientStrategy {
   ~ZeroStrategy() override;
 
   std::string name() const override { return "zero" + std::to_string(stage_); }
+  void configure(const PluginContext& context) override;
   void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override;
   void zero_grad() override;
   void prepare_backward(bool sync) override;
@@ -97,7 +98,7 @@ class ZeroStrategy : public GradientStrategy {
     at::Tensor full_grads;    // stage 1: the whole gradients (.grad views), summed in place
     size_t pending = 0;       // slots whose gradient this micro-batch has not produced yet
     bool launched = false;
-    at::Tensor staging;       // stage 2/3: [N * S] rank-major, this micro-batch
+    at::Tensor staging;  // stage 2/3: [N * S] rank-major, this micro-batch
     // stage 3
     GatherState state = GatherState::kFree;
     at::Tensor gather_out;

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "kolos/modules/data.h"
 #include "kolos/core/error.h"
+#include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 
 namespace kolos::testing {
@@ -52,7 +52,7 @@ int world_size() {
 
 std::string config_error(const std::vector<std::string>& overrides) {
   try {
-    tiny_gpt_config(overrides);
+    plan_run(tiny_gpt_config(overrides), world_size());
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -63,9 +63,8 @@ RunRecord run_and_record(const RunConfig& config, MPI_Comm comm) {
   modules::register_builtin_models();
   Engine engine(config, comm, [](const RunConfig& c) { return data::make_source(c); });
   RunRecord record;
-  record.losses = engine.train([&](const StepMetrics& m) {
-    record.grad_norms.push_back(m.grad_norm);
-  }).losses;
+  record.losses =
+      engine.train([&](const StepMetrics& m) { record.grad_norms.push_back(m.grad_norm); }).losses;
   record.parameters = engine.gathered_parameters();
   return record;
 }
@@ -92,8 +91,8 @@ void expect_records_match(const RunRecord& reference, const RunRecord& candidate
     EXPECT_EQ(name, cand_name) << what;
     ASSERT_EQ(ref.sizes(), cand.sizes()) << what << ": parameter " << name;
     const double diff = (ref - cand).abs().max().item<double>();
-    EXPECT_LE(diff, tolerance.param_abs) << what << ": parameter " << name
-                                         << " differs by up to " << diff;
+    EXPECT_LE(diff, tolerance.param_abs)
+        << what << ": parameter " << name << " differs by up to " << diff;
   }
   // The run must have learned something, or equality proves little.
   EXPECT_LT(reference.losses.back(), reference.losses.front()) << what << ": loss did not fall";

@@ -31,7 +31,8 @@ inline TpShape tp_shape(const RunConfig& config, int64_t micro_batches) {
   TpShape shape;
   shape.mode = config.parallel.tensor.size > 1 ? config.parallel.tensor.mode : "1d";
   shape.size = config.parallel.tensor.size;
-  shape.depth = config.parallel.tensor.depth;
+  shape.depth = 1;  // tp2p5d's key
+  if (shape.mode == "2.5d") config.section("parallel.tensor").read("depth", shape.depth);
   shape.batch = config.train.micro_batch;
   shape.seq = config.model.seq_len;
   shape.hidden = config.model.hidden;

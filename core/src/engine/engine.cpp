@@ -12,25 +12,14 @@
 #include <mutex>
 #include <sstream>
 
+#include "engine_detail.h"
 #include "kolos/core/error.h"
 #include "kolos/core/plugin.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/signals.h"
-#include "engine_detail.h"
 
 namespace kolos {
 namespace {
-
-constexpr const char* kBuiltinLayers = "serial";
-constexpr const char* kBuiltinPipeline = "single-stage";
-
-std::string tensor_plugin_name(const TensorParallelConfig& tp) {
-  if (tp.mode == "1d") return "tp1d";
-  if (tp.mode == "2d") return "tp2d";
-  if (tp.mode == "2.5d") return "tp2p5d";
-  if (tp.mode == "3d") return "tp3d";
-  return "tp" + tp.mode;
-}
 
 int64_t peak_rss_bytes() {
   struct rusage usage {};
@@ -71,19 +60,43 @@ void set_cpu_rng_state(const std::vector<uint8_t>& bytes) {
 
 }  // namespace
 
-RoleChoice choose_plugins(const RunConfig& config) {
-  RoleChoice choice;
-  const auto& p = config.parallel;
-  choice.layers = p.tensor.size > 1 ? tensor_plugin_name(p.tensor) : kBuiltinLayers;
-  choice.pipeline = p.pipeline.size > 1 ? "pipeline" : kBuiltinPipeline;
-  choice.gradients = p.zero.stage > 0 ? "zero" + std::to_string(p.zero.stage) : "dp";
-  choice.sequence = p.sequence.size > 1 ? "sequence" : "";
-  const auto& by_role = config.plugins.by_role;
-  if (by_role.count("layers")) choice.layers = by_role.at("layers");
-  if (by_role.count("pipeline")) choice.pipeline = by_role.at("pipeline");
-  if (by_role.count("gradients")) choice.gradients = by_role.at("gradients");
-  if (by_role.count("sequence")) choice.sequence = by_role.at("sequence");
-  return choice;
+RunPlan plan_run(const RunConfig& config, int64_t world_size) {
+  RunPlan plan;
+  plan.shape = resolve_mesh_shape(config, world_size);
+  const int64_t per_step = config.train.micro_batch * plan.shape.dp;
+  if (config.train.global_batch % per_step != 0) {
+    throw ConfigError(
+        config.source + ": train.global_batch = " + std::to_string(config.train.global_batch) +
+        " is not a multiple of train.micro_batch (" + std::to_string(config.train.micro_batch) +
+        ") x data-parallel size (" + std::to_string(plan.shape.dp) +
+        ") = " + std::to_string(per_step) + "; use a global_batch of " + std::to_string(per_step) +
+        " or " + std::to_string(2 * per_step));
+  }
+  plan.accumulation = config.train.global_batch / per_step;
+  plan.roles = choose_plugins(config);
+  PluginRegistry registry(config.plugins.path);
+  const auto& layers = role_spec("layers");
+  const auto& pipeline = role_spec("pipeline");
+  plan.layers = plan.roles.layers == layers.builtin
+                    ? make_serial_layer_factory()
+                    : registry.create<LayerFactory>("layers", plan.roles.layers);
+  plan.pipeline = plan.roles.pipeline == pipeline.builtin
+                      ? make_single_stage_schedule()
+                      : registry.create<PipelineSchedule>("pipeline", plan.roles.pipeline);
+  plan.gradients = registry.create<GradientStrategy>("gradients", plan.roles.gradients);
+  const auto configure = [&](RolePlugin& plugin, const std::string& role) {
+    const RoleSpec& spec = role_spec(role);
+    const std::string& name = plan.roles.of(role);
+    const std::string owner = name == spec.builtin && (role == "layers" || role == "pipeline")
+                                  ? "the built-in " + role + " `" + name + "`"
+                                  : role + " plugin `" + name + "`";
+    plugin.configure(PluginContext{config, config.section(spec.section), spec.core_keys, owner,
+                                   plan.shape, plan.accumulation});
+  };
+  configure(*plan.layers, "layers");
+  configure(*plan.pipeline, "pipeline");
+  configure(*plan.gradients, "gradients");
+  return plan;
 }
 
 Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
@@ -91,54 +104,18 @@ Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
   int world_size = 1;
   MPI_Comm_size(world_, &world_size);
   MeshShape shape;
-  PluginRegistry registry(config_.plugins.path);
 
   // Phase 1, local only: everything a rank can check on its own.
   agreed(world_, [&] {
-    shape = resolve_mesh_shape(config_, world_size);
-    const int64_t per_step = config_.train.micro_batch * shape.dp;
-    if (config_.train.global_batch % per_step != 0) {
-      throw ConfigError(config_.source + ": train.global_batch = " +
-                        std::to_string(config_.train.global_batch) +
-                        " is not a multiple of train.micro_batch (" +
-                        std::to_string(config_.train.micro_batch) + ") x data-parallel size (" +
-                        std::to_string(shape.dp) + ") = " + std::to_string(per_step) +
-                        "; use a global_batch of " + std::to_string(per_step) + " or " +
-                        std::to_string(2 * per_step));
-    }
-    accumulation_ = config_.train.global_batch / per_step;
-    const int64_t pipeline_micro = config_.parallel.pipeline.microbatches;
-    if (pipeline_micro > 0 && pipeline_micro != accumulation_) {
-      // The batch settings decide; microbatches is a check (or 0: derived).
-      throw ConfigError(
-          config_.source + ": parallel.pipeline.microbatches = " + std::to_string(pipeline_micro) +
-          ", but train.global_batch = " + std::to_string(config_.train.global_batch) +
-          " / (train.micro_batch = " + std::to_string(config_.train.micro_batch) +
-          " x data-parallel size " + std::to_string(shape.dp) + ") gives " +
-          std::to_string(accumulation_) +
-          " micro-batches per step; set microbatches = " + std::to_string(accumulation_) +
-          " (or 0 to derive it), or global_batch = " + std::to_string(pipeline_micro * per_step));
-    }
-    if (config_.train.precision != "fp32") {
-      throw ConfigError(config_.source + ": train.precision = \"" + config_.train.precision +
-                        "\" is not available yet; this version trains in fp32 only");
-    }
-    roles_ = choose_plugins(config_);
-    if (!roles_.sequence.empty()) {
-      registry.create<void>("sequence", roles_.sequence);  // no interface yet: fails by name
-      throw PluginError("plugin `" + roles_.sequence +
-                        "` (role sequence) was found, but this core has no sequence role yet");
-    }
-    factory_ = roles_.layers == kBuiltinLayers
-                   ? make_serial_layer_factory()
-                   : registry.create<LayerFactory>("layers", roles_.layers);
-    schedule_ = roles_.pipeline == kBuiltinPipeline
-                    ? make_single_stage_schedule()
-                    : registry.create<PipelineSchedule>("pipeline", roles_.pipeline);
-    gradients_ = registry.create<GradientStrategy>("gradients", roles_.gradients);
+    RunPlan plan = plan_run(config_, world_size);
+    shape = plan.shape;
+    accumulation_ = plan.accumulation;
+    roles_ = plan.roles;
+    factory_ = std::move(plan.layers);
+    schedule_ = std::move(plan.pipeline);
+    gradients_ = std::move(plan.gradients);
     data_ = make_data(config_);
-    KOLOS_CHECK_KIND(kData, data_ != nullptr, "no data source for data.kind = ",
-                     config_.data.kind);
+    KOLOS_CHECK_KIND(kData, data_ != nullptr, "no data source for data.kind = ", config_.data.kind);
     KOLOS_CHECK_EQ(data_->seq_len(), config_.model.seq_len, "the data source's sample length");
   });
 
@@ -182,8 +159,8 @@ std::vector<MicroBatch> Engine::next_micro_batches() {
     for (int64_t i = 0; i < mb; ++i) {
       data_->sample(first + (m * dp + dp_index) * mb + i, out + i * (seq + 1));
     }
-    batches.push_back(MicroBatch{tokens.narrow(1, 0, seq).contiguous(),
-                                 tokens.narrow(1, 1, seq).contiguous()});
+    batches.push_back(
+        MicroBatch{tokens.narrow(1, 0, seq).contiguous(), tokens.narrow(1, 1, seq).contiguous()});
   }
   return batches;
 }
@@ -221,9 +198,9 @@ StepMetrics Engine::step() {
   mesh_->world()->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  at::Tensor maxes = torch::tensor({seconds, static_cast<double>(peak_rss_bytes()),
-                                    stop_requested() ? 1.0 : 0.0},
-                                   torch::kDouble);
+  at::Tensor maxes =
+      torch::tensor({seconds, static_cast<double>(peak_rss_bytes()), stop_requested() ? 1.0 : 0.0},
+                    torch::kDouble);
   mesh_->world()->all_reduce(maxes, comm::ReduceOp::kMax)->wait();
 
   metrics.step = step_;
@@ -261,11 +238,10 @@ TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_ste
     }
   }
   summary.steps = static_cast<int64_t>(summary.losses.size());
-  summary.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  summary.tokens_per_s = static_cast<double>(summary.steps * config_.train.global_batch *
-                                             config_.model.seq_len) /
-                         std::max(1e-9, summary.seconds);
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.tokens_per_s =
+      static_cast<double>(summary.steps * config_.train.global_batch * config_.model.seq_len) /
+      std::max(1e-9, summary.seconds);
   progress.finish();
   return summary;
 }

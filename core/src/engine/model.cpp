@@ -198,20 +198,25 @@ std::vector<std::string> registered_models() {
   return names;
 }
 
+void check_model_name(const ModelConfig& config) {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    if (registry().count(config.name)) return;
+  }
+  std::string known;
+  for (const auto& name : registered_models()) known += (known.empty() ? "" : ", ") + name;
+  std::string hint = closest_match(config.name, registered_models());
+  throw ConfigError("model.name: no model named `" + config.name + "`" +
+                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
+                    "; known models: " + (known.empty() ? "none" : known));
+}
+
 std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory) {
+  check_model_name(config);
   ModelBuilder builder;
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
-    auto it = registry().find(config.name);
-    if (it != registry().end()) builder = it->second;
-  }
-  if (!builder) {
-    std::string known;
-    for (const auto& name : registered_models()) known += (known.empty() ? "" : ", ") + name;
-    std::string hint = closest_match(config.name, registered_models());
-    throw ConfigError("model.name: no model named `" + config.name + "`" +
-                      (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
-                      "; known models: " + (known.empty() ? "none" : known));
+    builder = registry().at(config.name);
   }
   return builder(config, factory);
 }

@@ -50,13 +50,13 @@ struct Candidate {
 std::string or_empty(const char* text) { return text != nullptr ? text : ""; }
 
 bool is_known_role(const std::string& role) {
-  return std::any_of(std::begin(kRoles), std::end(kRoles),
-                     [&](const char* known) { return role == known; });
+  return std::any_of(role_specs().begin(), role_specs().end(),
+                     [&](const RoleSpec& known) { return role == known.name; });
 }
 
 std::string role_list() {
   std::string out;
-  for (const char* role : kRoles) out += (out.empty() ? "" : ", ") + std::string(role);
+  for (const auto& role : role_names()) out += (out.empty() ? "" : ", ") + role;
   return out;
 }
 
@@ -298,8 +298,7 @@ std::string PluginRegistry::check_descriptor(const kolos_plugin_descriptor& desc
   const std::string role = descriptor.role;
   if (!is_known_role(role)) {
     out << "unknown role `" << role << "` (roles: " << role_list() << ")";
-    const std::string suggestion =
-        closest_match(role, std::vector<std::string>(std::begin(kRoles), std::end(kRoles)));
+    const std::string suggestion = closest_match(role, role_names());
     if (!suggestion.empty()) out << "; did you mean `" << suggestion << "`?";
     return out.str();
   }

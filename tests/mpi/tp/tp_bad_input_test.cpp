@@ -42,21 +42,24 @@ TEST(TpBadInput, SizeThatDoesNotFitTheModesGrid) {
   expect_has(m, "nearest valid sizes: 4 or 9");
   m = config_error({"parallel.tensor.size=4", "parallel.tensor.mode=3d"});
   expect_has(m, "nearest valid sizes: 1 or 8");
-  m = config_error({"parallel.tensor.size=6", "parallel.tensor.mode=2.5d", "parallel.tensor.depth=2"});
+  m = config_error(
+      {"parallel.tensor.size=6", "parallel.tensor.mode=2.5d", "parallel.tensor.depth=2"});
   expect_has(m, "does not fit mode \"2.5d\"");
   expect_has(m, "2 or 8");
 }
 
 TEST(TpBadInput, HeadsThatDoNotDivide) {
   if (testing::world_size() != 4) GTEST_SKIP() << "runs at 4 ranks";
-  std::string m = engine_error({"parallel.tensor.size=4", "parallel.tensor.mode=1d",
-                                "model.heads=6", "model.hidden=48"});
-  expect_has(m, "model.heads = 6 does not divide into the 4 attention-head groups of tensor mode \"1d\"");
+  std::string m = engine_error(
+      {"parallel.tensor.size=4", "parallel.tensor.mode=1d", "model.heads=6", "model.hidden=48"});
+  expect_has(
+      m, "model.heads = 6 does not divide into the 4 attention-head groups of tensor mode \"1d\"");
   expect_has(m, "use model.heads = 4 or 8");
   expect_has(m, "or a tensor size of 1, 2, 3, 6");
-  m = engine_error({"parallel.tensor.size=4", "parallel.tensor.mode=2d", "model.heads=3",
-                    "model.hidden=48"});
-  expect_has(m, "model.heads = 3 does not divide into the 2 attention-head groups of tensor mode \"2d\"");
+  m = engine_error(
+      {"parallel.tensor.size=4", "parallel.tensor.mode=2d", "model.heads=3", "model.hidden=48"});
+  expect_has(
+      m, "model.heads = 3 does not divide into the 2 attention-head groups of tensor mode \"2d\"");
   expect_has(m, "or a tensor size of 1, 9");
 }
 
@@ -64,17 +67,19 @@ TEST(TpBadInput, MicroBatchThatDoesNotSplitOverTheGrid) {
   if (testing::world_size() != 4) GTEST_SKIP() << "runs at 4 ranks";
   const std::string m = engine_error({"parallel.tensor.size=4", "parallel.tensor.mode=2d",
                                       "train.micro_batch=3", "train.global_batch=12"});
-  expect_has(m, "train.micro_batch = 3 does not divide into the 2 batch blocks of tensor mode \"2d\"");
+  expect_has(m,
+             "train.micro_batch = 3 does not divide into the 2 batch blocks of tensor mode \"2d\"");
   expect_has(m, "use train.micro_batch = 2 or 4");
   expect_has(m, "or a tensor size of 1, 9");
 }
 
 TEST(TpBadInput, ReplicatedLinearHasNoGridLayout) {
   if (testing::world_size() != 4) GTEST_SKIP() << "runs at 4 ranks";
-  RunConfig config = testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=2d"});
+  RunConfig config =
+      testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=2d"});
   DeviceMesh mesh(MPI_COMM_WORLD, resolve_mesh_shape(config, 4));
-  PluginRegistry registry;
-  auto factory = registry.create<LayerFactory>("layers", "tp2d");
+  auto factory = plan_run(config, 4).layers;
+  ASSERT_EQ(factory->name(), "tp2d");
   factory->setup(mesh, config);
   try {
     factory->linear(LinearSpec{32, 32, true, LinearRole::kReplicated});
@@ -83,8 +88,8 @@ TEST(TpBadInput, ReplicatedLinearHasNoGridLayout) {
     expect_has(e.what(), "tp2d: a linear layer with the replicated role (32 -> 32)");
   }
   // tp1d keeps such a layer whole on every rank.
-  auto tp1d = registry.create<LayerFactory>("layers", "tp1d");
   RunConfig one_d = testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=1d"});
+  auto tp1d = plan_run(one_d, 4).layers;
   DeviceMesh mesh1(MPI_COMM_WORLD, resolve_mesh_shape(one_d, 4));
   tp1d->setup(mesh1, one_d);
   EXPECT_NO_THROW(tp1d->linear(LinearSpec{32, 32, true, LinearRole::kReplicated}));

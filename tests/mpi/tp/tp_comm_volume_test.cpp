@@ -44,10 +44,11 @@ TEST_P(TpVolume, BytesPerStepEqualTheAnalyticVolume) {
   const Case c = GetParam();
   if (world_size() != c.size) GTEST_SKIP() << "runs at " << c.size << " ranks";
   // 2 micro-batches of 4 per step; every dimension divides evenly.
-  RunConfig config = testing::tiny_gpt_config(
-      {"parallel.tensor.size=" + std::to_string(c.size), "parallel.tensor.mode=" + c.mode,
-       "parallel.tensor.depth=" + std::to_string(c.depth), "train.global_batch=8",
-       "train.micro_batch=4", "train.steps=2"});
+  std::vector<std::string> overrides = {"parallel.tensor.size=" + std::to_string(c.size),
+                                        "parallel.tensor.mode=" + c.mode, "train.global_batch=8",
+                                        "train.micro_batch=4", "train.steps=2"};
+  if (c.mode == "2.5d") overrides.push_back("parallel.tensor.depth=" + std::to_string(c.depth));
+  RunConfig config = testing::tiny_gpt_config(overrides);
   modules::register_builtin_models();
   Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& r) { return data::make_source(r); });
   const testing::TpShape shape = testing::tp_shape(config, engine.accumulation());

@@ -53,15 +53,18 @@ class TpLayers : public ::testing::TestWithParam<Mode> {
   void SetUp() override {
     const Mode m = GetParam();
     if (world_size() != m.size) GTEST_SKIP() << "runs at " << m.size << " ranks";
-    config_ = testing::tiny_gpt_config(
-        {"model.hidden=" + std::to_string(kHidden), "model.heads=" + std::to_string(kHeads),
-         "model.vocab=" + std::to_string(kVocab), "model.seq_len=" + std::to_string(kSeq),
-         "train.micro_batch=" + std::to_string(kBatch), "train.global_batch=" + std::to_string(kBatch),
-         "parallel.tensor.size=" + std::to_string(m.size), "parallel.tensor.mode=" + m.name,
-         "parallel.tensor.depth=" + std::to_string(m.depth)});
+    std::vector<std::string> overrides = {"model.hidden=" + std::to_string(kHidden),
+                                          "model.heads=" + std::to_string(kHeads),
+                                          "model.vocab=" + std::to_string(kVocab),
+                                          "model.seq_len=" + std::to_string(kSeq),
+                                          "train.micro_batch=" + std::to_string(kBatch),
+                                          "train.global_batch=" + std::to_string(kBatch),
+                                          "parallel.tensor.size=" + std::to_string(m.size),
+                                          "parallel.tensor.mode=" + m.name};
+    if (m.name == "2.5d") overrides.push_back("parallel.tensor.depth=" + std::to_string(m.depth));
+    config_ = testing::tiny_gpt_config(overrides);
     mesh_ = std::make_unique<DeviceMesh>(MPI_COMM_WORLD, resolve_mesh_shape(config_, m.size));
-    PluginRegistry registry(config_.plugins.path);
-    factory_ = registry.create<LayerFactory>("layers", choose_plugins(config_).layers);
+    factory_ = plan_run(config_, m.size).layers;  // loaded and configured
     factory_->setup(*mesh_, config_);
     dense_ = make_serial_layer_factory();
     dense_->setup(*mesh_, config_);
@@ -111,7 +114,8 @@ class TpLayers : public ::testing::TestWithParam<Mode> {
                                   ? layer->placements().at(p.key())
                                   : Placement::replicated(p.value().sizes().vec());
         ASSERT_TRUE(p.value().grad().defined()) << name << " got no gradient";
-        EXPECT_TRUE(torch::allclose(p.value().grad(), local_piece(reference, placement), 1e-4, 1e-5))
+        EXPECT_TRUE(
+            torch::allclose(p.value().grad(), local_piece(reference, placement), 1e-4, 1e-5))
             << GetParam().name << " " << name << " gradient differs, placement "
             << placement.to_string() << ", rank " << mesh_->rank();
       }
@@ -144,31 +148,45 @@ class TpLayers : public ::testing::TestWithParam<Mode> {
 };
 
 TEST_P(TpLayers, ColumnLinear) {
-  check("column linear", [](LayerFactory& f) {
-    return f.linear(LinearSpec{kHidden, kInner, true, LinearRole::kColumn, 0.1});
-  }, kHidden, kInner, a_, c_);
+  check(
+      "column linear",
+      [](LayerFactory& f) {
+        return f.linear(LinearSpec{kHidden, kInner, true, LinearRole::kColumn, 0.1});
+      },
+      kHidden, kInner, a_, c_);
 }
 
 TEST_P(TpLayers, RowLinear) {
-  check("row linear", [](LayerFactory& f) {
-    return f.linear(LinearSpec{kInner, kHidden, true, LinearRole::kRow, 0.1});
-  }, kInner, kHidden, c_, a_);
+  check(
+      "row linear",
+      [](LayerFactory& f) {
+        return f.linear(LinearSpec{kInner, kHidden, true, LinearRole::kRow, 0.1});
+      },
+      kInner, kHidden, c_, a_);
 }
 
 TEST_P(TpLayers, Mlp) {
-  check("mlp", [](LayerFactory& f) { return f.mlp(MlpSpec{kHidden, kInner, 0.1, 0.05}); },
-        kHidden, kHidden, a_, a_);
+  check(
+      "mlp",
+      [](LayerFactory& f) {
+        return f.mlp(MlpSpec{kHidden, kInner, 0.1, 0.05});
+      },
+      kHidden, kHidden, a_, a_);
 }
 
 TEST_P(TpLayers, Attention) {
-  check("attention", [](LayerFactory& f) {
-    return f.attention(AttentionSpec{kHidden, kHeads, 0.1, 0.05});
-  }, kHidden, kHidden, a_, a_);
+  check(
+      "attention",
+      [](LayerFactory& f) {
+        return f.attention(AttentionSpec{kHidden, kHeads, 0.1, 0.05});
+      },
+      kHidden, kHidden, a_, a_);
 }
 
 TEST_P(TpLayers, LayerNorm) {
-  check("layer norm", [](LayerFactory& f) { return f.layer_norm(kHidden); }, kHidden, kHidden,
-        a_, a_);
+  check(
+      "layer norm", [](LayerFactory& f) { return f.layer_norm(kHidden); }, kHidden, kHidden, a_,
+      a_);
 }
 
 TEST_P(TpLayers, EmbeddingOfTokensAndOfPositions) {

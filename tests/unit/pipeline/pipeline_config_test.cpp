@@ -1,20 +1,33 @@
-// [parallel.pipeline] balance / layers_per_stage and [log] trace: parsed,
-// written back by to_toml, and bad values reported with file:line:col, what
-// was found and what would be valid.
+// The pipeline plugin's settings ([parallel.pipeline] besides size, read by
+// the plugin itself): read, and bad values reported with file:line:col, what
+// was found and what would be valid; [log] trace as the core reads it.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "kolos/core/error.h"
+#include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
+#include "settings.h"
 
 namespace kolos {
 namespace {
 
+// The settings the pipeline plugin reads from `toml` (world: the mesh's size).
+pipeline::PipelineSettings settings_of(const std::string& toml) {
+  const RunConfig config = parse_run_config(toml, "run.toml");
+  const MeshShape shape = resolve_mesh_shape(config, config.parallel.pipeline.size);
+  const int64_t accumulation = config.train.global_batch / (config.train.micro_batch * shape.dp);
+  const RoleSpec& spec = role_spec("pipeline");
+  return pipeline::read_pipeline_settings(PluginContext{config, config.section(spec.section),
+                                                        spec.core_keys, "pipeline plugin", shape,
+                                                        accumulation});
+}
+
 std::string error_of(const std::string& toml) {
   try {
-    parse_run_config(toml, "run.toml");
+    settings_of(toml);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -22,21 +35,23 @@ std::string error_of(const std::string& toml) {
 }
 
 TEST(PipelineConfig, ReadsBalanceCutAndTrace) {
-  RunConfig c = parse_run_config(
+  const std::string text =
       "[parallel]\npipeline = { size = 2, schedule = \"gpipe\", layers_per_stage = [3, 1] }\n"
-      "[log]\ntrace = true\ntrace_dir = \"traces\"\n",
-      "run.toml");
-  EXPECT_EQ(c.parallel.pipeline.layers_per_stage, (std::vector<int64_t>{3, 1}));
+      "[log]\ntrace = true\ntrace_dir = \"traces\"\n";
+  EXPECT_EQ(settings_of(text).layers_per_stage, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(settings_of(text).schedule, "gpipe");
+  RunConfig c = parse_run_config(text, "run.toml");
   EXPECT_TRUE(c.log.trace);
   EXPECT_EQ(c.log.trace_dir, "traces");
-  RunConfig back = parse_run_config(to_toml(c), "back.toml");
-  EXPECT_EQ(back.parallel.pipeline.layers_per_stage, (std::vector<int64_t>{3, 1}));
-  EXPECT_TRUE(back.log.trace);
+  // Written back as given: the plugin reads the same from the effective config.
+  EXPECT_EQ(settings_of(to_toml(c)).layers_per_stage, (std::vector<int64_t>{3, 1}));
+  EXPECT_TRUE(parse_run_config(to_toml(c), "back.toml").log.trace);
 
-  RunConfig t = parse_run_config("[parallel]\npipeline = { size = 2, balance = \"time\" }\n", "r");
-  EXPECT_EQ(t.parallel.pipeline.balance, "time");
-  EXPECT_EQ(parse_run_config(to_toml(t), "b").parallel.pipeline.balance, "time");
-  EXPECT_EQ(parse_run_config("", "r").parallel.pipeline.balance, "params");
+  const std::string timed = "[parallel]\npipeline = { size = 2, balance = \"time\" }\n";
+  EXPECT_EQ(settings_of(timed).balance, "time");
+  EXPECT_EQ(settings_of(to_toml(parse_run_config(timed, "r"))).balance, "time");
+  EXPECT_EQ(settings_of("[parallel]\npipeline = 2\n").balance, "params");
+  EXPECT_EQ(settings_of("[parallel]\npipeline = 2\n").schedule, "1f1b");
 }
 
 TEST(PipelineConfig, BadValuesSayWhereWhatAndWhatIsValid) {
@@ -60,6 +75,12 @@ TEST(PipelineConfig, BadValuesSayWhereWhatAndWhatIsValid) {
        {"layers_per_stage", "both set"}},
       {"[parallel]\npipeline = { size = 2, schedule = \"1f1b\", chunks = 2 }\n",
        {"run.toml:2", "chunks = 2 only applies to schedule = \"interleaved\"", "\"1f1b\""}},
+      {"[parallel]\npipeline = { size = 2, schedule = \"gpipe\", microbatches = 3 }\n",
+       {"run.toml:2", "parallel.pipeline.microbatches: 3", "gives 2 micro-batches",
+        "set microbatches = 2"}},
+      {"[parallel]\npipeline = { size = 2, schedulr = \"zb\" }\n",
+       {"run.toml:2", "unknown key `parallel.pipeline.schedulr`", "pipeline plugin",
+        "Did you mean `schedule`?"}},
       {"[log]\ntrace = \"yes\"\n", {"run.toml:2", "log.trace", "true or false"}},
       {"[log]\ntraces = true\n", {"unknown key `log.traces`", "trace_dir"}},
   };

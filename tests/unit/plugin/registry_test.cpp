@@ -322,9 +322,9 @@ kolos_plugin_descriptor valid_descriptor() {
 
 TEST(CheckDescriptor, AcceptsAMatchingDescriptor) {
   EXPECT_EQ(PluginRegistry::check_descriptor(valid_descriptor()), "");
-  for (const char* role : kRoles) {
+  for (const std::string& role : role_names()) {
     kolos_plugin_descriptor d = valid_descriptor();
-    d.role = role;
+    d.role = role.c_str();
     EXPECT_EQ(PluginRegistry::check_descriptor(d), "") << role;
   }
 }

@@ -21,6 +21,7 @@
 #include "kolos/core/gradients.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/model.h"
+#include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/schedule.h"
 #include "kolos/core/training_state.h"
@@ -51,12 +52,20 @@ struct TrainSummary {
   bool stopped = false;        // ended early on a stop request
 };
 
-// Which plugin serves each role for a config (built-ins: "serial",
-// "single-stage"), honouring [plugins] overrides.
-struct RoleChoice {
-  std::string layers, pipeline, gradients, sequence;
+// Everything one rank can check on its own, before any communication: the
+// mesh for `world_size` ranks, the plugin of every role (choose_plugins,
+// loaded from the config's plugin path), each plugin's settings (its
+// configure()), and how a step splits into micro-batches. The engine starts
+// from it; `kolos check` runs only it. Throws ConfigError / PluginError.
+struct RunPlan {
+  MeshShape shape;
+  RoleChoice roles;
+  int64_t accumulation = 1;  // micro-batches per step on each rank
+  std::shared_ptr<LayerFactory> layers;
+  std::shared_ptr<PipelineSchedule> pipeline;
+  std::shared_ptr<GradientStrategy> gradients;
 };
-RoleChoice choose_plugins(const RunConfig& config);
+RunPlan plan_run(const RunConfig& config, int64_t world_size);
 
 class Engine {
  public:

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kolos/core/model.h"
+#include "kolos/core/roles.h"
 
 namespace kolos {
 
@@ -42,7 +43,7 @@ struct MemoryStats {
   int64_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
 };
 
-class GradientStrategy {
+class GradientStrategy : public RolePlugin {
  public:
   virtual ~GradientStrategy() = default;
   virtual std::string name() const = 0;

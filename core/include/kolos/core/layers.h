@@ -20,6 +20,7 @@
 #include <string>
 
 #include "kolos/core/placement.h"
+#include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
 
 namespace kolos {
@@ -73,7 +74,7 @@ struct MlpSpec {
   double out_init_std = 0.02;
 };
 
-class LayerFactory {
+class LayerFactory : public RolePlugin {
  public:
   virtual ~LayerFactory() = default;
   virtual std::string name() const = 0;

@@ -99,5 +99,7 @@ void register_model(const std::string& name, ModelBuilder builder);
 // Builds `[model] name`; ConfigError listing the known models otherwise.
 std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory);
 std::vector<std::string> registered_models();
+// ConfigError unless a model named config.name is registered.
+void check_model_name(const ModelConfig& config);
 
 }  // namespace kolos

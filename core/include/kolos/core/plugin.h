@@ -20,12 +20,9 @@
 
 #include "kolos/config.h"
 #include "kolos/core/plugin_abi.h"
+#include "kolos/core/roles.h"
 
 namespace kolos {
-
-// The roles a run fills, each with one plugin (see docs/plugins.md).
-inline constexpr const char* kRoles[] = {"layers", "sequence", "pipeline",
-                                         "gradients", "memory", "planner"};
 
 struct PluginInfo {
   std::string path;  // the .so file
@@ -97,27 +94,26 @@ inline void copy_error(char* buffer, size_t length, const char* message) {
 
 // Defines the plugin's C entry point. `Impl` derives from `Interface`, the
 // role's C++ interface, and is default-constructible.
-#define KOLOS_DEFINE_PLUGIN(NAME, ROLE, Interface, Impl, DESCRIPTION)                    \
-  namespace {                                                                            \
-  void* kolos_plugin_create(char* error, size_t error_len) {                             \
-    try {                                                                                \
-      Interface* object = new Impl();                                                    \
-      return static_cast<void*>(object);                                                 \
-    } catch (const std::exception& e) {                                                  \
-      ::kolos::detail::copy_error(error, error_len, e.what());                           \
-    } catch (...) {                                                                      \
-      ::kolos::detail::copy_error(error, error_len, "unknown exception");                \
-    }                                                                                    \
-    return nullptr;                                                                      \
-  }                                                                                      \
-  void kolos_plugin_destroy(void* object) noexcept {                                     \
-    delete static_cast<Interface*>(object);                                              \
-  }                                                                                      \
-  const kolos_plugin_descriptor kolos_plugin_descriptor_{                                \
-      KOLOS_PLUGIN_ABI_VERSION, NAME, ROLE, KOLOS_VERSION, KOLOS_TORCH_VERSION,          \
-      KOLOS_COMPILER, DESCRIPTION, &kolos_plugin_create, &kolos_plugin_destroy};         \
-  }                                                                                      \
-  extern "C" __attribute__((visibility("default"))) const kolos_plugin_descriptor*       \
-  kolos_plugin_v1(void) {                                                                \
-    return &kolos_plugin_descriptor_;                                                    \
+#define KOLOS_DEFINE_PLUGIN(NAME, ROLE, Interface, Impl, DESCRIPTION)                          \
+  namespace {                                                                                  \
+  void* kolos_plugin_create(char* error, size_t error_len) {                                   \
+    try {                                                                                      \
+      Interface* object = new Impl();                                                          \
+      return static_cast<void*>(object);                                                       \
+    } catch (const std::exception& e) {                                                        \
+      ::kolos::detail::copy_error(error, error_len, e.what());                                 \
+    } catch (...) {                                                                            \
+      ::kolos::detail::copy_error(error, error_len, "unknown exception");                      \
+    }                                                                                          \
+    return nullptr;                                                                            \
+  }                                                                                            \
+  void kolos_plugin_destroy(void* object) noexcept { delete static_cast<Interface*>(object); } \
+  const kolos_plugin_descriptor kolos_plugin_descriptor_{                                      \
+      KOLOS_PLUGIN_ABI_VERSION, NAME,           ROLE,        KOLOS_VERSION,                    \
+      KOLOS_TORCH_VERSION,      KOLOS_COMPILER, DESCRIPTION, &kolos_plugin_create,             \
+      &kolos_plugin_destroy};                                                                  \
+  }                                                                                            \
+  extern "C" __attribute__((visibility("default"))) const kolos_plugin_descriptor*             \
+  kolos_plugin_v1(void) {                                                                      \
+    return &kolos_plugin_descriptor_;                                                          \
   }

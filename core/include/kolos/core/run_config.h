@@ -1,17 +1,24 @@
 // RunConfig: a run described in TOML, parsed into typed structs.
 //
 // load_run_config() reads a TOML file, applies `--set a.b=value` overrides and
-// validates every key. Unknown keys, wrong types, out-of-range values and
-// impossible meshes throw kolos::ConfigError whose message names the file,
-// line, key, what was found and what would be valid ("did you mean" for
-// typos). Torch-free: this header is cheap to include.
+// validates every key the core owns. Unknown keys, wrong types, out-of-range
+// values and impossible meshes throw kolos::ConfigError whose message names
+// the file, line, key, what was found and what would be valid ("did you
+// mean" for typos). The keys of a role's section besides the core's (mesh
+// sizes, the plugin choice) belong to that role's plugin, which reads them
+// from `RunConfig::section()` in its configure() (kolos/core/roles.h); the
+// core refuses them when no plugin of that role runs. Torch-free: this
+// header is cheap to include.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "kolos/core/settings.h"
 
 namespace kolos {
 
@@ -49,35 +56,28 @@ struct TrainConfig {
   int64_t global_batch = 8;  // samples per optimizer step, all ranks together
   int64_t micro_batch = 4;   // samples per forward/backward on one rank
   int64_t steps = 20;
-  uint64_t seed = 1234;
-  std::string precision = "fp32";  // "fp32" | "bf16" | "fp16"
+  int64_t seed = 1234;             // >= 0
+  std::string precision = "fp32";  // "fp32" (bf16 and fp16 are refused until they train)
 };
 
+// The keys of [parallel.tensor], [parallel.pipeline], [parallel.sequence] and
+// [parallel.zero] that the core reads: mesh sizes and what selects a plugin.
+// Every other key of those tables is the chosen plugin's.
 struct TensorParallelConfig {
   int64_t size = 1;
-  std::string mode = "1d";  // "1d" | "2d" | "2.5d" | "3d"
-  int64_t depth = 1;        // 2.5d only
+  std::string mode = "1d";  // "1d" | "2d" | "2.5d" | "3d": the layers plugin
 };
 
 struct PipelineConfig {
   int64_t size = 1;
-  std::string schedule = "1f1b";  // "gpipe" | "1f1b" | "interleaved" | "zb"
-  int64_t microbatches = 0;       // 0: derived from the batch
-  int64_t chunks = 1;
-  std::string balance = "params";          // "params" | "time": how stages are cut
-  std::vector<int64_t> layers_per_stage;   // explicit cut: blocks per (virtual) stage
 };
 
 struct SequenceConfig {
   int64_t size = 1;
-  std::string mode = "ulysses";  // "ulysses" | "ring" | "megatron"
 };
 
 struct ZeroConfig {
-  int64_t stage = 0;  // 0..3
-  // ZeRO-3: free each block's gathered parameters after its forward (and
-  // gather them again before its backward); false keeps them until backward.
-  bool reshard_after_forward = true;
+  int64_t stage = 0;  // 0..3: the gradients plugin (dp, zero1, zero2, zero3)
 };
 
 struct ParallelConfig {
@@ -91,11 +91,12 @@ struct ParallelConfig {
 };
 
 struct LogConfig {
-  std::string metrics;      // path of a JSON-lines metrics file; empty: none
-  int64_t every = 1;        // progress update every N steps
-  std::string progress = "auto";  // "auto" (bar on a TTY, lines otherwise) | "bar" | "lines" | "off"
-  bool trace = false;             // write a Chrome/Perfetto trace per rank (pipeline timeline)
-  std::string trace_dir;          // where; empty: next to the metrics file, else "."
+  std::string metrics;  // path of a JSON-lines metrics file; empty: none
+  int64_t every = 1;    // progress update every N steps
+  std::string progress =
+      "auto";             // "auto" (bar on a TTY, lines otherwise) | "bar" | "lines" | "off"
+  bool trace = false;     // write a Chrome/Perfetto trace per rank (pipeline timeline)
+  std::string trace_dir;  // where; empty: next to the metrics file, else "."
 };
 
 struct CheckpointConfig {
@@ -112,6 +113,9 @@ struct PluginsConfig {
 
 struct RunConfig {
   std::string source;  // the file it was read from ("<string>" when parsed from text)
+  // The document it was read from (null for a config built in code): the
+  // plugins' sections are read from it.
+  std::shared_ptr<const ConfigDocument> document;
   ModelConfig model;
   DataConfig data;
   OptimConfig optim;
@@ -120,6 +124,10 @@ struct RunConfig {
   LogConfig log;
   CheckpointConfig checkpoint;
   PluginsConfig plugins;
+
+  // The table at dotted `path` of the document ("parallel.pipeline"); an
+  // empty section when absent or when the config was built in code.
+  ConfigSection section(const std::string& path) const { return ConfigSection(document, path); }
 };
 
 // Reads `path`, applies overrides of the form "section.key=value" (value in
@@ -139,11 +147,8 @@ struct MeshShape {
 };
 MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size);
 
-// Renders the effective configuration as TOML (for logs and checkpoints).
+// Renders the effective configuration as TOML (for logs and checkpoints):
+// the core's keys from their tables, the plugins' keys as they were given.
 std::string to_toml(const RunConfig& config);
-
-// Levenshtein-based suggestion: the candidate closest to `word`, or "" when
-// none is close enough. Used by every "did you mean" message.
-std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace kolos

@@ -13,6 +13,7 @@
 
 #include "kolos/core/gradients.h"
 #include "kolos/core/model.h"
+#include "kolos/core/roles.h"
 
 namespace kolos {
 
@@ -34,7 +35,7 @@ struct StepLoss {
   int64_t count = 0;  // micro-batches whose loss this rank computed
 };
 
-class PipelineSchedule {
+class PipelineSchedule : public RolePlugin {
  public:
   virtual ~PipelineSchedule() = default;
   virtual std::string name() const = 0;

@@ -1,0 +1,77 @@
+// The role table and the settings -> plugin choice (kolos/core/roles.h).
+#include "kolos/core/roles.h"
+
+#include "kolos/core/error.h"
+
+namespace kolos {
+
+const std::vector<RoleSpec>& role_specs() {
+  static const std::vector<RoleSpec> specs = {
+      {"layers", "parallel.tensor", {"size", "mode"}, "serial", true},
+      {"sequence", "parallel.sequence", {"size"}, "", false},
+      {"pipeline", "parallel.pipeline", {"size"}, "single-stage", true},
+      {"gradients", "parallel.zero", {"stage"}, "dp", true},
+      {"memory", "memory", {}, "", false},
+      {"planner", "planner", {}, "", false},
+  };
+  return specs;
+}
+
+const RoleSpec& role_spec(const std::string& role) {
+  for (const auto& spec : role_specs()) {
+    if (spec.name == role) return spec;
+  }
+  std::vector<std::string> names = role_names();
+  const std::string match = closest_match(role, names);
+  throw ConfigError("unknown role `" + role + "`; roles: " + join(names, ", ") + "." +
+                    (match.empty() ? "" : " Did you mean `" + match + "`?"));
+}
+
+std::vector<std::string> role_names() {
+  std::vector<std::string> out;
+  for (const auto& spec : role_specs()) out.push_back(spec.name);
+  return out;
+}
+
+const std::string& RoleChoice::of(const std::string& role) const {
+  if (role == "layers") return layers;
+  if (role == "sequence") return sequence;
+  if (role == "pipeline") return pipeline;
+  if (role == "gradients") return gradients;
+  if (role == "memory") return memory;
+  if (role == "planner") return planner;
+  return role_spec(role).name;  // throws for an unknown role
+}
+
+RoleChoice choose_plugins(const RunConfig& config) {
+  const auto& p = config.parallel;
+  RoleChoice choice;
+  if (p.tensor.size > 1) {
+    const std::string& mode = p.tensor.mode;
+    choice.layers = mode == "2.5d" ? "tp2p5d" : "tp" + mode;
+  } else {
+    choice.layers = role_spec("layers").builtin;
+  }
+  choice.pipeline = p.pipeline.size > 1 ? "pipeline" : role_spec("pipeline").builtin;
+  choice.gradients =
+      p.zero.stage > 0 ? "zero" + std::to_string(p.zero.stage) : role_spec("gradients").builtin;
+  choice.sequence = p.sequence.size > 1 ? "sequence" : "";
+  const auto& by_role = config.plugins.by_role;
+  const auto override_with = [&](const char* role, std::string& slot) {
+    const auto it = by_role.find(role);
+    if (it != by_role.end()) slot = it->second;
+  };
+  override_with("layers", choice.layers);
+  override_with("sequence", choice.sequence);
+  override_with("pipeline", choice.pipeline);
+  override_with("gradients", choice.gradients);
+  override_with("memory", choice.memory);
+  override_with("planner", choice.planner);
+  return choice;
+}
+
+void RolePlugin::configure(const PluginContext& context) {
+  context.section.check_keys(context.core_keys, context.owner);
+}
+
+}  // namespace kolos
