@@ -30,7 +30,7 @@
 // collective runs, MPI's progress engine advances the posted transfers too.
 //
 // Small collectives run inline. A collective of at most
-// detail::kDefaultInlineMaxBytes (64 KiB) issued while the group has nothing
+// detail::kDefaultInlineMaxBytes (32 KiB) issued while the group has nothing
 // queued or running executes in the caller's thread, and the call returns
 // with its Work complete: the hand-off to the thread and back (two wake-ups)
 // would cost more than the transfer. A flag (`busy_`) makes the operation
