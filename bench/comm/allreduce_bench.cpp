@@ -1,15 +1,18 @@
 // bench_allreduce: ProcessGroup::all_reduce (enqueue + wait) against a raw
 // MPI_Allreduce on the same buffer, float32 sum, 4 KiB .. 64 MiB.
 //
-//   mpirun -np 2 bench_allreduce [max_bytes]
+//   mpirun -np 2 bench_allreduce [max_bytes [rounds]]
 //
-// Both paths reduce in place over the same ranks; raw MPI uses its own
-// duplicate of MPI_COMM_WORLD, kolos the group's. Each size runs a warm-up,
-// then kRounds rounds that alternate raw and kolos (so drift in machine load
-// hits both alike); a round's time is the slowest rank's, and the table keeps
-// each path's best round. Bandwidth is algorithm bandwidth: bytes / time.
-// The difference between the two columns is the cost of the communication
-// thread: queueing, a thread hand-off each way, and the Work's condvar.
+// Three paths reduce in place over the same ranks: raw MPI on its own
+// duplicate of MPI_COMM_WORLD; kolos as configured (collectives up to 64 KiB
+// run inline in the caller's thread when the group is idle, larger ones on
+// the communication thread); and kolos with every collective sent to the
+// communication thread ("thread": inline execution off), which shows what
+// the hand-off costs. Each size runs a warm-up, then `rounds` rounds (default
+// 15) that alternate the paths (so drift in machine load hits all alike); a
+// round's time is the slowest rank's, and the table shows each path's median
+// round. "ratio" is raw time / kolos time (1.0 = no overhead); bandwidth is
+// algorithm bandwidth, bytes / time.
 #include <ATen/ATen.h>
 #include <mpi.h>
 
@@ -18,13 +21,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kolos/core/comm/mpi.h"
 
 namespace {
 
-constexpr int kRounds = 5;
+constexpr int kDefaultRounds = 15;
 constexpr int kWarmup = 3;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
 
 // Iterations per round: enough to time small messages, few for large ones.
 int iterations_for(int64_t bytes) {
@@ -56,16 +66,21 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int64_t max_bytes = argc > 1 ? std::atoll(argv[1]) : (int64_t{64} << 20);
+  const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : kDefaultRounds;
   int rc = 0;
   {
     MPI_Comm raw_comm = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
     kolos::comm::ProcessGroupPtr pg = kolos::comm::make_mpi_process_group(MPI_COMM_WORLD, "bench");
     if (rank == 0) {
-      std::printf("all_reduce float32 sum, %d ranks, best of %d rounds (algorithm bandwidth)\n",
-                  size, kRounds);
-      std::printf("%10s %8s %12s %12s %12s %12s %8s\n", "size", "iters", "raw us", "kolos us",
-                  "raw GB/s", "kolos GB/s", "ratio");
+      const char* pml = std::getenv("OMPI_MCA_pml");
+      std::printf(
+          "all_reduce float32 sum, %d ranks, median of %d rounds; MPI pml: %s; kolos "
+          "inline limit %lld bytes\n",
+          size, rounds, pml ? pml : "default (not set)",
+          static_cast<long long>(kolos::comm::detail::kDefaultInlineMaxBytes));
+      std::printf("%10s %7s %10s %10s %10s %9s %10s %8s %8s\n", "size", "iters", "raw us",
+                  "kolos us", "thread us", "raw GB/s", "kolos GB/s", "ratio", "thread");
     }
     for (int64_t bytes = 4 << 10; bytes <= max_bytes; bytes *= 4) {
       at::Tensor t = at::zeros({bytes / 4}, at::kFloat);  // zeros: sums stay finite
@@ -77,22 +92,33 @@ int main(int argc, char** argv) {
         }
       };
       auto kolos = [&] { pg->all_reduce(t)->wait(); };
+      // The same group with inline execution off: every call goes through
+      // the communication thread.
+      auto thread = [&] {
+        const int64_t previous = kolos::comm::detail::set_inline_max_bytes(-1);
+        pg->all_reduce(t)->wait();
+        kolos::comm::detail::set_inline_max_bytes(previous);
+      };
       const int iterations = iterations_for(bytes);
       for (int i = 0; i < kWarmup; ++i) {
         raw();
         kolos();
+        thread();
       }
-      double best_raw = 1e30, best_kolos = 1e30;
-      for (int round = 0; round < kRounds; ++round) {
-        best_raw = std::min(best_raw, time_per_iteration(raw_comm, iterations, raw));
-        best_kolos = std::min(best_kolos, time_per_iteration(raw_comm, iterations, kolos));
+      std::vector<double> raw_times, kolos_times, thread_times;
+      for (int round = 0; round < rounds; ++round) {
+        raw_times.push_back(time_per_iteration(raw_comm, iterations, raw));
+        kolos_times.push_back(time_per_iteration(raw_comm, iterations, kolos));
+        thread_times.push_back(time_per_iteration(raw_comm, iterations, thread));
       }
+      const double raw_s = median(raw_times), kolos_s = median(kolos_times),
+                   thread_s = median(thread_times);
       if (rank == 0) {
         std::string label = bytes >= (1 << 20) ? std::to_string(bytes >> 20) + " MiB"
                                                : std::to_string(bytes >> 10) + " KiB";
-        std::printf("%10s %8d %12.1f %12.1f %12.3f %12.3f %8.2f\n", label.c_str(), iterations,
-                    best_raw * 1e6, best_kolos * 1e6, bytes / best_raw / 1e9,
-                    bytes / best_kolos / 1e9, best_raw / best_kolos);
+        std::printf("%10s %7d %10.1f %10.1f %10.1f %9.3f %10.3f %8.2f %8.2f\n", label.c_str(),
+                    iterations, raw_s * 1e6, kolos_s * 1e6, thread_s * 1e6, bytes / raw_s / 1e9,
+                    bytes / kolos_s / 1e9, raw_s / kolos_s, raw_s / thread_s);
         std::fflush(stdout);
       }
     }

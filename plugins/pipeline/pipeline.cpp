@@ -268,11 +268,14 @@ void PipelineExecutor::setup(Model& model, const DeviceMesh& mesh, const RunConf
   KOLOS_CHECK_KIND(kConfig, largest_tag < (1 << 30), "pipeline: ", S, " virtual stages x ", M,
                    " micro-batches need more message tags than MPI offers");
 
-  // Fault injection for the tests that show the equivalence check has teeth.
+#ifdef KOLOS_FAULT_INJECTION
+  // Fault injection for the tests that show the equivalence check has teeth;
+  // compiled only into the test copy of the plugin (libkolos_pipeline_faults).
   if (const char* fault = std::getenv("KOLOS_PIPELINE_INJECT")) {
     inject_no_tied_sync_ = std::string(fault) == "no-tied-sync";
     inject_no_loss_scale_ = std::string(fault) == "no-loss-scale";
   }
+#endif
 
   trace_ = config.log.trace;
   if (trace_) {

@@ -1,7 +1,9 @@
 // The analytic communication volume of tensor parallelism: bytes one rank
 // sends per optimizer step for the GPT of modules/ under each tp mode,
-// written from the algorithms (plugins/tp/tp1d.cpp, tp_grid.h) and the
-// ProcessGroup's counting rules (comm/process_group.h), not from a run:
+// written from the algorithms (plugins/tp/tp1d.cpp, tp_grid.h), not from a
+// run, in the terms in which the traffic test observes MPI calls
+// (observed_traffic.h: bytes sent under the bandwidth-optimal algorithm of
+// each call):
 //   all_reduce over n of X bytes:   2 (n-1) X / n
 //   all_gather over n, x per rank:  (n-1) x
 //   reduce_scatter over n, X in:    (n-1) X / n

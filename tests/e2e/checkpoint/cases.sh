@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end checkpoint cases with the real `kolos`, mpirun, h5dump, h5py:
-#   cases.sh CASE       (environment: KOLOS, KOLOS_SOURCE_DIR, MPIEXEC)
+#   cases.sh CASE       (environment: KOLOS, KOLOS_SOURCE_DIR, MPIEXEC,
+#                        KOLOS_FAULT_LIB_DIR: the test copy of libkolos_checkpoint)
 set -uo pipefail
 case_name=$1
 # shellcheck source=../lib.sh
@@ -161,7 +162,10 @@ PYEOF
     sed -i 's/^micro_batch = 4/micro_batch = 2/; s/^global_batch = 16/global_batch = 8/' run.toml
     sed -i 's/^\[checkpoint\]/[parallel]\ndata = 2\n[checkpoint]/' run.toml
     # shard per rank: ZeRO-free dp writes only rank 0; make rank 1 die anyway.
-    KOLOS_CKPT_TEST_DIE_RANK=1 KOLOS_CKPT_TEST_DIE_STEP=8 train 2 >log.txt 2>&1
+    # Only the test copy of libkolos_checkpoint (KOLOS_FAULT_LIB_DIR) has the
+    # switch; the installed library ignores these variables.
+    LD_LIBRARY_PATH=$KOLOS_FAULT_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      KOLOS_CKPT_TEST_DIE_RANK=1 KOLOS_CKPT_TEST_DIE_STEP=8 train 2 >log.txt 2>&1
     rc=$?
     cat log.txt
     [[ $rc -ne 0 ]] || fail "the job survived a dead rank"

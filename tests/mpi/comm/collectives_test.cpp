@@ -690,6 +690,61 @@ TEST_F(CommTest, ByteCountersFollowTheFormulas) {
   EXPECT_EQ(pg_->stats().calls[static_cast<int>(OpType::kAllReduce)], 0u);
 }
 
+// ---- small collectives in the caller's thread -------------------------------------
+
+// Sets the inline limit (detail::set_inline_max_bytes) for one test.
+class InlineLimitGuard {
+ public:
+  explicit InlineLimitGuard(int64_t bytes) : previous_(detail::set_inline_max_bytes(bytes)) {}
+  ~InlineLimitGuard() { detail::set_inline_max_bytes(previous_); }
+
+ private:
+  int64_t previous_;
+};
+
+TEST_F(CommTest, SmallCollectiveOnAnIdleGroupCompletesWithinTheCall) {
+  at::Tensor t = contribution(1024, rank_, at::kFloat);  // 4 KiB
+  WorkPtr w = pg_->all_reduce(t);
+  EXPECT_TRUE(w->is_completed()) << "a 4 KiB all_reduce on an idle group runs inline";
+  w->wait();
+  expect_equal(t, expected_reduction(1024, n_, ReduceOp::kSum, at::kFloat), "inline all_reduce");
+  at::Tensor big = contribution(detail::kDefaultInlineMaxBytes / 4 + 1, rank_, at::kFloat);
+  pg_->all_reduce(big)->wait();  // one element over the limit: the thread's
+  expect_equal(big, expected_reduction(big.numel(), n_, ReduceOp::kSum, at::kFloat),
+               "all_reduce past the inline limit");
+  InlineLimitGuard guard(-1);  // everything through the thread gives the same
+  at::Tensor u = contribution(1024, rank_, at::kFloat);
+  pg_->all_reduce(u)->wait();
+  expect_equal(u, expected_reduction(1024, n_, ReduceOp::kSum, at::kFloat), "thread all_reduce");
+}
+
+TEST_F(CommTest, SmallCollectivesNeverOvertakeQueuedOnes) {
+  // Large all_reduces go to the thread; small ones issued behind them must
+  // wait their turn. If one overtook on some rank, ranks would pair
+  // different MPI calls and the results (or MPI) would break. Rank 0 issues
+  // its small ones at once, the others after a pause (their thread is then
+  // often idle again), so the ranks take different paths for the same call.
+  std::vector<at::Tensor> tensors;
+  std::vector<ReduceOp> ops;
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < 24; ++i) {
+    const bool large = i % 3 == 0;
+    const int64_t numel = large ? (1 << 18) : 8 + i;
+    const ReduceOp op = i % 2 ? ReduceOp::kMax : ReduceOp::kSum;
+    if (!large && rank_ != 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    tensors.push_back(contribution(numel, rank_, at::kFloat, i));
+    ops.push_back(op);
+    works.push_back(pg_->all_reduce(tensors.back(), op));
+  }
+  for (auto& w : works) w->wait();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    expect_equal(
+        tensors[i],
+        expected_reduction(tensors[i].numel(), n_, ops[i], at::kFloat, static_cast<int64_t>(i)),
+        "all_reduce " + std::to_string(i));
+  }
+}
+
 // ---- transfers larger than one MPI call ----------------------------------------
 
 TEST_F(CommTest, LargeTransfersAreSplitIntoSeveralMpiCalls) {

@@ -8,7 +8,9 @@
 // last stages hold copies of one weight: every run checks that their
 // gradients are summed. Fault injection (KOLOS_PIPELINE_INJECT) shows that
 // the comparison catches a missing tied-gradient sum and a missing 1/M loss
-// scale.
+// scale; only the test copy of the plugin (libkolos_pipeline_faults) honours
+// it, so CTest runs PipelineFaults.* as pipeline_faults_npN with that plugin
+// first in KOLOS_PLUGIN_PATH.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -154,7 +156,8 @@ double worst_parameter_gap(const char* fault) {
 
 TEST(PipelineFaults, MissingTiedGradientSumIsCaught) {
   if (world_size() != 2) GTEST_SKIP() << "checked at 2 ranks (pure pipeline)";
-  EXPECT_GT(worst_parameter_gap("no-tied-sync"), 100 * testing::Tolerance{}.param_abs);
+  EXPECT_GT(worst_parameter_gap("no-tied-sync"), 100 * testing::Tolerance{}.param_abs)
+      << "was the fault-injecting plugin (libkolos_pipeline_faults) loaded?";
 }
 
 // AdamW with clipping is (almost) blind to a uniform gradient scale, so a
@@ -184,7 +187,8 @@ TEST(PipelineFaults, GradNormMatchesSerialAndCatchesAMissingLossScale) {
   const auto reference = grad_norms(serial(shape(2, 2 * P, 1)), MPI_COMM_SELF, 1);
   const auto broken = grad_norms(pipelined(shape(2, 2 * P, 1), P, "1f1b"), MPI_COMM_WORLD, 1);
   unsetenv("KOLOS_PIPELINE_INJECT");
-  EXPECT_GT(broken[0], 1.5 * reference[0]);  // M = 2P times the true norm
+  EXPECT_GT(broken[0], 1.5 * reference[0])  // M = 2P times the true norm
+      << "was the fault-injecting plugin (libkolos_pipeline_faults) loaded?";
 }
 
 // [log] trace = true: one Chrome trace per rank with forward, backward and

@@ -1,7 +1,10 @@
 // Bytes sent per step by tensor parallelism equal the analytic volume of
 // each mode (tests/support/tp_volume.h, computed from the model's shape),
-// on every rank: the tp group and the grid's sub-groups are counted; the
-// engine's own world reductions (loss, timing) are not tp traffic.
+// on every rank. The bytes are observed at the MPI boundary by
+// libkolos_pmpi_count (tests/support/observed_traffic.h says what "sent"
+// means per call) on the communicators of the tp group and the grid's
+// sub-groups; the engine's own world reductions (loss, timing) are not tp
+// traffic.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -13,6 +16,7 @@
 #include "kolos/core/mesh.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
+#include "observed_traffic.h"
 #include "tp_volume.h"
 
 namespace kolos {
@@ -20,15 +24,10 @@ namespace {
 
 using testing::world_size;
 
-uint64_t tp_bytes(const DeviceMesh& mesh) {
-  uint64_t total = mesh.group(Axis::kTP)->stats().total_bytes();
-  for (const auto& g : mesh.extra_groups()) total += g->stats().total_bytes();
-  return total;
-}
-
-void reset(const DeviceMesh& mesh) {
-  mesh.group(Axis::kTP)->reset_stats();
-  for (const auto& g : mesh.extra_groups()) g->reset_stats();
+testing::ObservedTraffic tp_traffic(const DeviceMesh& mesh) {
+  std::vector<comm::ProcessGroupPtr> groups = mesh.extra_groups();
+  groups.push_back(mesh.group(Axis::kTP));
+  return testing::observed_traffic(groups);
 }
 
 struct Case {
@@ -43,6 +42,7 @@ class TpVolume : public ::testing::TestWithParam<Case> {};
 TEST_P(TpVolume, BytesPerStepEqualTheAnalyticVolume) {
   const Case c = GetParam();
   if (world_size() != c.size) GTEST_SKIP() << "runs at " << c.size << " ranks";
+  ASSERT_EQ(testing::pmpi_interposition_problem(), "");
   // 2 micro-batches of 4 per step; every dimension divides evenly.
   std::vector<std::string> overrides = {"parallel.tensor.size=" + std::to_string(c.size),
                                         "parallel.tensor.mode=" + c.mode, "train.global_batch=8",
@@ -54,11 +54,12 @@ TEST_P(TpVolume, BytesPerStepEqualTheAnalyticVolume) {
   const testing::TpShape shape = testing::tp_shape(config, engine.accumulation());
   const uint64_t expected = static_cast<uint64_t>(testing::tp_bytes_per_step(shape));
   for (int step = 0; step < 2; ++step) {
-    reset(engine.mesh());
+    testing::reset_observed_traffic();
     engine.step();
-    EXPECT_EQ(tp_bytes(engine.mesh()), expected)
-        << "mode " << c.mode << " at " << c.size << " ranks, step " << step << ", rank "
-        << engine.mesh().rank();
+    const testing::ObservedTraffic seen = tp_traffic(engine.mesh());
+    EXPECT_GE(seen.communicators, 1);
+    EXPECT_EQ(seen.sent(), expected) << "mode " << c.mode << " at " << c.size << " ranks, step "
+                                     << step << ", rank " << engine.mesh().rank();
   }
 }
 

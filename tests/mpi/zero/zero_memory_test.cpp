@@ -18,6 +18,7 @@
 #include "kolos/core/mesh.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
+#include "observed_traffic.h"
 
 namespace kolos {
 namespace {
@@ -121,10 +122,13 @@ TEST(ZeroMemory, StagesOrderedByWhatTheyKeep) {
   EXPECT_EQ(by_stage[1].optimizer_bytes * world_size(), by_stage[0].optimizer_bytes);
 }
 
-// Communication on the dp x sp group over one step of M = 4 micro-batches.
+// Communication on the dp x sp group over one step of M = 4 micro-batches,
+// observed at the MPI boundary (observed_traffic.h defines the bytes sent
+// per call: ring volumes for all-reduce, reduce-scatter and all-gather).
 struct Volume {
-  comm::CommStats stats;
+  testing::ObservedTraffic seen;
   int64_t total = 0, shard = 0;  // elements
+  uint64_t bytes(kolos_pmpi_kind kind) const { return seen.sent(kind); }
 };
 
 Volume one_step(int stage, std::vector<std::string> overrides = {}) {
@@ -138,52 +142,58 @@ Volume one_step(int stage, std::vector<std::string> overrides = {}) {
   EXPECT_EQ(engine->accumulation(), 4);
   engine->step();  // the first step after set-up is not special, but skip it anyway
   const auto& group = engine->mesh().group(AxisSet{Axis::kDP, Axis::kSP});
-  group->reset_stats();
+  testing::reset_observed_traffic();
   engine->step();
   Volume v;
-  v.stats = group->stats();
+  v.seen = testing::observed_traffic({group});
+  EXPECT_EQ(v.seen.communicators, 1) << "communicators named " << group->name();
   const Sizes sizes = sizes_of(*engine);
   v.total = sizes.total;
   v.shard = sizes.shard;
   return v;
 }
 
-constexpr auto kAllReduce = static_cast<int>(comm::OpType::kAllReduce);
-constexpr auto kReduceScatter = static_cast<int>(comm::OpType::kReduceScatter);
-constexpr auto kAllGather = static_cast<int>(comm::OpType::kAllGather);
+constexpr auto kAllReduce = KOLOS_PMPI_ALLREDUCE;
+constexpr auto kReduceScatter = KOLOS_PMPI_REDUCE_SCATTER;
+constexpr auto kAllGather = KOLOS_PMPI_ALLGATHER;
 // The global gradient norm: one double all-reduced over dp x sp.
 uint64_t norm_bytes(int n) { return static_cast<uint64_t>(2 * (n - 1) * 8 / n); }
+
+TEST(ZeroCommunication, CountsAreObservedAtTheMpiBoundary) {
+  EXPECT_EQ(testing::pmpi_interposition_problem(), "");
+}
 
 TEST(ZeroCommunication, Stage1ReducesOncePerStep) {
   const int n = world_size();
   const Volume v = one_step(1);
-  EXPECT_EQ(v.stats.bytes[kAllReduce], static_cast<uint64_t>(2 * (n - 1) * 4 * v.total / n) + norm_bytes(n));
-  EXPECT_EQ(v.stats.bytes[kAllGather], static_cast<uint64_t>((n - 1) * 4 * v.shard));
-  EXPECT_EQ(v.stats.bytes[kReduceScatter], 0u);
+  EXPECT_EQ(v.bytes(kAllReduce),
+            static_cast<uint64_t>(2 * (n - 1) * 4 * v.total / n) + norm_bytes(n));
+  EXPECT_EQ(v.bytes(kAllGather), static_cast<uint64_t>((n - 1) * 4 * v.shard));
+  EXPECT_EQ(v.bytes(kReduceScatter), 0u);
 }
 
 TEST(ZeroCommunication, Stage2ReduceScattersEveryMicroBatch) {
   const int n = world_size();
   const Volume v = one_step(2);
-  EXPECT_EQ(v.stats.bytes[kReduceScatter], static_cast<uint64_t>(4 * (n - 1) * 4 * v.shard));
-  EXPECT_EQ(v.stats.bytes[kAllGather], static_cast<uint64_t>((n - 1) * 4 * v.shard));
-  EXPECT_EQ(v.stats.bytes[kAllReduce], norm_bytes(n));
+  EXPECT_EQ(v.bytes(kReduceScatter), static_cast<uint64_t>(4 * (n - 1) * 4 * v.shard));
+  EXPECT_EQ(v.bytes(kAllGather), static_cast<uint64_t>((n - 1) * 4 * v.shard));
+  EXPECT_EQ(v.bytes(kAllReduce), norm_bytes(n));
 }
 
 TEST(ZeroCommunication, Stage3GathersPerMicroBatch) {
   const int n = world_size();
   // Kept after forward: each block gathered once per micro-batch.
   const Volume kept = one_step(3, {"parallel.zero.reshard_after_forward=false"});
-  EXPECT_EQ(kept.stats.bytes[kAllGather], static_cast<uint64_t>(4 * (n - 1) * 4 * kept.shard));
-  EXPECT_EQ(kept.stats.bytes[kReduceScatter], static_cast<uint64_t>(4 * (n - 1) * 4 * kept.shard));
+  EXPECT_EQ(kept.bytes(kAllGather), static_cast<uint64_t>(4 * (n - 1) * 4 * kept.shard));
+  EXPECT_EQ(kept.bytes(kReduceScatter), static_cast<uint64_t>(4 * (n - 1) * 4 * kept.shard));
   // Resharded: once more for backward, except the last block (kept for the
   // backward that follows) and the embedding (gathered again for the tied
   // head, then kept): at most twice, at least once plus the inner blocks.
   const Volume resharded = one_step(3);
-  EXPECT_GT(resharded.stats.bytes[kAllGather], kept.stats.bytes[kAllGather]);
-  EXPECT_LE(resharded.stats.bytes[kAllGather], 2 * kept.stats.bytes[kAllGather]);
-  EXPECT_EQ(resharded.stats.bytes[kReduceScatter], kept.stats.bytes[kReduceScatter]);
-  EXPECT_EQ(resharded.stats.bytes[kAllReduce], norm_bytes(n));
+  EXPECT_GT(resharded.bytes(kAllGather), kept.bytes(kAllGather));
+  EXPECT_LE(resharded.bytes(kAllGather), 2 * kept.bytes(kAllGather));
+  EXPECT_EQ(resharded.bytes(kReduceScatter), kept.bytes(kReduceScatter));
+  EXPECT_EQ(resharded.bytes(kAllReduce), norm_bytes(n));
 }
 
 }  // namespace

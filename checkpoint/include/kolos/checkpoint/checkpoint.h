@@ -174,7 +174,9 @@ std::vector<std::string> verify(const std::string& path);
 // Returns the number of tensors written.
 int64_t export_safetensors(const std::string& path, const std::string& out_file);
 
-// Test hook (fault injection): when the environment variable
+// Test hook (fault injection), only in the test build of the library
+// (compiled with KOLOS_FAULT_INJECTION into lib/faults of the build tree,
+// never installed): when the environment variables
 // KOLOS_CKPT_TEST_DIE_RANK=R and KOLOS_CKPT_TEST_DIE_STEP=S are set, rank R
 // _exit()s with code 9 right after writing its shard of the save of step S,
 // before the save commits, as a rank killed mid-save would.

@@ -3,7 +3,8 @@
 // Thread model. Debian's OpenMPI has no asynchronous progress: a
 // non-blocking MPI operation advances only while some thread is inside an MPI
 // call. So each group owns one communication thread (started on first use,
-// joined by the destructor) and the caller's thread never waits on MPI:
+// joined by the destructor) and the caller's thread does not wait on MPI,
+// except for small collectives (below):
 //
 //   caller thread                         communication thread
 //   -------------                         --------------------
@@ -28,8 +29,22 @@
 // sends does not stall the group's later operations. While a blocking
 // collective runs, MPI's progress engine advances the posted transfers too.
 //
+// Small collectives run inline. A collective of at most
+// detail::kDefaultInlineMaxBytes (32 KiB) issued while the group has nothing
+// queued or running executes in the caller's thread, and the call returns
+// with its Work complete: the hand-off to the thread and back (two wake-ups)
+// would cost more than the transfer. A flag (`busy_`) makes the operation
+// and the thread exclusive, so nothing overtakes anything: what the caller
+// issues while the thread works is queued behind, and the thread takes
+// nothing while an inline operation runs. Large collectives (gradient
+// buckets) always go to the thread and overlap with computation.
+//
 // Ordering contract: all ranks must enqueue the collectives of a group in the
-// same order (one thread executes them in that order, as MPI requires).
+// same order (they execute in that order, as MPI requires). Because a small
+// collective may block its caller until the group's other ranks issue it, a
+// rank must not make the issue of a small collective on one group depend on
+// a peer first completing a later operation of another group (as with
+// blocking MPI collectives).
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -57,6 +72,8 @@ namespace {
 using ::kolos::detail::concat;
 
 std::atomic<int64_t> g_max_count{INT_MAX};
+// Collectives of at most this many bytes may run in the caller's thread.
+std::atomic<int64_t> g_inline_max_bytes{detail::kDefaultInlineMaxBytes};
 
 int64_t max_count() { return g_max_count.load(std::memory_order_relaxed); }
 
@@ -210,13 +227,21 @@ class HalfTypes {
 };
 
 // ---- Work -------------------------------------------------------------------
-// Completed exactly once, by the communication thread. Holds the operation's
+// Completed exactly once, by the communication thread (or, for a collective
+// run inline, by the caller's thread before the call returns). Holds the operation's
 // tensors for its whole lifetime, so they outlive the transfer even when the
 // caller drops its own references.
+//
+// The description that errors quote ("all_reduce(sum) of 1024 float32
+// elements on group 'dp' (rank 0 of 2)") is built only when an error or a
+// timeout needs it: formatting it costs about a microsecond, a sizeable part
+// of a small collective.
+using Describe = std::function<std::string()>;
+
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string what, std::vector<at::Tensor> tensors)
-      : what_(std::move(what)), tensors_(std::move(tensors)) {}
+  MpiWork(Describe describe, std::vector<at::Tensor> tensors)
+      : describe_(std::move(describe)), tensors_(std::move(tensors)) {}
 
   bool is_completed() const override { return done_.load(std::memory_order_acquire); }
 
@@ -229,7 +254,7 @@ class MpiWork final : public Work {
       cv_.wait(lock, ready);
     } else if (!cv_.wait_for(lock, std::max(timeout, std::chrono::milliseconds(0)), ready)) {
       throw CommError(concat(
-          what_, " did not complete within ", timeout.count(),
+          what(), " did not complete within ", timeout.count(),
           " ms and is still pending: a peer may be slow, busy in a different operation (all "
           "ranks must issue a group's collectives in the same order), or dead. If the operation "
           "legitimately takes this long, raise KOLOS_COMM_TIMEOUT_S (seconds, default 600)."));
@@ -246,10 +271,16 @@ class MpiWork final : public Work {
     cv_.notify_all();
   }
 
-  const std::string& what() const { return what_; }
+  // "recv from rank 1 (tag 0) on group 'world' (rank 0 of 2)"; thread-safe.
+  const std::string& what() const {
+    std::call_once(what_once_, [this] { what_ = describe_(); });
+    return what_;
+  }
 
  private:
-  const std::string what_;  // "recv from rank 1 (tag 0) on group 'world' (rank 0 of 2)"
+  const Describe describe_;
+  mutable std::once_flag what_once_;
+  mutable std::string what_;
   const std::vector<at::Tensor> tensors_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
@@ -257,14 +288,27 @@ class MpiWork final : public Work {
   std::exception_ptr error_;
 };
 
+// Who a group is, for the descriptions of its operations; shared with the
+// descriptions, which may be built after the group is gone.
+struct GroupIdentity {
+  std::string name;
+  int rank = 0;
+  int size = 1;
+};
+
+std::string describe_on(const GroupIdentity& id, const std::string& what) {
+  return concat(what, " on group '", id.name, "' (rank ", id.rank, " of ", id.size, ")");
+}
+
 // One queued operation. Collectives carry `run`; point-to-point carries the
 // fields after it and is posted by the communication thread.
 struct Op {
   std::shared_ptr<MpiWork> work;
   OpType type = OpType::kBarrier;
-  uint64_t bytes = 0;         // added to the byte counter on success
-  std::function<void()> run;  // collectives: the whole blocking operation
-  at::Tensor tensor;          // send/recv
+  uint64_t bytes = 0;  // added to the byte counter on success
+  // Collectives: the whole blocking operation; the Work describes it in errors.
+  std::function<void(const MpiWork&)> run;
+  at::Tensor tensor;  // send/recv
   int peer = -1;
   int tag = 0;
 };
@@ -362,6 +406,7 @@ class ProcessGroupMPI final : public ProcessGroup {
             "creating the group");
       tag_ub_ = found ? *static_cast<int*>(value) : 32767;  // 32767: the standard's minimum
       half_types_ = HalfTypes::acquire();
+      id_ = std::make_shared<const GroupIdentity>(GroupIdentity{name_, rank_, size_});
     } catch (...) {
       MPI_Comm_free(&comm_);
       throw;
@@ -428,18 +473,21 @@ class ProcessGroupMPI final : public ProcessGroup {
     const uint64_t bytes = 2 * static_cast<uint64_t>(size_ - 1) * nbytes(tensor) / size_;
     MPI_Datatype type = datatype(tensor);
     MPI_Op mpi_op = reduction(tensor.scalar_type(), op);
-    std::string what = describe(concat(kName, "(", to_string(op), ") of ", tensor.numel(), " ",
-                                       dtype_name(tensor.scalar_type()), " elements"));
-    auto run = [this, tensor, type, mpi_op, op, what] {
+    Describe what = [id = id_, kName, op, numel = tensor.numel(), dtype = tensor.scalar_type()] {
+      return describe_on(*id, concat(kName, "(", to_string(op), ") of ", numel, " ",
+                                     dtype_name(dtype), " elements"));
+    };
+    auto run = [this, tensor, type, mpi_op, op](const MpiWork& work) {
       char* data = bytes_of(tensor);
       const int64_t element = tensor.element_size();
       for (const auto& [offset, count] : chunks(tensor.numel())) {
         check(MPI_Allreduce(MPI_IN_PLACE, data + offset * element, count, type, mpi_op, comm_),
-              "MPI_Allreduce", what);
+              "MPI_Allreduce", work);
       }
       finish_average(tensor, op);
     };
-    return enqueue_collective(OpType::kAllReduce, std::move(what), {tensor}, bytes, std::move(run));
+    return enqueue_collective(OpType::kAllReduce, std::move(what), {tensor}, bytes, nbytes(tensor),
+                              std::move(run));
   }
 
   WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -465,12 +513,14 @@ class ProcessGroupMPI final : public ProcessGroup {
         static_cast<uint64_t>(total - inputs[rank_].numel()) * output.element_size();
     MPI_Datatype type = datatype(output);
     MPI_Op mpi_op = reduction(output.scalar_type(), op);
-    std::string what =
-        describe(concat(kName, "(", to_string(op), ") of ", total, " ",
-                        dtype_name(output.scalar_type()), " elements into ", output.numel()));
+    Describe what = [id = id_, kName, op, total, numel = output.numel(),
+                     dtype = output.scalar_type()] {
+      return describe_on(*id, concat(kName, "(", to_string(op), ") of ", total, " ",
+                                     dtype_name(dtype), " elements into ", numel));
+    };
     std::vector<at::Tensor> keep = inputs;
     keep.push_back(output);
-    auto run = [this, output, inputs, counts, total, type, mpi_op, op, what] {
+    auto run = [this, output, inputs, counts, total, type, mpi_op, op](const MpiWork& work) {
       std::vector<int> displs(size_);
       for (int r = 1; r < size_; ++r) displs[r] = displs[r - 1] + counts[r - 1];
       const int64_t element = output.element_size();
@@ -487,12 +537,13 @@ class ProcessGroupMPI final : public ProcessGroup {
                            send < bytes_of(output) + output.numel() * element;
       at::Tensor result = aliased ? at::empty_like(output) : output;
       check(MPI_Reduce_scatter(send, result.data_ptr(), counts.data(), type, mpi_op, comm_),
-            "MPI_Reduce_scatter", what);
+            "MPI_Reduce_scatter", work);
       if (aliased) output.copy_(result);
       finish_average(output, op);
     };
+    const uint64_t message = static_cast<uint64_t>(total) * output.element_size();
     return enqueue_collective(OpType::kReduceScatter, std::move(what), std::move(keep), bytes,
-                              std::move(run));
+                              message, std::move(run));
   }
 
   WorkPtr reduce_scatter_flat(const at::Tensor& output, const at::Tensor& input,
@@ -509,19 +560,21 @@ class ProcessGroupMPI final : public ProcessGroup {
     const uint64_t bytes = nbytes(input) - nbytes(output);
     MPI_Datatype type = datatype(output);
     MPI_Op mpi_op = reduction(output.scalar_type(), op);
-    std::string what = describe(concat(kName, "(", to_string(op), ") of ", input.numel(), " ",
-                                       dtype_name(output.scalar_type()), " elements"));
-    auto run = [this, output, input, type, mpi_op, op, what] {
+    Describe what = [id = id_, kName, op, numel = input.numel(), dtype = output.scalar_type()] {
+      return describe_on(*id, concat(kName, "(", to_string(op), ") of ", numel, " ",
+                                     dtype_name(dtype), " elements"));
+    };
+    auto run = [this, output, input, type, mpi_op, op](const MpiWork& work) {
       const bool aliased = overlaps(output, input);
       at::Tensor result = aliased ? at::empty_like(output) : output;
       check(MPI_Reduce_scatter_block(input.data_ptr(), result.data_ptr(),
                                      static_cast<int>(output.numel()), type, mpi_op, comm_),
-            "MPI_Reduce_scatter_block", what);
+            "MPI_Reduce_scatter_block", work);
       if (aliased) output.copy_(result);
       finish_average(output, op);
     };
     return enqueue_collective(OpType::kReduceScatter, std::move(what), {output, input}, bytes,
-                              std::move(run));
+                              nbytes(input), std::move(run));
   }
 
   WorkPtr all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input) override {
@@ -543,11 +596,12 @@ class ProcessGroupMPI final : public ProcessGroup {
                      " elements but input has ", input.numel(), "; they must match");
     const uint64_t bytes = nbytes(input) * static_cast<uint64_t>(size_ - 1);
     MPI_Datatype type = datatype(input);
-    std::string what =
-        describe(concat(kName, " of ", total, " ", dtype_name(input.scalar_type()), " elements"));
+    Describe what = [id = id_, kName, total, dtype = input.scalar_type()] {
+      return describe_on(*id, concat(kName, " of ", total, " ", dtype_name(dtype), " elements"));
+    };
     std::vector<at::Tensor> keep = outputs;
     keep.push_back(input);
-    auto run = [this, outputs, input, counts, total, type, what] {
+    auto run = [this, outputs, input, counts, total, type](const MpiWork& work) {
       std::vector<int> displs(size_);
       for (int r = 1; r < size_; ++r) displs[r] = displs[r - 1] + counts[r - 1];
       const int64_t element = input.element_size();
@@ -566,14 +620,15 @@ class ProcessGroupMPI final : public ProcessGroup {
       }
       check(MPI_Allgatherv(send, counts[rank_], type, recv, counts.data(), displs.data(), type,
                            comm_),
-            "MPI_Allgatherv", what);
+            "MPI_Allgatherv", work);
       if (!direct) {
         for (int r = 0; r < size_; ++r) {
           std::memcpy(bytes_of(outputs[r]), recv + displs[r] * element, counts[r] * element);
         }
       }
     };
-    return enqueue_collective(OpType::kAllGather, std::move(what), std::move(keep), bytes,
+    const uint64_t message = static_cast<uint64_t>(total) * input.element_size();
+    return enqueue_collective(OpType::kAllGather, std::move(what), std::move(keep), bytes, message,
                               std::move(run));
   }
 
@@ -588,9 +643,10 @@ class ProcessGroupMPI final : public ProcessGroup {
     check_count(kName, output.numel(), "output");
     const uint64_t bytes = nbytes(input) * static_cast<uint64_t>(size_ - 1);
     MPI_Datatype type = datatype(input);
-    std::string what = describe(
-        concat(kName, " of ", output.numel(), " ", dtype_name(input.scalar_type()), " elements"));
-    auto run = [this, output, input, type, what] {
+    Describe what = [id = id_, kName, numel = output.numel(), dtype = input.scalar_type()] {
+      return describe_on(*id, concat(kName, " of ", numel, " ", dtype_name(dtype), " elements"));
+    };
+    auto run = [this, output, input, type](const MpiWork& work) {
       const int count = static_cast<int>(input.numel());
       const void* send = gather_send_buffer(input, bytes_of(output), output.numel(),
                                             static_cast<int64_t>(rank_) * nbytes(input));
@@ -600,10 +656,10 @@ class ProcessGroupMPI final : public ProcessGroup {
         send = input_copy.data_ptr();
       }
       check(MPI_Allgather(send, count, type, output.data_ptr(), count, type, comm_),
-            "MPI_Allgather", what);
+            "MPI_Allgather", work);
     };
     return enqueue_collective(OpType::kAllGather, std::move(what), {output, input}, bytes,
-                              std::move(run));
+                              nbytes(output), std::move(run));
   }
 
   WorkPtr broadcast(const at::Tensor& tensor, int root) override {
@@ -612,17 +668,19 @@ class ProcessGroupMPI final : public ProcessGroup {
     check_rank(kName, root, "root");
     const uint64_t bytes = rank_ == root ? nbytes(tensor) * static_cast<uint64_t>(size_ - 1) : 0;
     MPI_Datatype type = datatype(tensor);
-    std::string what =
-        describe(concat(kName, " of ", tensor.numel(), " ", dtype_name(tensor.scalar_type()),
-                        " elements from rank ", root));
-    auto run = [this, tensor, root, type, what] {
+    Describe what = [id = id_, kName, root, numel = tensor.numel(), dtype = tensor.scalar_type()] {
+      return describe_on(
+          *id, concat(kName, " of ", numel, " ", dtype_name(dtype), " elements from rank ", root));
+    };
+    auto run = [this, tensor, root, type](const MpiWork& work) {
       char* data = bytes_of(tensor);
       const int64_t element = tensor.element_size();
       for (const auto& [offset, count] : chunks(tensor.numel())) {
-        check(MPI_Bcast(data + offset * element, count, type, root, comm_), "MPI_Bcast", what);
+        check(MPI_Bcast(data + offset * element, count, type, root, comm_), "MPI_Bcast", work);
       }
     };
-    return enqueue_collective(OpType::kBroadcast, std::move(what), {tensor}, bytes, std::move(run));
+    return enqueue_collective(OpType::kBroadcast, std::move(what), {tensor}, bytes, nbytes(tensor),
+                              std::move(run));
   }
 
   WorkPtr all_to_all(const at::Tensor& output, const at::Tensor& input,
@@ -662,25 +720,26 @@ class ProcessGroupMPI final : public ProcessGroup {
       if (r != rank_) bytes += static_cast<uint64_t>(send_counts[r]) * input.element_size();
     }
     MPI_Datatype type = datatype(input);
-    std::string what = describe(
-        concat(kName, " of ", input.numel(), " ", dtype_name(input.scalar_type()), " elements"));
-    auto run = [this, output, input, send_counts, send_displs, recv_counts, recv_displs, type,
-                what] {
+    Describe what = [id = id_, kName, numel = input.numel(), dtype = input.scalar_type()] {
+      return describe_on(*id, concat(kName, " of ", numel, " ", dtype_name(dtype), " elements"));
+    };
+    auto run = [this, output, input, send_counts, send_displs, recv_counts, recv_displs,
+                type](const MpiWork& work) {
       const bool aliased = overlaps(output, input);
       at::Tensor result = aliased ? at::empty_like(output) : output;
       check(MPI_Alltoallv(input.data_ptr(), send_counts.data(), send_displs.data(), type,
                           result.data_ptr(), recv_counts.data(), recv_displs.data(), type, comm_),
-            "MPI_Alltoallv", what);
+            "MPI_Alltoallv", work);
       if (aliased) output.copy_(result);
     };
     return enqueue_collective(OpType::kAllToAll, std::move(what), {output, input}, bytes,
-                              std::move(run));
+                              std::max(nbytes(input), nbytes(output)), std::move(run));
   }
 
   WorkPtr barrier() override {
-    std::string what = describe("barrier");
-    auto run = [this, what] { check(MPI_Barrier(comm_), "MPI_Barrier", what); };
-    return enqueue_collective(OpType::kBarrier, std::move(what), {}, 0, std::move(run));
+    Describe what = [id = id_] { return describe_on(*id, "barrier"); };
+    auto run = [this](const MpiWork& work) { check(MPI_Barrier(comm_), "MPI_Barrier", work); };
+    return enqueue_collective(OpType::kBarrier, std::move(what), {}, 0, 0, std::move(run));
   }
 
   // ---- point-to-point -------------------------------------------------------
@@ -696,9 +755,7 @@ class ProcessGroupMPI final : public ProcessGroup {
  private:
   // ---- validation (caller's thread) -----------------------------------------
 
-  std::string describe(const std::string& what) const {
-    return concat(what, " on group '", name_, "' (rank ", rank_, " of ", size_, ")");
-  }
+  std::string describe(const std::string& what) const { return describe_on(*id_, what); }
 
   void check_tensor(const char* op, const at::Tensor& t, const char* label) const {
     KOLOS_CHECK_KIND(kComm, t.defined(), describe(op), ": ", label, " is an undefined tensor");
@@ -843,17 +900,53 @@ class ProcessGroupMPI final : public ProcessGroup {
       throw CommError(concat(call, " failed in ", what, ": ", mpi_error_string(code)));
     }
   }
+  void check(int code, const char* call, const MpiWork& work) const {
+    if (code != MPI_SUCCESS) check(code, call, work.what());
+  }
 
   // ---- queue ----------------------------------------------------------------
 
-  WorkPtr enqueue_collective(OpType type, std::string what, std::vector<at::Tensor> keep,
-                             uint64_t bytes, std::function<void()> run) {
+  // `message`: the larger of the bytes the operation hands to MPI and the
+  // bytes it gets back; it decides whether the operation may run inline.
+  WorkPtr enqueue_collective(OpType type, Describe what, std::vector<at::Tensor> keep,
+                             uint64_t bytes, uint64_t message,
+                             std::function<void(const MpiWork&)> run) {
     Op op;
     op.work = std::make_shared<MpiWork>(std::move(what), std::move(keep));
     op.type = type;
     op.bytes = bytes;
     op.run = std::move(run);
+    const int64_t inline_max = g_inline_max_bytes.load(std::memory_order_relaxed);
+    if (inline_max >= 0 && message <= static_cast<uint64_t>(inline_max) && run_inline(op)) {
+      return op.work;
+    }
     return push(std::move(op));
+  }
+
+  // Runs a small collective in the caller's thread when nothing of this
+  // group is queued or running: a hand-off to the communication thread and
+  // back (two wake-ups) costs more than the MPI call itself below some tens
+  // of KiB. The group's order is kept: `busy_` makes the communication
+  // thread wait for the inline operation before it takes anything queued
+  // meanwhile, and an operation that finds the group busy is queued behind.
+  // Transfers already posted keep progressing (MPI progresses them inside
+  // the collective too). Returns false, doing nothing, when the group is
+  // busy.
+  bool run_inline(Op& op) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (busy_ || !queue_.empty()) return false;
+      busy_ = true;
+    }
+    execute(op);
+    bool queued = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = false;
+      queued = !queue_.empty();
+    }
+    if (queued) cv_.notify_one();
+    return true;
   }
 
   WorkPtr enqueue_transfer(OpType type, const at::Tensor& tensor, int peer, int tag) {
@@ -865,8 +958,11 @@ class ProcessGroupMPI final : public ProcessGroup {
                      " is outside 0..", tag_ub_, " (MPI_TAG_UB)");
     Op op;
     op.work = std::make_shared<MpiWork>(
-        describe(concat(name, is_send ? " to rank " : " from rank ", peer, " (tag ", tag, ") of ",
-                        tensor.numel(), " ", dtype_name(tensor.scalar_type()), " elements")),
+        [id = id_, name, is_send, peer, tag, numel = tensor.numel(), dtype = tensor.scalar_type()] {
+          return describe_on(
+              *id, concat(name, is_send ? " to rank " : " from rank ", peer, " (tag ", tag, ") of ",
+                          numel, " ", dtype_name(dtype), " elements"));
+        },
         std::vector<at::Tensor>{tensor});
     op.type = type;
     op.bytes = is_send ? nbytes(tensor) : 0;
@@ -893,21 +989,25 @@ class ProcessGroupMPI final : public ProcessGroup {
     using std::chrono::microseconds;
     constexpr microseconds kMaxBackoff(200);
     microseconds backoff(0);
+    // Something to take: queued work, unless an inline operation runs.
+    const auto ready = [this] { return !queue_.empty() && !busy_; };
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      if (!queue_.empty()) {
+      if (ready()) {
         Op op = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
         lock.unlock();
         execute(op);
         progress_transfers();
         backoff = microseconds(0);
         lock.lock();
+        busy_ = false;
         continue;
       }
-      if (stop_) break;
+      if (stop_ && queue_.empty()) break;
       if (pending_.empty()) {
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        cv_.wait(lock, [&] { return stop_ || ready(); });
         continue;
       }
       // Transfers are pending and nothing is queued: poll them, backing off
@@ -926,7 +1026,7 @@ class ProcessGroupMPI final : public ProcessGroup {
         std::this_thread::yield();
         lock.lock();
       } else {
-        cv_.wait_for(lock, backoff, [this] { return stop_ || !queue_.empty(); });
+        cv_.wait_for(lock, backoff, [&] { return stop_ || ready(); });
       }
     }
     lock.unlock();
@@ -940,7 +1040,7 @@ class ProcessGroupMPI final : public ProcessGroup {
     }
     std::exception_ptr error;
     try {
-      op.run();
+      op.run(*op.work);
       const int index = static_cast<int>(op.type);
       bytes_[index].fetch_add(op.bytes, std::memory_order_relaxed);
       calls_[index].fetch_add(1, std::memory_order_relaxed);
@@ -1106,13 +1206,15 @@ class ProcessGroupMPI final : public ProcessGroup {
   int size_ = 1;
   int tag_ub_ = 32767;
   std::shared_ptr<HalfTypes> half_types_;
+  std::shared_ptr<const GroupIdentity> id_;
 
   std::array<std::atomic<uint64_t>, static_cast<int>(OpType::kCount)> bytes_{};
   std::array<std::atomic<uint64_t>, static_cast<int>(OpType::kCount)> calls_{};
 
-  std::mutex mutex_;  // guards queue_, stop_ and starting thread_
+  std::mutex mutex_;  // guards queue_, busy_, stop_ and starting thread_
   std::condition_variable cv_;
   std::deque<Op> queue_;
+  bool busy_ = false;  // a collective or a posting runs (inline or on the thread)
   bool stop_ = false;
   std::thread thread_;
 
@@ -1128,6 +1230,10 @@ ProcessGroupPtr make_mpi_process_group(MPI_Comm comm, std::string name) {
 namespace detail {
 int64_t set_max_mpi_count(int64_t count) {
   return g_max_count.exchange(std::clamp<int64_t>(count, 1, INT_MAX));
+}
+
+int64_t set_inline_max_bytes(int64_t bytes) {
+  return g_inline_max_bytes.exchange(std::max<int64_t>(bytes, -1));
 }
 }  // namespace detail
 

@@ -30,6 +30,19 @@ namespace detail {
 // with no operation in flight. Returns the previous limit; values < 1 or
 // > INT_MAX are clamped.
 int64_t set_max_mpi_count(int64_t count);
+
+// Collectives whose message (the larger of the bytes handed to MPI and the
+// bytes received) is at most this size run in the caller's thread when the
+// group has nothing queued or running: the call returns with the Work
+// already complete. Larger ones, and any issued while the group is busy, go
+// to the communication thread. -1 sends everything to the thread. Returns
+// the previous limit. Tests and benchmarks use it to compare both paths.
+// 32 KiB: with OpenMPI's default ob1 transport, 64 KiB all-reduces run
+// inline were several times slower than the same call on the thread (and
+// than raw MPI) in bench_allreduce, for reasons not found yet; up to 32 KiB
+// (the shared-memory transport's eager range) inline wins on ob1 and UCX.
+constexpr int64_t kDefaultInlineMaxBytes = 32 << 10;
+int64_t set_inline_max_bytes(int64_t bytes);
 }  // namespace detail
 
 }  // namespace kolos::comm

@@ -5,6 +5,10 @@
 //   handle at once. Operations of one group run in the order they were
 //   enqueued, on one communication thread per group, so every rank must enqueue
 //   the collectives of a group in the same order (as with MPI itself).
+//   A backend may run a small collective in the caller's thread when the
+//   group is idle (the MPI backend does, up to 32 KiB; see comm/mpi.h): the
+//   call then returns with the Work complete, having waited for the group's
+//   other ranks to issue it, and still never overtakes queued operations.
 // - Tensors must be contiguous and must stay alive and untouched until the Work
 //   completes (the Work keeps a reference to them).
 // - Work::wait(timeout) blocks until the operation completes; it throws
@@ -21,7 +25,9 @@
 //     broadcast       root: bytes(tensor) * (n-1); others 0
 //     all_to_all      bytes sent to other ranks
 //     send            bytes(tensor); recv 0
-//   so tests and benchmarks can compare traffic with analytic formulas.
+//   so benchmarks can compare traffic with analytic formulas. The counts
+//   come from the sizes the group was given, not from what reached MPI:
+//   traffic tests observe MPI calls instead (tests/support/pmpi_count).
 #pragma once
 
 #include <ATen/core/Tensor.h>
