@@ -5,7 +5,7 @@
 #   bench/run_dp_bench.sh [--layers 4] [--hidden 256] [--heads 8] [--seq-len 64]
 #                         [--vocab 2048] [--global-batch 8] [--micro-batch 4]
 #                         [--steps 30] [--warmup 5] [--threads-1rank 1]
-#                         [--threads-2rank 1] [--build build]
+#                         [--threads-2rank 1] [--bucket-mb 25] [--build build]
 #
 # Builds nothing: it needs build/bin/kolos, build/bin/bench_plain_loop and
 # plugins (ninja -C build kolos bench_plain_loop), OpenMPI's mpirun and
@@ -17,7 +17,11 @@
 #   ddp2        bench/peers/gpt_ddp.py --ranks 2   (PyTorch DDP, gloo)
 # and prints the median step time of each (steps after the first --warmup;
 # for the 2-rank runs a step's time is the slowest rank's), tokens/s from
-# that median, and the ratios kolos-1 / plain-1 and kolos-dp2 / ddp2.
+# that median, and the ratios kolos-1 / plain-1 and kolos-dp2 / ddp2, the
+# latter next to kolos-dp2's reduction overlap (median fraction of the
+# gradient bytes launched while backward still ran, rank 0) and its median
+# wait in finish_backward. --bucket-mb sets kolos's parallel.bucket_mb and
+# DDP's bucket_cap_mb alike.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,7 +30,7 @@ python=${PYTHON:-/usr/bin/python3}
 
 layers=4 hidden=256 heads=8 seq_len=64 vocab=2048
 global_batch=8 micro_batch=4 steps=30 warmup=5
-threads1=1 threads2=1 build=build
+threads1=1 threads2=1 bucket_mb=25 build=build
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -41,8 +45,9 @@ while [[ $# -gt 0 ]]; do
     --warmup) warmup=$2 ;;
     --threads-1rank) threads1=$2 ;;
     --threads-2rank) threads2=$2 ;;
+    --bucket-mb) bucket_mb=$2 ;;
     --build) build=$2 ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_dp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -89,11 +94,14 @@ micro_batch = $micro_batch
 steps = $steps
 seed = 1234
 
+[parallel]
+bucket_mb = $bucket_mb
+
 [log]
 progress = "off"
 TOML
 
-shape="layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab, global_batch $global_batch, micro_batch $micro_batch, $steps steps (median of the last $((steps - warmup)))"
+shape="layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab, global_batch $global_batch, micro_batch $micro_batch, buckets $bucket_mb MB, $steps steps (median of the last $((steps - warmup)))"
 echo "shape: $shape"
 echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
 echo "BLAS: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
@@ -117,7 +125,7 @@ echo "[4/4] ddp2: $python bench/peers/gpt_ddp.py --ranks 2 ($threads2 thread per
 "$python" "$here/peers/gpt_ddp.py" --ranks 2 --threads "$threads2" --layers "$layers" \
   --hidden "$hidden" --heads "$heads" --seq-len "$seq_len" --vocab "$vocab" \
   --global-batch "$global_batch" --micro-batch "$micro_batch" --steps "$steps" \
-  --warmup "$warmup" > "$tmp/ddp2.json" 2> "$tmp/ddp2.log" ||
+  --warmup "$warmup" --bucket-mb "$bucket_mb" > "$tmp/ddp2.json" 2> "$tmp/ddp2.log" ||
   { cat "$tmp/ddp2.log" >&2; exit 1; }
 
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -129,6 +137,12 @@ def kolos(name):
     rows = [json.loads(l) for l in open(f"{tmp}/{name}.jsonl") if l.strip()]
     times = [r["step_time_s"] for r in rows if r["step"] > warmup]
     return statistics.median(times), rows[0]["loss"], rows[-1]["loss"]
+
+def reduction(name):
+    rows = [json.loads(l) for l in open(f"{tmp}/{name}.jsonl") if l.strip()]
+    rows = [r for r in rows if r["step"] > warmup]
+    return (statistics.median(r["reduction_overlap"] for r in rows),
+            statistics.median(r["reduction_wait_s"] for r in rows))
 
 def peer(name):
     r = json.loads(open(f"{tmp}/{name}.json").read().strip().splitlines()[-1])
@@ -143,6 +157,8 @@ for name, ranks, thr, (med, first, last) in runs:
 m = {name: v[0] for name, _, _, v in runs}
 print()
 print(f"kolos-1 / plain-1   (overhead of the engine on 1 rank): {m['kolos-1'] / m['plain-1']:.3f}")
-print(f"kolos-dp2 / ddp2    (step time, 2 ranks):               {m['kolos-dp2'] / m['ddp2']:.3f}")
+overlap, wait = reduction("kolosdp2")
+print(f"kolos-dp2 / ddp2    (step time, 2 ranks):               {m['kolos-dp2'] / m['ddp2']:.3f}"
+      f"   kolos-dp2 reduction overlap {overlap:.3f}, finish_backward wait {wait * 1e3:.1f} ms")
 print(f"kolos-1 / kolos-dp2 (speed-up from 2 ranks):          {m['kolos-1'] / m['kolos-dp2']:.2f}x")
 PY

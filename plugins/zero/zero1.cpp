@@ -1,11 +1,11 @@
-// The zero1 plugin: ZeroStrategy (zero.h) at stage 1.
+// The zero1 plugin: BucketedZero (bucketed_zero.h) at stage 1.
+#include "bucketed_zero.h"
 #include "kolos/core/plugin.h"
-#include "zero.h"
 
 namespace kolos::zero {
-class Zero1 final : public ZeroStrategy {
+class Zero1 final : public BucketedZero {
  public:
-  Zero1() : ZeroStrategy(1) {}
+  Zero1() : BucketedZero(1) {}
 };
 }  // namespace kolos::zero
 

@@ -213,6 +213,7 @@ StepMetrics Engine::step() {
   metrics.idle_fraction =
       sums[2].item<double>() / static_cast<double>(mesh_->layout().world_size());
   metrics.memory = gradients_->memory();
+  metrics.reduction = gradients_->reduction_stats();
   return metrics;
 }
 

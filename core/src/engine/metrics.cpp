@@ -16,7 +16,9 @@ std::string to_json(const StepMetrics& m) {
       << ",\"peak_rss_bytes\":" << m.peak_rss_bytes
       << ",\"param_bytes\":" << m.memory.parameter_bytes
       << ",\"grad_bytes\":" << m.memory.gradient_bytes
-      << ",\"optimizer_bytes\":" << m.memory.optimizer_bytes << "}";
+      << ",\"optimizer_bytes\":" << m.memory.optimizer_bytes
+      << ",\"reduction_overlap\":" << m.reduction.overlap_fraction()
+      << ",\"reduction_wait_s\":" << m.reduction.wait_s << "}";
   return out.str();
 }
 

@@ -38,6 +38,10 @@ struct StepMetrics {
   double idle_fraction = 0.0;
   int64_t peak_rss_bytes = 0;  // max over ranks
   MemoryStats memory;          // this rank's model states
+  // This rank's gradient reductions: the fraction of their bytes launched
+  // while backward ran (overlap_fraction()) and the time finish_backward()
+  // waited for them.
+  ReductionStats reduction;
   bool stop = false;           // some rank was asked to stop (signals.h)
 };
 

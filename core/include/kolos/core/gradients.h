@@ -43,6 +43,24 @@ struct MemoryStats {
   int64_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
 };
 
+// How one step's gradient reductions went on this rank (metrics).
+struct ReductionStats {
+  int64_t bytes = 0;  // bytes reduced this step (buffers handed to collectives)
+  // Of which launched while backward still had gradients to compute: by a
+  // gradient hook other than the backward's last (what the last hook and
+  // finish_backward() launch overlaps nothing).
+  int64_t bytes_during_backward = 0;
+  double wait_s = 0.0;     // seconds spent in finish_backward()
+  int64_t reductions = 0;  // collectives launched this step
+  // Reductions whose Work had completed when finish_backward() was called
+  // (observed with Work::is_completed(), or already waited for).
+  int64_t completed_before_finish = 0;
+  double overlap_fraction() const {
+    return bytes > 0 ? static_cast<double>(bytes_during_backward) / static_cast<double>(bytes)
+                     : 0.0;
+  }
+};
+
 class GradientStrategy : public RolePlugin {
  public:
   virtual ~GradientStrategy() = default;
@@ -55,6 +73,8 @@ class GradientStrategy : public RolePlugin {
   virtual std::vector<GradPiece> grad_pieces() = 0;
   virtual void step(double lr) = 0;
   virtual MemoryStats memory() const = 0;
+  // The last step's reductions; zeros for a strategy that does not report them.
+  virtual ReductionStats reduction_stats() const { return {}; }
 
   // What a checkpoint saves and loads, as live tensors with placements
   // (loading writes into them):

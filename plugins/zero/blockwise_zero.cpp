@@ -1,0 +1,318 @@
+// ZeRO stage 3 (see blockwise_zero.h).
+#include "blockwise_zero.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "kolos/core/error.h"
+#include "kolos/core/grad_hooks.h"
+#include "kolos/core/mesh.h"
+#include "kolos/core/settings.h"
+#include "kolos/core/tensor_storage.h"
+
+namespace kolos::zero {
+namespace {
+
+// Reductions launched but not yet completed (besides the block being filled):
+// bounds the unsharded gradient staging a rank holds (FSDP's rate limiter).
+constexpr size_t kMaxReductionsInFlight = 1;
+
+// A tensor over `t`'s memory that does not share its autograd version
+// counter: writing the gathered values through it does not invalidate the
+// tensors autograd saved in forward (they are the same values).
+at::Tensor alias_of(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+}
+
+bool contains(const std::vector<size_t>& v, size_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+BlockwiseZero::~BlockwiseZero() {
+  // Reductions or gathers still queued (an exception mid-step) must finish
+  // before the buffers they use go away; never throw from here.
+  try {
+    for (auto& r : in_flight_) r.work->wait();
+    for (auto& b : blocks_) {
+      if (b.gather_work) b.gather_work->wait();
+    }
+  } catch (...) {
+  }
+  // The model's block hooks point here, but the model is not touched: the
+  // engine destroys it first (a model outliving its strategy must not run).
+}
+
+void BlockwiseZero::configure(const PluginContext& context) {
+  struct Settings {
+    bool reshard_after_forward = true;
+  } settings;
+  SettingsTable<Settings>("parallel.zero")
+      .boolean("reshard_after_forward", &Settings::reshard_after_forward)
+      .read(context.section, settings, context.core_keys, context.owner);
+  reshard_after_forward_ = settings.reshard_after_forward;
+}
+
+void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) {
+  shard_parameters(model, mesh);
+  for (const auto& s : slots_) {
+    const at::Tensor& t = s.param.tensor;
+    KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
+                    static_cast<int64_t>(t.storage().nbytes()) == s.bytes(),
+                name(), ": parameter ", s.param.name,
+                " does not own its storage (a view of another tensor?); ZeRO-3 frees each "
+                "parameter's storage between uses");
+  }
+  // One group per block, so that a block's parameters come in one gather.
+  std::vector<std::vector<size_t>> members(model.blocks().size());
+  for (size_t i = 0; i < slots_.size(); ++i) members.at(slots_[i].param.block).push_back(i);
+  build_groups(members);
+  blocks_.resize(groups_.size());
+  make_optimizer(config);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    accumulators_.push_back(on_grad_accumulated(slots_[i].param.tensor, slots_[i].param.name,
+                                                [this, i] { on_grad_ready(i); }));
+  }
+  find_block_uses(config);
+  for (auto& b : blocks_) b.state = GatherState::kGathered;
+  free_all_groups();
+  gathered_now_ = gathered_peak_ = 0;
+  install_block_hooks();
+}
+
+// ---- one step ---------------------------------------------------------------
+
+void BlockwiseZero::zero_grad() {
+  torch::NoGradGuard no_grad;
+  free_all_groups();  // left gathered by a forward without backward
+  gathered_peak_ = gathered_now_;
+  staging_peak_ = staging_now_;
+  for (auto& g : groups_) {
+    if (g.shard_grads.defined()) g.shard_grads.zero_();
+  }
+}
+
+void BlockwiseZero::prepare_backward(bool) {
+  if (backward_open_) close_micro_batch();
+  for (size_t g = 0; g < groups_.size(); ++g) blocks_[g].pending = groups_[g].slots.size();
+  next_launch_ = 0;
+  backward_open_ = true;
+}
+
+void BlockwiseZero::on_grad_ready(size_t index) {
+  if (!backward_open_) return;
+  Slot& s = slots_[index];
+  Block& b = blocks_[s.group];
+  torch::NoGradGuard no_grad;
+  at::Tensor& grad = s.param.tensor.mutable_grad();
+  if (grad.defined()) {
+    if (!b.staging.defined()) {
+      b.staging = torch::zeros({ranks_ * groups_[s.group].shard_numel}, grad.options());
+      track(staging_now_, staging_peak_, bytes_of(b.staging));
+    }
+    scatter_rows(s, grad, b.staging);
+    grad.reset();  // no whole gradient outlives its micro-batch
+  }
+  if (b.pending > 0 && --b.pending == 0) {
+    free_group(s.group);  // every parameter of the block has its gradient: reshard
+  }
+  launch_ready(/*force=*/false);
+}
+
+// Launches reductions from the last block to the first while blocks are
+// complete (all of them when forced at the end of a micro-batch), so that
+// every rank enqueues the same collectives in the same order.
+void BlockwiseZero::launch_ready(bool force) {
+  while (next_launch_ < groups_.size()) {
+    const size_t index = groups_.size() - 1 - next_launch_;
+    ShardGroup& g = groups_[index];
+    Block& b = blocks_[index];
+    if (!g.slots.empty()) {
+      if (!force && b.pending > 0) break;
+      if (!b.staging.defined()) {  // no gradient reached this block: reduce zeros
+        b.staging = torch::zeros({ranks_ * g.shard_numel}, g.shard_grads.options());
+        track(staging_now_, staging_peak_, bytes_of(b.staging));
+      }
+      at::Tensor out = torch::empty({g.shard_numel}, g.shard_grads.options());
+      comm::WorkPtr work = group_->reduce_scatter_flat(out, b.staging, comm::ReduceOp::kAvg);
+      in_flight_.push_back(Reduction{index, b.staging, out, std::move(work)});
+      b.staging = at::Tensor();
+      while (in_flight_.size() > kMaxReductionsInFlight) complete_oldest();
+    }
+    ++next_launch_;
+  }
+}
+
+void BlockwiseZero::complete_oldest() {
+  Reduction r = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  r.work->wait();
+  torch::NoGradGuard no_grad;
+  groups_[r.group].shard_grads.add_(r.output);
+  track(staging_now_, staging_peak_, -bytes_of(r.input));
+}
+
+void BlockwiseZero::close_micro_batch() {
+  launch_ready(/*force=*/true);
+  free_all_groups();
+  backward_open_ = false;
+}
+
+void BlockwiseZero::finish_backward() {
+  if (backward_open_) close_micro_batch();
+  while (!in_flight_.empty()) complete_oldest();
+}
+
+void BlockwiseZero::step(double lr) { optimizer_->step(lr); }
+
+// ---- parameters gathered block by block ---------------------------------------
+
+// Which groups each block reads. A block owns the parameters registered
+// under it, but may read others' (GPT's head reads the token embedding of
+// the "embed" block: tied weights). One probe forward at set-up, on a batch
+// of one sequence of token 0 with every parameter still whole, walks each
+// block's autograd graph back to its input and collects the parameters it
+// reached. The RNG is restored afterwards so training draws what it would
+// have drawn without the probe.
+void BlockwiseZero::find_block_uses(const RunConfig& config) {
+  const size_t blocks = model_->blocks().size();
+  uses_.assign(blocks, {});
+  for (size_t b = 0; b < blocks; ++b) {
+    if (!groups_[b].slots.empty()) uses_[b].push_back(b);
+  }
+  // A pipelined model was probed before its other stages' parameters were
+  // freed; otherwise probe now, with every parameter still whole.
+  if (!model_->has_block_reads()) {
+    model_->find_block_reads(torch::zeros({1, config.model.seq_len}, torch::kInt64));
+  }
+  for (size_t b = 0; b < blocks; ++b) {
+    for (const void* impl : model_->block_reads()[b]) {
+      auto it = slot_of_impl_.find(impl);
+      if (it != slot_of_impl_.end() && !contains(uses_[b], slots_[it->second].group)) {
+        uses_[b].push_back(slots_[it->second].group);
+      }
+    }
+  }
+}
+
+void BlockwiseZero::install_block_hooks() {
+  BlockHooks hooks;
+  hooks.before_forward = [this](size_t block, const at::Tensor&) { before_forward(block); };
+  hooks.after_forward = [this](size_t block, const at::Tensor& output) {
+    after_forward(block, output);
+  };
+  model_->set_block_hooks(std::move(hooks));
+}
+
+void BlockwiseZero::before_forward(size_t block) {
+  for (size_t g : uses_[block]) start_gather(g);
+  for (size_t g : uses_[block]) finish_gather(g);
+  // Prefetch: the next block's gather runs while this block computes.
+  if (block + 1 < uses_.size()) {
+    for (size_t g : uses_[block + 1]) start_gather(g);
+  }
+}
+
+void BlockwiseZero::after_forward(size_t block, const at::Tensor& output) {
+  const bool backward_follows = torch::GradMode::is_enabled() && output.requires_grad();
+  if (backward_follows) {
+    output.register_hook([this, block](const at::Tensor&) { before_backward(block); });
+  }
+  if (!reshard_after_forward_) return;
+  const bool last = block + 1 == uses_.size();
+  if (last && backward_follows) return;  // backward starts with this block
+  for (size_t g : uses_[block]) {
+    if (!last && contains(uses_[block + 1], g)) continue;
+    free_group(g);
+  }
+}
+
+void BlockwiseZero::before_backward(size_t block) {
+  for (size_t g : uses_[block]) start_gather(g);
+  for (size_t g : uses_[block]) finish_gather(g);
+  if (block > 0) {
+    for (size_t g : uses_[block - 1]) start_gather(g);
+  }
+}
+
+void BlockwiseZero::start_gather(size_t index) {
+  ShardGroup& g = groups_[index];
+  Block& b = blocks_[index];
+  if (g.slots.empty() || b.state != GatherState::kFree) return;
+  b.gather_out = torch::empty({ranks_ * g.shard_numel}, g.shard_params.options());
+  track(gathered_now_, gathered_peak_, bytes_of(b.gather_out));
+  b.gather_work = group_->all_gather_flat(b.gather_out, g.shard_params);
+  b.state = GatherState::kGathering;
+}
+
+void BlockwiseZero::finish_gather(size_t index) {
+  ShardGroup& g = groups_[index];
+  Block& b = blocks_[index];
+  if (g.slots.empty() || b.state == GatherState::kGathered) return;
+  if (b.state == GatherState::kFree) start_gather(index);
+  b.gather_work->wait();
+  b.gather_work.reset();
+  torch::NoGradGuard no_grad;
+  for (size_t i : g.slots) {
+    Slot& s = slots_[i];
+    allocate_storage(s.param.tensor);
+    track(gathered_now_, gathered_peak_, s.bytes());
+    gather_rows(s, b.gather_out, alias_of(s.param.tensor));
+  }
+  track(gathered_now_, gathered_peak_, -bytes_of(b.gather_out));
+  b.gather_out = at::Tensor();
+  b.state = GatherState::kGathered;
+}
+
+void BlockwiseZero::free_group(size_t index) {
+  ShardGroup& g = groups_[index];
+  Block& b = blocks_[index];
+  if (b.state == GatherState::kGathering) {
+    b.gather_work->wait();  // its buffer is in use until then
+    b.gather_work.reset();
+    track(gathered_now_, gathered_peak_, -bytes_of(b.gather_out));
+    b.gather_out = at::Tensor();
+  } else if (b.state == GatherState::kGathered) {
+    for (size_t i : g.slots) {
+      free_storage(slots_[i].param.tensor);
+      track(gathered_now_, gathered_peak_, -slots_[i].bytes());
+    }
+  }
+  b.state = GatherState::kFree;
+}
+
+void BlockwiseZero::free_all_groups() {
+  for (size_t g = 0; g < groups_.size(); ++g) free_group(g);
+}
+
+// ---- state and accounting ----------------------------------------------------
+
+MemoryStats BlockwiseZero::memory() const {
+  MemoryStats m = shard_memory();
+  // Transients at their high-water mark of the last step: gathered
+  // parameters with their gather buffers, and unsharded gradient staging.
+  m.parameter_bytes += gathered_peak_;
+  m.gradient_bytes += staging_peak_;
+  return m;
+}
+
+std::vector<PlacedParameter> BlockwiseZero::parameters_at_rest() {
+  // Model order; trainable parameters as this rank's shard.
+  std::vector<PlacedParameter> out;
+  for (const auto& p : model_->placed_parameters()) {
+    auto it = slot_of_impl_.find(p.tensor.unsafeGetTensorImpl());
+    if (it == slot_of_impl_.end()) {
+      out.push_back(p);
+      continue;
+    }
+    const Slot& s = slots_[it->second];
+    out.push_back(PlacedParameter{p.name, s.master, s.shard, p.block});
+  }
+  return out;
+}
+
+}  // namespace kolos::zero

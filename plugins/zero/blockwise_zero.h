@@ -1,0 +1,92 @@
+// BlockwiseZero: ZeRO stage 3 (plugin zero3).
+//
+// Parameters are sharded at rest: the model's tensors keep their shape but
+// their storage is freed (FSDP's way, so that every view and every tensor
+// autograd saved sees the data again when it is re-allocated). One shard
+// group per model block. A block's parameters are all-gathered just before
+// its forward and before its backward (a hook on the block's output), the
+// next block's gather is issued while the current one computes (prefetch
+// of one), and a block's storage is freed after its forward
+// (parallel.zero.reshard_after_forward) and once all its gradients are in.
+//
+// Gradients: as each parameter's gradient is final for the micro-batch
+// (its grad accumulator's post-hook) it is copied into its block's
+// rank-major staging buffer and .grad is dropped; a block whose gradients
+// are all in is reduce-scattered (average) on the communication thread and
+// added into the sharded gradient, on every micro-batch. Reductions are
+// launched strictly from the last block to the first, gathers from the
+// block hooks in model order, so every rank enqueues the same collectives
+// in the same order (as FSDP, relying on autograd visiting the same graph
+// in the same order on every rank).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "zero.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace kolos::zero {
+
+class BlockwiseZero : public ZeroStrategy {
+ public:
+  BlockwiseZero() : ZeroStrategy(3) {}
+  ~BlockwiseZero() override;
+
+  // [parallel.zero]: reshard_after_forward, besides the core's stage.
+  void configure(const PluginContext& context) override;
+  void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override;
+  void zero_grad() override;
+  void prepare_backward(bool sync) override;
+  void finish_backward() override;
+  void step(double lr) override;
+  MemoryStats memory() const override;
+  std::vector<PlacedParameter> parameters_at_rest() override;
+
+ private:
+  enum class GatherState { kFree, kGathering, kGathered };
+  struct Block {         // per shard group (one per model block)
+    size_t pending = 0;  // slots whose gradient this micro-batch has not produced yet
+    at::Tensor staging;  // [N * S] rank-major, this micro-batch
+    GatherState state = GatherState::kFree;
+    at::Tensor gather_out;
+    comm::WorkPtr gather_work;
+  };
+  struct Reduction {  // a launched reduction, completed in order
+    size_t group;
+    at::Tensor input, output;
+    comm::WorkPtr work;
+  };
+
+  void on_grad_ready(size_t slot);
+  void launch_ready(bool force);
+  void complete_oldest();
+  void close_micro_batch();
+  void find_block_uses(const RunConfig& config);
+  void install_block_hooks();
+  void before_forward(size_t block);
+  void after_forward(size_t block, const at::Tensor& output);
+  void before_backward(size_t block);
+  void start_gather(size_t group);
+  void finish_gather(size_t group);
+  void free_group(size_t group);
+  void free_all_groups();
+
+  bool reshard_after_forward_ = true;
+  std::vector<Block> blocks_;
+  size_t next_launch_ = 0;  // groups launch last to first: group size-1-next_launch_
+  std::deque<Reduction> in_flight_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  bool backward_open_ = false;
+  std::vector<std::vector<size_t>> uses_;  // groups each block reads
+
+  // Bytes held now and the most held at once since zero_grad().
+  int64_t gathered_now_ = 0, gathered_peak_ = 0;  // whole parameters + gather buffers
+  int64_t staging_now_ = 0, staging_peak_ = 0;    // unsharded gradient buffers
+};
+
+}  // namespace kolos::zero

@@ -1,0 +1,139 @@
+// ZeRO stages 1 and 2 (see bucketed_zero.h).
+#include "bucketed_zero.h"
+
+#include <torch/torch.h>
+
+#include <deque>
+
+#include "kolos/core/error.h"
+#include "kolos/core/mesh.h"
+
+namespace kolos::zero {
+namespace {
+// Parameter all-gathers after a step kept in flight at once.
+constexpr size_t kMaxGathersInFlight = 2;
+}  // namespace
+
+BucketedZero::BucketedZero(int stage) : ZeroStrategy(stage), whole_grads_(stage == 1) {
+  KOLOS_CHECK(stage == 1 || stage == 2, "BucketedZero serves ZeRO stages 1 and 2, not ", stage);
+}
+
+void BucketedZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) {
+  shard_parameters(model, mesh);
+  const int64_t bucket_bytes =
+      std::max<int64_t>(1, config.parallel.bucket_kb > 0 ? config.parallel.bucket_kb * 1024
+                                                         : config.parallel.bucket_mb * 1024 * 1024);
+
+  // Shard groups of about a bucket each, in parameter order: the unit of
+  // the all-gather after the step.
+  std::vector<std::vector<size_t>> members;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const at::Tensor& t = slots_[i].param.tensor;
+    if (members.empty() || slots_[members.back().front()].param.tensor.dtype() != t.dtype() ||
+        bytes + bytes_of(t) > bucket_bytes) {
+      members.emplace_back();
+      bytes = 0;
+    }
+    members.back().push_back(i);
+    bytes += bytes_of(t);
+  }
+  build_groups(members);
+  make_optimizer(config);
+
+  std::vector<GradBuckets::Param> params;
+  for (auto& s : slots_) {
+    params.push_back(GradBuckets::Param{s.param.name, s.param.tensor,
+                                        whole_grads_ ? at::Tensor() : s.grad_shard});
+  }
+  GradBuckets::Options options;
+  options.reduction =
+      whole_grads_ ? GradBuckets::Reduction::kAllReduce : GradBuckets::Reduction::kReduceScatter;
+  options.bucket_bytes = bucket_bytes;
+  buckets_ = std::make_unique<GradBuckets>(std::move(params), group_, options);
+}
+
+void BucketedZero::zero_grad() {
+  torch::NoGradGuard no_grad;
+  gathered_peak_ = gathered_now_;
+  for (auto& g : groups_) {
+    if (g.shard_grads.defined()) g.shard_grads.zero_();
+  }
+  buckets_->zero_grad();
+  // The whole parameters are the truth at rest (a checkpoint loads into
+  // them); the shard the optimizer steps is refreshed from them.
+  refresh_masters();
+}
+
+void BucketedZero::prepare_backward(bool sync) { buckets_->prepare_backward(sync); }
+
+void BucketedZero::finish_backward() {
+  buckets_->finish_backward();
+  if (whole_grads_) copy_grad_shards_from_whole();
+}
+
+void BucketedZero::step(double lr) {
+  optimizer_->step(lr);
+  gather_params_after_step();
+}
+
+void BucketedZero::copy_grad_shards_from_whole() {
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    const int64_t mine = s.rows_of(index_);
+    if (mine > 0) {
+      s.grad_shard.narrow(0, 0, mine)
+          .copy_(s.param.tensor.grad().narrow(0, index_ * s.chunk, mine));
+    }
+  }
+}
+
+void BucketedZero::refresh_masters() {
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    const int64_t mine = s.rows_of(index_);
+    if (mine > 0) {
+      s.master.narrow(0, 0, mine).copy_(s.param.tensor.detach().narrow(0, index_ * s.chunk, mine));
+    }
+  }
+}
+
+void BucketedZero::gather_params_after_step() {
+  torch::NoGradGuard no_grad;
+  struct Pending {
+    size_t group;
+    at::Tensor out;
+    comm::WorkPtr work;
+  };
+  std::deque<Pending> pending;
+  auto drain_one = [&] {
+    Pending p = std::move(pending.front());
+    pending.pop_front();
+    p.work->wait();
+    for (size_t i : groups_[p.group].slots) gather_rows(slots_[i], p.out, slots_[i].param.tensor);
+    track(gathered_now_, gathered_peak_, -bytes_of(p.out));
+  };
+  for (size_t index = 0; index < groups_.size(); ++index) {
+    ShardGroup& g = groups_[index];
+    if (g.slots.empty()) continue;
+    at::Tensor out = torch::empty({ranks_ * g.shard_numel}, g.shard_params.options());
+    track(gathered_now_, gathered_peak_, bytes_of(out));
+    pending.push_back(Pending{index, out, group_->all_gather_flat(out, g.shard_params)});
+    if (pending.size() >= kMaxGathersInFlight) drain_one();
+  }
+  while (!pending.empty()) drain_one();
+}
+
+MemoryStats BucketedZero::memory() const {
+  MemoryStats m = shard_memory();
+  for (const auto& s : slots_) m.parameter_bytes += s.bytes();  // whole, at rest
+  // Transients at their high-water mark of the last step: the all-gather
+  // buffers after the step and (stage 2) the unsharded gradient staging.
+  m.parameter_bytes += gathered_peak_;
+  m.gradient_bytes += buckets_->gradient_bytes() + buckets_->staging_peak_bytes();
+  return m;
+}
+
+ReductionStats BucketedZero::reduction_stats() const { return buckets_->stats(); }
+
+}  // namespace kolos::zero
