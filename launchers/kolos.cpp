@@ -217,6 +217,7 @@ int run(const std::vector<std::string>& args) {
   }
   // Check the config here, as every rank will, so a typo fails before any
   // rank starts.
+  mpirun_command(launch);  // the launch options (-n) first
   check_run(load_run_config(launch.config, launch.overrides), launch.ranks);
   return exec_mpirun(launch);
 }

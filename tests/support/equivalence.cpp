@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -52,7 +53,11 @@ int world_size() {
 
 std::string config_error(const std::vector<std::string>& overrides) {
   try {
-    plan_run(tiny_gpt_config(overrides), world_size());
+    // At the fewest ranks the config's mesh fits, as `kolos check` does.
+    const RunConfig config = tiny_gpt_config(overrides);
+    const auto& p = config.parallel;
+    plan_run(config, std::max<int64_t>(p.data, 1) * p.pipeline.size * p.sequence.size *
+                         p.tensor.size);
   } catch (const ConfigError& e) {
     return e.what();
   }

@@ -38,8 +38,9 @@ struct Tolerance {
 // Ranks in MPI_COMM_WORLD.
 int world_size();
 
-// The ConfigError message that parsing tiny_gpt_config(overrides) raises
-// ("" when the overrides are accepted).
+// The ConfigError message that reading tiny_gpt_config(overrides) and
+// planning it (plan_run: plugins and their settings) at the fewest ranks its
+// mesh fits raise ("" when the overrides are accepted).
 std::string config_error(const std::vector<std::string>& overrides);
 
 // A small GPT on synthetic data: 20 steps, fp32, no dropout; overridable.

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -149,11 +150,13 @@ const Axis kAxes[] = {{"tensor", "layers", "size"},
                       {"sequence", "sequence", "size"},
                       {"zero", "gradients", "stage"}};
 
+// The top-level sections a run may have: the core's, and those of the
+// roles this version runs whose section is a top-level table.
 std::vector<std::string> core_sections() {
   std::vector<std::string> out = {"model",    "data", "optim",      "train",
                                   "parallel", "log",  "checkpoint", "plugins"};
   for (const auto& spec : role_specs()) {
-    if (spec.section.find('.') == std::string::npos && !spec.section.empty()) {
+    if (spec.available && !spec.section.empty() && spec.section.find('.') == std::string::npos) {
       out.push_back(spec.section);
     }
   }
@@ -168,6 +171,14 @@ class Reader {
     RunConfig config;
     config.source = doc_->name();
     config.document = doc_;
+    for (const auto& spec : role_specs()) {  // a role this version cannot run
+      const ConfigSection own = section(spec.section);
+      if (!spec.available && own.present() && spec.section.find('.') == std::string::npos) {
+        own.fail_here("[" + spec.section + "]: the " + spec.name +
+                      " role is not available in this version: the engine cannot run a " +
+                      spec.name + " plugin yet; remove the section.");
+      }
+    }
     ConfigSection(doc_, "").check_keys(core_sections());
     for (const auto& name : core_sections()) {
       const toml::value* v = doc_->find(name);
@@ -302,8 +313,9 @@ class Reader {
     }
     read_axis(kAxes[1], p.pipeline.size, 1, "{ size = 2, schedule = \"1f1b\" }");
     read_axis(kAxes[2], p.sequence.size, 1, "{ size = 2 }");
-    const std::string stage_key = read_axis(kAxes[3], p.zero.stage, 0, "{ stage = 2 }");
-    if (p.zero.stage > 3) {
+    const std::string stage_key =
+        read_axis(kAxes[3], p.zero.stage, std::numeric_limits<int64_t>::min(), "{ stage = 2 }");
+    if (p.zero.stage < 0 || p.zero.stage > 3) {
       ConfigSection(doc_, "").fail(stage_key,
                                    std::to_string(p.zero.stage) +
                                        " is not a ZeRO stage; valid: 0 (off), 1 (optimizer "
@@ -376,11 +388,6 @@ class Reader {
     for (const auto& spec : role_specs()) {
       const std::string& plugin = choice.of(spec.name);
       const ConfigSection own = section(spec.section);
-      if (!spec.available && own.present() && spec.section.find('.') == std::string::npos) {
-        own.fail_here("[" + spec.section + "]: the " + spec.name +
-                      " role is not available in this version: the engine cannot run a " +
-                      spec.name + " plugin yet; remove the section.");
-      }
       if (!spec.available) {
         if (by_role.count(spec.name)) {
           root.fail("plugins." + spec.name,

@@ -88,7 +88,7 @@ TEST(PipelineBadInput, MicroBatchesMustAgreeWithTheBatch) {
   const int dp = world_size() / 2;
   expect_parts(
       engine_error({kPP, "parallel.pipeline.microbatches=3"}),
-      {"parallel.pipeline.microbatches = 3",
+      {"parallel.pipeline.microbatches: 3",
        "gives " + std::to_string(4 / dp) + " micro-batches per step", "(or 0 to derive it)"});
   EXPECT_EQ(engine_error({kPP, "parallel.pipeline.microbatches=" + std::to_string(4 / dp)}), "");
 }

@@ -72,11 +72,15 @@ TEST_P(PipelineTraffic, BytesPerStepEqualTheAnalyticVolume) {
     holds_tied = holds_tied || vs == 0 || vs == S - 1;
   }
   if (holds_tied) expected += T;
+  // The global gradient norm: one all_reduce of one double over the stages
+  // (ring volume 2(P-1)/P of 8 bytes).
+  const uint64_t norm = static_cast<uint64_t>(2 * (P - 1) * 8 / P);
 
   const testing::ObservedTraffic seen = testing::observed_traffic({engine.mesh().group(Axis::kPP)});
   EXPECT_EQ(seen.communicators, 1);
-  EXPECT_EQ(seen.sent(), expected) << c.schedule << ", pp rank " << rank << " of " << P;
-  EXPECT_EQ(seen.sent(), seen.sent(KOLOS_PMPI_SEND)) << "only point-to-point on the pp group";
+  EXPECT_EQ(seen.sent(), expected + norm) << c.schedule << ", pp rank " << rank << " of " << P;
+  EXPECT_EQ(seen.sent(KOLOS_PMPI_SEND), expected) << "activations, gradients, the tied sum";
+  EXPECT_EQ(seen.sent(KOLOS_PMPI_ALLREDUCE), norm) << "the gradient norm";
   // Every send is matched by a receive of the same size somewhere; here:
   // this rank receives what its neighbours send it, the same volume
   // mirrored (activations from the previous stage, gradients from the next).
