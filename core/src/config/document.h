@@ -49,6 +49,8 @@ class ConfigDocument {
 };
 
 [[noreturn]] void fail(const Origin& origin, const std::string& message);
+// "a.b.c" -> {"a", "b", "c"}; a trailing '.' gives a last empty part.
+std::vector<std::string> split_key(const std::string& key);
 const char* type_phrase(toml::value_t type);
 std::string show_value(const toml::value& v);  // short, as the user wrote it
 

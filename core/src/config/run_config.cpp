@@ -45,15 +45,6 @@ const std::vector<std::string> kProgressModes = {"auto", "bar", "lines", "off"};
 
 constexpr int64_t kMaxUint16Vocab = 65536;
 
-std::vector<std::string> split_key(const std::string& key) {
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream in(key);
-  while (std::getline(in, part, '.')) parts.push_back(part);
-  if (!key.empty() && key.back() == '.') parts.emplace_back();
-  return parts;
-}
-
 std::string positive(double x) { return x > 0 && std::isfinite(x) ? "" : "> 0"; }
 std::string non_negative(double x) { return x >= 0 ? "" : ">= 0"; }
 

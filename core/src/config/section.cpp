@@ -20,15 +20,6 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
 }
 
-std::vector<std::string> split_key(const std::string& key) {
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream in(key);
-  while (std::getline(in, part, '.')) parts.push_back(part);
-  if (!key.empty() && key.back() == '.') parts.emplace_back();
-  return parts;
-}
-
 std::string last_part(const std::string& key) {
   const auto dot = key.rfind('.');
   return dot == std::string::npos ? key : key.substr(dot + 1);
@@ -80,6 +71,15 @@ const ConfigDocument& empty_document() {
 }
 
 }  // namespace
+
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(key);
+  while (std::getline(in, part, '.')) parts.push_back(part);
+  if (!key.empty() && key.back() == '.') parts.emplace_back();
+  return parts;
+}
 
 // ---- values as text ---------------------------------------------------------
 
