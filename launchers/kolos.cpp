@@ -26,7 +26,7 @@
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/signals.h"
@@ -139,7 +139,7 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
       error = e.what();
       kind = static_cast<int>(e.kind());
     }
-    detail::agree_on_error(runtime.world(), error, kind);
+    detail::agree_on_error(*runtime.world(), error, kind);
     Engine engine(config, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());

@@ -9,6 +9,7 @@
 
 #include "h5.h"
 #include "kolos/checkpoint/checkpoint.h"
+#include "kolos/core/dtype.h"
 #include "store_detail.h"
 
 namespace fs = std::filesystem;
@@ -34,14 +35,9 @@ std::string json_escape(const std::string& s) {
 }
 
 const char* safetensors_dtype(const std::string& dtype) {
-  if (dtype == "float32") return "F32";
-  if (dtype == "float64") return "F64";
-  if (dtype == "bfloat16") return "BF16";
-  if (dtype == "float16") return "F16";
-  if (dtype == "int64") return "I64";
-  if (dtype == "int32") return "I32";
-  if (dtype == "uint8") return "U8";
-  throw CheckpointError("no safetensors dtype for " + dtype);
+  const DtypeInfo* d = find_dtype(dtype);
+  if (d == nullptr) throw CheckpointError("no safetensors dtype for " + dtype);
+  return d->safetensors;
 }
 
 }  // namespace

@@ -53,7 +53,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/core/mesh.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "kolos/core/schedule.h"
 #include "kolos/core/tensor_storage.h"
 #include "plan.h"

@@ -1,6 +1,6 @@
 // The zero3 plugin: BlockwiseZero (blockwise_zero.h).
 #include "blockwise_zero.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace kolos::zero {
 class Zero3 final : public BlockwiseZero {};

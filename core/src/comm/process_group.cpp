@@ -114,6 +114,8 @@ WorkPtr ProcessGroup::send(const at::Tensor&, int, int) { unsupported("send"); }
 
 WorkPtr ProcessGroup::recv(const at::Tensor&, int, int) { unsupported("recv"); }
 
+ProcessGroupPtr ProcessGroup::split(int64_t, int64_t, const std::string&) { unsupported("split"); }
+
 WorkPtr ProcessGroup::barrier() { unsupported("barrier"); }
 
 }  // namespace kolos::comm

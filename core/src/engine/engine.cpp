@@ -14,7 +14,7 @@
 
 #include "engine_detail.h"
 #include "kolos/core/error.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/signals.h"
 
@@ -30,7 +30,7 @@ int64_t peak_rss_bytes() {
 // Runs `body`; then every rank of `world` learns whether any rank failed.
 // If one did, every rank throws the error of the lowest failing rank.
 template <typename Body>
-void agreed(MPI_Comm world, Body&& body) {
+void agreed(comm::ProcessGroup& world, Body&& body) {
   std::string error;
   int kind = static_cast<int>(ErrorKind::kGeneric);
   try {
@@ -99,14 +99,14 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   return plan;
 }
 
-Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
-    : config_(std::move(config)), world_(world) {
-  int world_size = 1;
-  MPI_Comm_size(world_, &world_size);
+Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_data)
+    : config_(std::move(config)), world_(std::move(world)) {
+  KOLOS_CHECK(world_ != nullptr, "an engine needs a world group");
+  const int world_size = world_->size();
   MeshShape shape;
 
   // Phase 1, local only: everything a rank can check on its own.
-  agreed(world_, [&] {
+  agreed(*world_, [&] {
     RunPlan plan = plan_run(config_, world_size);
     shape = plan.shape;
     accumulation_ = plan.accumulation;
@@ -123,7 +123,7 @@ Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
   mesh_ = std::make_unique<DeviceMesh>(world_, shape);
 
   // Phase 2: the model, identically initialised on every rank.
-  agreed(world_, [&] {
+  agreed(*world_, [&] {
     factory_->setup(*mesh_, config_);
     torch::manual_seed(config_.train.seed);
     model_ = build_model(config_.model, *factory_);

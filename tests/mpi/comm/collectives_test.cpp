@@ -201,6 +201,7 @@ TEST(CommBase, UnimplementedOpsFailByName) {
   expect_comm_error([&] { group.send(t, 0); }, with("send"));
   expect_comm_error([&] { group.recv(t, 0); }, with("recv"));
   expect_comm_error([&] { group.barrier(); }, with("barrier"));
+  expect_comm_error([&] { group.split(0, 0, "sub"); }, with("split"));
 }
 
 // ---- reductions, every dtype x every op ---------------------------------------
@@ -567,6 +568,51 @@ TEST_F(CommTest, TwoGroupsOverTheSameRanksRunIndependently) {
   wx->wait();
   expect_equal(x, at::full({1 << 18}, static_cast<float>(n_)), "world");
   expect_equal(y, at::full({1 << 10}, static_cast<double>(n_ - 1), at::kDouble), "other");
+}
+
+// ---- split ---------------------------------------------------------------------
+
+TEST_F(CommTest, SplitGroupsRanksByColorAndOrdersThemByKey) {
+  // Even and odd world ranks; within each, ordered by descending world rank.
+  ProcessGroupPtr half = pg_->split(rank_ % 2, -rank_, "parity");
+  ASSERT_NE(half, nullptr);
+  const int members = (n_ - rank_ % 2 + 1) / 2;
+  EXPECT_EQ(half->size(), members);
+  EXPECT_EQ(half->name(), "parity");
+  // Higher world ranks come first: rank r is preceded by the members above it.
+  EXPECT_EQ(half->rank(), (n_ - 1 - rank_) / 2);
+  at::Tensor sum = at::full({3}, static_cast<double>(rank_), at::kDouble);
+  half->all_reduce(sum)->wait();
+  double expected = 0;
+  for (int r = rank_ % 2; r < n_; r += 2) expected += r;
+  expect_equal(sum, at::full({3}, expected, at::kDouble), "sum over the split group");
+  // The split did not enter the parent's operation counters.
+  EXPECT_EQ(pg_->stats().calls[static_cast<int>(OpType::kBarrier)], 0u);
+}
+
+TEST_F(CommTest, SplitWithNegativeColorLeavesTheRankOut) {
+  ProcessGroupPtr first = pg_->split(rank_ == 0 ? 0 : -1, rank_, "first");
+  if (rank_ == 0) {
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->size(), 1);
+  } else {
+    EXPECT_EQ(first, nullptr);
+  }
+}
+
+TEST_F(CommTest, SplitWaitsForTheGroupsQueuedOperations) {
+  // A large all-reduce goes to the group's thread; the split issued right
+  // after it must not run MPI on the same communicator at the same time, and
+  // the reduction still completes with the right result.
+  at::Tensor x = at::ones({1 << 20});
+  WorkPtr pending = pg_->all_reduce(x);
+  ProcessGroupPtr copy = pg_->split(0, rank_, "copy");
+  ASSERT_NE(copy, nullptr);
+  pending->wait();
+  expect_equal(x, at::full({1 << 20}, static_cast<float>(n_)), "reduction queued before split");
+  at::Tensor y = at::full({2}, static_cast<float>(rank_ + 1));
+  copy->all_reduce(y, ReduceOp::kMax)->wait();
+  expect_equal(y, at::full({2}, static_cast<float>(n_)), "reduction on the split group");
 }
 
 TEST(CommLifetime, DestroyingAGroupCancelsAPendingRecv) {

@@ -19,7 +19,7 @@
 #include "greeter.h"
 #include "kolos/config.h"
 #include "kolos/core/error.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace kolos {
 namespace {

@@ -5,7 +5,7 @@
  * the descriptor's ABI, kolos and LibTorch versions with its own before it
  * calls anything else, and refuses a mismatch with a message naming both
  * sides. `create` never lets an exception out: it returns NULL and writes
- * the message into `error` (KOLOS_DEFINE_PLUGIN in plugin.h does this).
+ * the message into `error` (KOLOS_DEFINE_PLUGIN in plugin_registry.h does this).
  *
  * The object `create` returns is the plugin's implementation of the role's
  * C++ interface (e.g. kolos::GradientStrategy for role "gradients"), cast to

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kolos/core/mesh_layout.h"
 #include "kolos/core/settings.h"
 
 namespace kolos {
@@ -141,10 +142,6 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& name
 // Mesh sizes implied by a config for `world_size` ranks, in mesh order
 // pp, dp, sp, tp. Throws ConfigError naming the sizes when they do not divide
 // the world (with the nearest valid world sizes / data sizes).
-struct MeshShape {
-  int64_t pp = 1, dp = 1, sp = 1, tp = 1;
-  int64_t size() const { return pp * dp * sp * tp; }
-};
 MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size);
 
 // Renders the effective configuration as TOML (for logs and checkpoints):

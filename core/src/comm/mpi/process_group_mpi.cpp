@@ -60,10 +60,12 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
 #include "kolos/core/comm/mpi.h"
+#include "kolos/core/dtype.h"
 #include "kolos/core/error.h"
 
 namespace kolos::comm {
@@ -90,51 +92,24 @@ bool mpi_finalized() {
   return finalized != 0;
 }
 
-const char* dtype_name(at::ScalarType type) {
+// The MPI datatype of each dtype, from the dtype table (kolos/core/dtype.h);
+// MPI_DATATYPE_NULL for the 16-bit floats, which travel as HalfTypes::type().
+MPI_Datatype table_datatype(at::ScalarType type) {
+#define KOLOS_MPI_DATATYPE(name, scalar, size, safetensors, mpi, h5_file, h5_memory) \
+  case scalar:                                                                     \
+    return mpi;
   switch (type) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kInt:
-      return "int32";
-    case at::kLong:
-      return "int64";
-    case at::kByte:
-      return "uint8";
-    case at::kChar:
-      return "int8";
-    case at::kBool:
-      return "bool";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kHalf:
-      return "float16";
+    KOLOS_DTYPES(KOLOS_MPI_DATATYPE)
     default:
-      return c10::toString(type);
+      break;
   }
+#undef KOLOS_MPI_DATATYPE
+  return MPI_DATATYPE_NULL;
 }
 
-bool is_supported(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kInt:
-    case at::kLong:
-    case at::kByte:
-    case at::kChar:
-    case at::kBool:
-    case at::kBFloat16:
-    case at::kHalf:
-      return true;
-    default:
-      return false;
-  }
+std::string supported_dtypes() {
+  return dtype_names() + " (bool for broadcast, gathers, all_to_all and send/recv only)";
 }
-
-constexpr const char* kSupportedDtypes =
-    "float32, float64, int32, int64, uint8, int8, bfloat16, float16 and bool (bool for "
-    "broadcast, gathers, all_to_all and send/recv only)";
 
 // ---- 16-bit floating point ------------------------------------------------
 // MPI has no bfloat16/float16 type. They travel as a 2-byte contiguous type,
@@ -306,6 +281,7 @@ struct Op {
   std::shared_ptr<MpiWork> work;
   OpType type = OpType::kBarrier;
   uint64_t bytes = 0;  // added to the byte counter on success
+  bool counted = true;  // false: not an operation on tensors (split), not in stats()
   // Collectives: the whole blocking operation; the Work describes it in errors.
   std::function<void(const MpiWork&)> run;
   at::Tensor tensor;  // send/recv
@@ -742,6 +718,40 @@ class ProcessGroupMPI final : public ProcessGroup {
     return enqueue_collective(OpType::kBarrier, std::move(what), {}, 0, 0, std::move(run));
   }
 
+  // MPI_Comm_split runs in the group's order like any collective (inline
+  // when the group is idle, else on its thread), so it never overlaps
+  // another call on this communicator; the new group then takes its own
+  // duplicate of the result.
+  ProcessGroupPtr split(int64_t color, int64_t key, const std::string& name) override {
+    KOLOS_CHECK_KIND(kComm, color <= INT_MAX && key >= INT_MIN && key <= INT_MAX,
+                     describe("split"), ": color ", color, " or key ", key,
+                     " does not fit MPI's int");
+    auto result = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    Op op;
+    op.work = std::make_shared<MpiWork>(
+        [id = id_, name] { return describe_on(*id, concat("split into '", name, "'")); },
+        std::vector<at::Tensor>{});
+    op.type = OpType::kBarrier;
+    op.counted = false;
+    op.run = [this, result, color, key](const MpiWork& work) {
+      check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : static_cast<int>(color),
+                           static_cast<int>(key), result.get()),
+            "MPI_Comm_split", work);
+    };
+    WorkPtr work = op.work;
+    if (!run_inline(op)) work = push(std::move(op));
+    work->wait();
+    if (*result == MPI_COMM_NULL) return nullptr;
+    try {
+      auto group = std::make_shared<ProcessGroupMPI>(*result, name);
+      MPI_Comm_free(result.get());
+      return group;
+    } catch (...) {
+      MPI_Comm_free(result.get());
+      throw;
+    }
+  }
+
   // ---- point-to-point -------------------------------------------------------
 
   WorkPtr send(const at::Tensor& tensor, int dst, int tag) override {
@@ -764,8 +774,8 @@ class ProcessGroupMPI final : public ProcessGroup {
     KOLOS_CHECK_KIND(kComm, t.is_contiguous(), describe(op), ": ", label,
                      " is not contiguous (sizes ", t.sizes(), ", strides ", t.strides(),
                      "); pass tensor.contiguous() and copy the result back");
-    KOLOS_CHECK_KIND(kComm, is_supported(t.scalar_type()), describe(op), ": ", label, " has dtype ",
-                     dtype_name(t.scalar_type()), "; supported: ", kSupportedDtypes);
+    KOLOS_CHECK_KIND(kComm, find_dtype(t.scalar_type()) != nullptr, describe(op), ": ", label,
+                     " has dtype ", dtype_name(t.scalar_type()), "; supported: ", supported_dtypes());
   }
 
   void check_same_dtype(const char* op, const at::Tensor& a, const char* a_label,
@@ -831,28 +841,11 @@ class ProcessGroupMPI final : public ProcessGroup {
   // ---- MPI helpers ------------------------------------------------------------
 
   MPI_Datatype datatype(const at::Tensor& t) const {
-    switch (t.scalar_type()) {
-      case at::kFloat:
-        return MPI_FLOAT;
-      case at::kDouble:
-        return MPI_DOUBLE;
-      case at::kInt:
-        return MPI_INT32_T;
-      case at::kLong:
-        return MPI_INT64_T;
-      case at::kByte:
-        return MPI_UINT8_T;
-      case at::kChar:
-        return MPI_INT8_T;
-      case at::kBool:
-        return MPI_C_BOOL;
-      case at::kBFloat16:
-      case at::kHalf:
-        return half_types_->type();
-      default:
-        break;
-    }
-    throw CommError(describe(concat("unsupported dtype ", dtype_name(t.scalar_type()))));
+    const at::ScalarType type = t.scalar_type();
+    if (type == at::kBFloat16 || type == at::kHalf) return half_types_->type();
+    const MPI_Datatype mpi = table_datatype(type);
+    if (mpi != MPI_DATATYPE_NULL) return mpi;
+    throw CommError(describe(concat("unsupported dtype ", dtype_name(type))));
   }
 
   // kAvg reduces with a sum; finish_average divides afterwards.
@@ -1041,9 +1034,11 @@ class ProcessGroupMPI final : public ProcessGroup {
     std::exception_ptr error;
     try {
       op.run(*op.work);
-      const int index = static_cast<int>(op.type);
-      bytes_[index].fetch_add(op.bytes, std::memory_order_relaxed);
-      calls_[index].fetch_add(1, std::memory_order_relaxed);
+      if (op.counted) {
+        const int index = static_cast<int>(op.type);
+        bytes_[index].fetch_add(op.bytes, std::memory_order_relaxed);
+        calls_[index].fetch_add(1, std::memory_order_relaxed);
+      }
     } catch (const CommError&) {
       error = std::current_exception();
     } catch (const std::exception& e) {

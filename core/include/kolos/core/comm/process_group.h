@@ -110,6 +110,13 @@ class ProcessGroup {
   virtual WorkPtr recv(const at::Tensor& tensor, int src, int tag = 0);
   virtual WorkPtr barrier();
 
+  // A new group of this group's ranks that pass the same `color`, ordered by
+  // `key` (ties: by rank here), named `name`. Collective: every rank of this
+  // group calls it, in the same order relative to its other collectives, and
+  // waits for it; ranks that pass a negative color get nullptr. The new group
+  // is independent: its operations never queue behind this group's.
+  virtual std::shared_ptr<ProcessGroup> split(int64_t color, int64_t key, const std::string& name);
+
   virtual CommStats stats() const = 0;
   virtual void reset_stats() = 0;
 

@@ -1,4 +1,4 @@
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 #include <algorithm>
 #include <cstdlib>
