@@ -102,9 +102,7 @@ int64_t element_size(const std::string& dtype) {
   return find_dtype(dtype)->size;
 }
 
-bool known_dtype(const std::string& dtype) {
-  return stored_as(dtype).file != H5I_INVALID_HID;
-}
+bool known_dtype(const std::string& dtype) { return stored_as(dtype).file != H5I_INVALID_HID; }
 
 H5Id create_dataset(hid_t file, const std::string& path, const std::string& dtype,
                     const std::vector<int64_t>& dims, hid_t dcpl) {

@@ -392,50 +392,51 @@ void run_job(comm::ProcessGroup& group, SaveJob& job) {
   const fs::path tmp = root / (".tmp-" + name);
 
   agree(group, rank != 0 ? "" : capture([&] {
-    std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) throw CheckpointError("cannot create " + root.string() + ": " + ec.message());
-    fs::remove_all(tmp, ec);  // a save that died before
-    if (!fs::create_directory(tmp, ec)) {
-      throw CheckpointError("cannot create " + tmp.string() + ": " + ec.message());
-    }
-  }));
+          std::error_code ec;
+          fs::create_directories(root, ec);
+          if (ec) throw CheckpointError("cannot create " + root.string() + ": " + ec.message());
+          fs::remove_all(tmp, ec);  // a save that died before
+          if (!fs::create_directory(tmp, ec)) {
+            throw CheckpointError("cannot create " + tmp.string() + ": " + ec.message());
+          }
+        }));
 
   agree(group, capture([&] {
-    for (auto& p : job.mine) {
-      const size_t bytes = static_cast<size_t>(p.data.numel()) * p.data.element_size();
-      p.record.crc = crc32c(0, p.data.data_ptr(), bytes);
-    }
-    if (!job.mine.empty()) write_shard((tmp / shard_name(job.rank)).string(), job.rank, job.mine);
-    maybe_die(job.rank, job.meta.step);
-  }));
+          for (auto& p : job.mine) {
+            const size_t bytes = static_cast<size_t>(p.data.numel()) * p.data.element_size();
+            p.record.crc = crc32c(0, p.data.data_ptr(), bytes);
+          }
+          if (!job.mine.empty())
+            write_shard((tmp / shard_name(job.rank)).string(), job.rank, job.mine);
+          maybe_die(job.rank, job.meta.step);
+        }));
 
   std::vector<std::string> texts = gather_bytes(group, serialize(job.mine));
   agree(group, rank != 0 ? "" : capture([&] {
-    std::vector<Record> records;
-    std::vector<int64_t> writers;
-    for (size_t r = 0; r < texts.size(); ++r) {
-      std::vector<Record> part = deserialize(texts[r]);
-      if (!part.empty()) writers.push_back(static_cast<int64_t>(r));
-      records.insert(records.end(), part.begin(), part.end());
-    }
-    check_records(records);
-    write_index((tmp / "index.h5").string(), records, job.meta, writers);
-    fsync_path(tmp.string(), true);
-    std::error_code ec;
-    const fs::path old = root / (".old-" + name);
-    if (fs::exists(final_dir)) {  // saved again at the same step: replace
-      fs::remove_all(old, ec);
-      fs::rename(final_dir, old);
-    }
-    fs::rename(tmp, final_dir, ec);
-    if (ec) {
-      throw CheckpointError("cannot rename " + tmp.string() + " to " + final_dir.string() + ": " +
-                            ec.message());
-    }
-    fsync_path(root.string(), true);
-    fs::remove_all(old, ec);
-  }));
+          std::vector<Record> records;
+          std::vector<int64_t> writers;
+          for (size_t r = 0; r < texts.size(); ++r) {
+            std::vector<Record> part = deserialize(texts[r]);
+            if (!part.empty()) writers.push_back(static_cast<int64_t>(r));
+            records.insert(records.end(), part.begin(), part.end());
+          }
+          check_records(records);
+          write_index((tmp / "index.h5").string(), records, job.meta, writers);
+          fsync_path(tmp.string(), true);
+          std::error_code ec;
+          const fs::path old = root / (".old-" + name);
+          if (fs::exists(final_dir)) {  // saved again at the same step: replace
+            fs::remove_all(old, ec);
+            fs::rename(final_dir, old);
+          }
+          fs::rename(tmp, final_dir, ec);
+          if (ec) {
+            throw CheckpointError("cannot rename " + tmp.string() + " to " + final_dir.string() +
+                                  ": " + ec.message());
+          }
+          fsync_path(root.string(), true);
+          fs::remove_all(old, ec);
+        }));
 }
 
 void update_latest(const std::string& root, const std::string& name) {
@@ -696,8 +697,8 @@ void save_pieces(comm::ProcessGroup& group, const MeshLayout& layout, const std:
   const int rank = group.rank();
   detail::SaveJob job;
   detail::agree(group, detail::capture([&] {
-    job = detail::snapshot(layout, rank, dir, pieces, meta, /*copy=*/false);
-  }));
+                  job = detail::snapshot(layout, rank, dir, pieces, meta, /*copy=*/false);
+                }));
   detail::run_job(group, job);
 }
 
@@ -707,8 +708,8 @@ Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
   const int size = group.size();
   detail::IndexInfo index;
   detail::agree(group, detail::capture([&] {
-    index = detail::read_index(resolve(dir_or_root), /*with_rng=*/true);
-  }));
+                  index = detail::read_index(resolve(dir_or_root), /*with_rng=*/true);
+                }));
   // Which of the checkpoint's tensors some rank of this run holds (under
   // pipelining each stage holds only its own blocks' tensors).
   at::Tensor held = at::zeros({static_cast<int64_t>(index.tensors.size())}, at::kInt);
@@ -723,86 +724,89 @@ Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
     }
     if (held.numel() > 0) group.all_reduce(held, comm::ReduceOp::kMax)->wait();
   }
-  detail::agree(group, detail::capture([&] {
-    const std::string where = index.dir + "/index.h5";
-    // This run's tensors (over all ranks) and the checkpoint's must be the same set.
-    std::set<std::string> ours, theirs(index.tensors.begin(), index.tensors.end());
-    for (const auto& p : pieces) {
-      if (p.placement.global_numel() > 0) ours.insert(p.name);
-    }
-    std::vector<std::string> missing, extra;
-    for (const auto& t : ours) {
-      if (!theirs.count(t)) missing.push_back(t);
-    }
-    for (size_t i = 0; i < index.tensors.size(); ++i) {
-      if (held.data_ptr<int32_t>()[i] == 0) extra.push_back(index.tensors[i]);
-    }
-    if (!missing.empty() || !extra.empty()) {
-      std::string msg = where + ": the checkpoint does not hold this run's tensors";
-      if (!missing.empty()) msg += "; missing dataset /" + missing[0];
-      if (missing.size() > 1) msg += " and " + std::to_string(missing.size() - 1) + " more";
-      if (!extra.empty()) msg += "; dataset /" + extra[0] + " is not in this run";
-      if (extra.size() > 1) msg += " (and " + std::to_string(extra.size() - 1) + " more)";
-      throw CheckpointError(msg + " (a checkpoint of another model?)");
-    }
-    for (const auto& p : pieces) {
-      if (p.placement.global_numel() == 0) continue;
-      const auto shape = detail::file_shape(p.placement.global_shape());
-      if (index.shapes.at(p.name) != shape) {
-        throw CheckpointError(where + ": dataset /" + p.name + " has shape " +
-                              shape_string(index.shapes.at(p.name)) + ", this run's is " +
-                              shape_string(shape) + " (a checkpoint of another model shape?)");
-      }
-      const std::string dtype = detail::stored_dtype_name(p.tensor.scalar_type());
-      if (index.dtypes.at(p.name) != dtype) {
-        throw CheckpointError(where + ": dataset /" + p.name + " is " + index.dtypes.at(p.name) +
-                              ", this run's tensor is " + dtype);
-      }
-    }
-    for (const auto& problem : detail::coverage_problems(index)) throw CheckpointError(problem);
-    for (size_t i = static_cast<size_t>(rank); i < index.mappings.size();
-         i += static_cast<size_t>(size)) {
-      const std::string problem = detail::verify_mapping(index, index.mappings[i]);
-      if (!problem.empty()) throw CheckpointError(problem);
-    }
-  }));
+  detail::agree(
+      group, detail::capture([&] {
+        const std::string where = index.dir + "/index.h5";
+        // This run's tensors (over all ranks) and the checkpoint's must be the same set.
+        std::set<std::string> ours, theirs(index.tensors.begin(), index.tensors.end());
+        for (const auto& p : pieces) {
+          if (p.placement.global_numel() > 0) ours.insert(p.name);
+        }
+        std::vector<std::string> missing, extra;
+        for (const auto& t : ours) {
+          if (!theirs.count(t)) missing.push_back(t);
+        }
+        for (size_t i = 0; i < index.tensors.size(); ++i) {
+          if (held.data_ptr<int32_t>()[i] == 0) extra.push_back(index.tensors[i]);
+        }
+        if (!missing.empty() || !extra.empty()) {
+          std::string msg = where + ": the checkpoint does not hold this run's tensors";
+          if (!missing.empty()) msg += "; missing dataset /" + missing[0];
+          if (missing.size() > 1) msg += " and " + std::to_string(missing.size() - 1) + " more";
+          if (!extra.empty()) msg += "; dataset /" + extra[0] + " is not in this run";
+          if (extra.size() > 1) msg += " (and " + std::to_string(extra.size() - 1) + " more)";
+          throw CheckpointError(msg + " (a checkpoint of another model?)");
+        }
+        for (const auto& p : pieces) {
+          if (p.placement.global_numel() == 0) continue;
+          const auto shape = detail::file_shape(p.placement.global_shape());
+          if (index.shapes.at(p.name) != shape) {
+            throw CheckpointError(where + ": dataset /" + p.name + " has shape " +
+                                  shape_string(index.shapes.at(p.name)) + ", this run's is " +
+                                  shape_string(shape) + " (a checkpoint of another model shape?)");
+          }
+          const std::string dtype = detail::stored_dtype_name(p.tensor.scalar_type());
+          if (index.dtypes.at(p.name) != dtype) {
+            throw CheckpointError(where + ": dataset /" + p.name + " is " +
+                                  index.dtypes.at(p.name) + ", this run's tensor is " + dtype);
+          }
+        }
+        for (const auto& problem : detail::coverage_problems(index)) throw CheckpointError(problem);
+        for (size_t i = static_cast<size_t>(rank); i < index.mappings.size();
+             i += static_cast<size_t>(size)) {
+          const std::string problem = detail::verify_mapping(index, index.mappings[i]);
+          if (!problem.empty()) throw CheckpointError(problem);
+        }
+      }));
 
-  detail::agree(group, detail::capture([&] {
-    auto lock = h5::h5_lock();
-    const std::string path = index.dir + "/index.h5";
-    h5::H5Id file = h5::open_file_read(path);
-    torch::NoGradGuard no_grad;
-    for (const auto& p : pieces) {
-      const Placement& pl = p.placement;
-      if (pl.has_padding() || pl.piece_numel() == 0) p.tensor.zero_();  // padding reads as 0
-      if (pl.global_numel() == 0 || pl.piece_numel() == 0) continue;
-      const std::string where = path + ": dataset /" + p.name;
-      h5::H5Id ds = h5::dataset(H5Dopen2(file, ("/" + p.name).c_str(), H5P_DEFAULT), where);
-      std::vector<hsize_t> start, count;
-      std::vector<int64_t> piece_shape;
-      for (int d = 0; d < pl.dim(); ++d) {
-        start.push_back(static_cast<hsize_t>(pl.slice(d).offset));
-        count.push_back(static_cast<hsize_t>(pl.slice(d).length));
-        piece_shape.push_back(pl.slice(d).length);
-      }
-      if (pl.dim() == 0) {
-        start = {0};
-        count = {1};
-      }
-      h5::H5Id fspace = h5::space(H5Dget_space(ds), where);
-      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-      h5::H5Id mspace = h5::space(
-          H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), where);
-      at::Tensor buffer = torch::empty(piece_shape, p.tensor.options().device(at::kCPU));
-      const std::string dtype = detail::stored_dtype_name(buffer.scalar_type());
-      if (H5Dread(ds, h5::memory_type(dtype), mspace, fspace, H5P_DEFAULT, buffer.data_ptr()) < 0) {
-        h5::fail("cannot read " + where);
-      }
-      at::Tensor target = p.tensor;
-      for (int d = 0; d < pl.dim(); ++d) target = target.narrow(d, 0, pl.slice(d).length);
-      target.copy_(buffer);
-    }
-  }));
+  detail::agree(
+      group, detail::capture([&] {
+        auto lock = h5::h5_lock();
+        const std::string path = index.dir + "/index.h5";
+        h5::H5Id file = h5::open_file_read(path);
+        torch::NoGradGuard no_grad;
+        for (const auto& p : pieces) {
+          const Placement& pl = p.placement;
+          if (pl.has_padding() || pl.piece_numel() == 0) p.tensor.zero_();  // padding reads as 0
+          if (pl.global_numel() == 0 || pl.piece_numel() == 0) continue;
+          const std::string where = path + ": dataset /" + p.name;
+          h5::H5Id ds = h5::dataset(H5Dopen2(file, ("/" + p.name).c_str(), H5P_DEFAULT), where);
+          std::vector<hsize_t> start, count;
+          std::vector<int64_t> piece_shape;
+          for (int d = 0; d < pl.dim(); ++d) {
+            start.push_back(static_cast<hsize_t>(pl.slice(d).offset));
+            count.push_back(static_cast<hsize_t>(pl.slice(d).length));
+            piece_shape.push_back(pl.slice(d).length);
+          }
+          if (pl.dim() == 0) {
+            start = {0};
+            count = {1};
+          }
+          h5::H5Id fspace = h5::space(H5Dget_space(ds), where);
+          H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+          h5::H5Id mspace = h5::space(
+              H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), where);
+          at::Tensor buffer = torch::empty(piece_shape, p.tensor.options().device(at::kCPU));
+          const std::string dtype = detail::stored_dtype_name(buffer.scalar_type());
+          if (H5Dread(ds, h5::memory_type(dtype), mspace, fspace, H5P_DEFAULT, buffer.data_ptr()) <
+              0) {
+            h5::fail("cannot read " + where);
+          }
+          at::Tensor target = p.tensor;
+          for (int d = 0; d < pl.dim(); ++d) target = target.narrow(d, 0, pl.slice(d).length);
+          target.copy_(buffer);
+        }
+      }));
   return index.meta;
 }
 

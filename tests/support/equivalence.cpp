@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 
 #include "kolos/core/comm/mpi.h"
 #include "kolos/core/error.h"
@@ -62,7 +62,9 @@ int world_size() {
   return size;
 }
 
-comm::ProcessGroupPtr world_group() { return comm::make_mpi_process_group(MPI_COMM_WORLD, "world"); }
+comm::ProcessGroupPtr world_group() {
+  return comm::make_mpi_process_group(MPI_COMM_WORLD, "world");
+}
 
 comm::ProcessGroupPtr self_group() { return comm::make_mpi_process_group(MPI_COMM_SELF, "self"); }
 

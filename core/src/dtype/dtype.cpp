@@ -1,6 +1,5 @@
 #include "kolos/core/dtype.h"
 
-
 namespace kolos {
 namespace {
 

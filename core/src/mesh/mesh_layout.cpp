@@ -8,10 +8,14 @@ namespace kolos {
 
 const char* to_string(Axis axis) {
   switch (axis) {
-    case Axis::kPP: return "pp";
-    case Axis::kDP: return "dp";
-    case Axis::kSP: return "sp";
-    case Axis::kTP: return "tp";
+    case Axis::kPP:
+      return "pp";
+    case Axis::kDP:
+      return "dp";
+    case Axis::kSP:
+      return "sp";
+    case Axis::kTP:
+      return "tp";
   }
   return "?";
 }
@@ -36,10 +40,14 @@ MeshLayout::MeshLayout(MeshShape shape) : shape_(shape) {
 
 int64_t MeshLayout::size(Axis axis) const {
   switch (axis) {
-    case Axis::kPP: return shape_.pp;
-    case Axis::kDP: return shape_.dp;
-    case Axis::kSP: return shape_.sp;
-    case Axis::kTP: return shape_.tp;
+    case Axis::kPP:
+      return shape_.pp;
+    case Axis::kDP:
+      return shape_.dp;
+    case Axis::kSP:
+      return shape_.sp;
+    case Axis::kTP:
+      return shape_.tp;
   }
   return 1;
 }

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -125,8 +125,7 @@ void report_error(const std::exception& error, const RankInfo* where) {
 
 namespace detail {
 
-void agree_on_error(comm::ProcessGroup& group, const std::string& error_or_empty,
-                    int error_kind) {
+void agree_on_error(comm::ProcessGroup& group, const std::string& error_or_empty, int error_kind) {
   const int rank = group.rank();
   const int size = group.size();
   at::Tensor first = at::full({1}, error_or_empty.empty() ? size : rank, at::kLong);
@@ -134,8 +133,8 @@ void agree_on_error(comm::ProcessGroup& group, const std::string& error_or_empty
   const int origin = static_cast<int>(first.item<int64_t>());
   if (origin == size) return;
   // The first failing rank tells the others its kind and message.
-  at::Tensor header = at::tensor({static_cast<int64_t>(error_kind),
-                                  static_cast<int64_t>(error_or_empty.size())}, at::kLong);
+  at::Tensor header = at::tensor(
+      {static_cast<int64_t>(error_kind), static_cast<int64_t>(error_or_empty.size())}, at::kLong);
   group.broadcast(header, origin)->wait();
   const int kind = static_cast<int>(header[0].item<int64_t>());
   at::Tensor text = at::empty({header[1].item<int64_t>()}, at::kByte);

@@ -141,9 +141,10 @@ TEST(PipelineByTensor, InterleavedWithTp1d) { expect_pipeline_by_tensor("interle
 double worst_parameter_gap(const char* fault) {
   setenv("KOLOS_PIPELINE_INJECT", fault, 1);
   const int P = 2;
-  testing::RunRecord reference = testing::run_and_record(serial(shape(2, 4, 1)), testing::self_group());
-  testing::RunRecord broken =
-      testing::run_and_record(pipelined(shape(2, 4, world_size() / P), P, "1f1b"), testing::world_group());
+  testing::RunRecord reference =
+      testing::run_and_record(serial(shape(2, 4, 1)), testing::self_group());
+  testing::RunRecord broken = testing::run_and_record(
+      pipelined(shape(2, 4, world_size() / P), P, "1f1b"), testing::world_group());
   unsetenv("KOLOS_PIPELINE_INJECT");
   double worst = 0.0;
   for (size_t i = 0; i < reference.parameters.size(); ++i) {
@@ -178,15 +179,16 @@ TEST(PipelineFaults, GradNormMatchesSerialAndCatchesAMissingLossScale) {
     const int chunks = std::string(schedule) == "interleaved" ? 2 : 1;
     const int layers = chunks == 2 && P == 4 ? 6 : 2;
     const auto reference = grad_norms(serial(shape(layers, 2 * P, 1)), testing::self_group(), 3);
-    const auto mine =
-        grad_norms(pipelined(shape(layers, 2 * P, 1), P, schedule, chunks), testing::world_group(), 3);
+    const auto mine = grad_norms(pipelined(shape(layers, 2 * P, 1), P, schedule, chunks),
+                                 testing::world_group(), 3);
     for (size_t i = 0; i < reference.size(); ++i) {
       EXPECT_NEAR(mine[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
     }
   }
   setenv("KOLOS_PIPELINE_INJECT", "no-loss-scale", 1);
   const auto reference = grad_norms(serial(shape(2, 2 * P, 1)), testing::self_group(), 1);
-  const auto broken = grad_norms(pipelined(shape(2, 2 * P, 1), P, "1f1b"), testing::world_group(), 1);
+  const auto broken =
+      grad_norms(pipelined(shape(2, 2 * P, 1), P, "1f1b"), testing::world_group(), 1);
   unsetenv("KOLOS_PIPELINE_INJECT");
   EXPECT_GT(broken[0], 1.5 * reference[0])  // M = 2P times the true norm
       << "was the fault-injecting plugin (libkolos_pipeline_faults) loaded?";

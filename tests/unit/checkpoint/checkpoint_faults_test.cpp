@@ -40,8 +40,7 @@ class Faults : public ::testing::Test {
     bias_ = torch::linspace(-1, 1, 16, torch::kDouble);
     checkpoint::Metadata meta;
     meta.step = 5;
-    checkpoint::save_pieces(self(), MeshLayout(MeshShape{}), dir_, pieces(weight_, bias_),
-                            meta);
+    checkpoint::save_pieces(self(), MeshLayout(MeshShape{}), dir_, pieces(weight_, bias_), meta);
     shard_ = dir_ + "/shard-0.h5";
   }
   void TearDown() override { fs::remove_all(root_); }

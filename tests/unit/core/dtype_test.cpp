@@ -12,7 +12,7 @@ namespace kolos {
 namespace {
 
 const at::ScalarType kHandled[] = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong,
-                                   at::kInt,   at::kByte,   at::kChar,      at::kBool};
+                                   at::kInt,   at::kByte,   at::kChar,     at::kBool};
 
 TEST(DtypeTable, EveryHandledTypeHasOneRowWithLibTorchsSize) {
   std::set<std::string> names, tags;

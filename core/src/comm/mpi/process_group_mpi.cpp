@@ -96,7 +96,7 @@ bool mpi_finalized() {
 // MPI_DATATYPE_NULL for the 16-bit floats, which travel as HalfTypes::type().
 MPI_Datatype table_datatype(at::ScalarType type) {
 #define KOLOS_MPI_DATATYPE(name, scalar, size, safetensors, mpi, h5_file, h5_memory) \
-  case scalar:                                                                     \
+  case scalar:                                                                       \
     return mpi;
   switch (type) {
     KOLOS_DTYPES(KOLOS_MPI_DATATYPE)
@@ -723,9 +723,8 @@ class ProcessGroupMPI final : public ProcessGroup {
   // another call on this communicator; the new group then takes its own
   // duplicate of the result.
   ProcessGroupPtr split(int64_t color, int64_t key, const std::string& name) override {
-    KOLOS_CHECK_KIND(kComm, color <= INT_MAX && key >= INT_MIN && key <= INT_MAX,
-                     describe("split"), ": color ", color, " or key ", key,
-                     " does not fit MPI's int");
+    KOLOS_CHECK_KIND(kComm, color <= INT_MAX && key >= INT_MIN && key <= INT_MAX, describe("split"),
+                     ": color ", color, " or key ", key, " does not fit MPI's int");
     auto result = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
     Op op;
     op.work = std::make_shared<MpiWork>(
@@ -775,7 +774,8 @@ class ProcessGroupMPI final : public ProcessGroup {
                      " is not contiguous (sizes ", t.sizes(), ", strides ", t.strides(),
                      "); pass tensor.contiguous() and copy the result back");
     KOLOS_CHECK_KIND(kComm, find_dtype(t.scalar_type()) != nullptr, describe(op), ": ", label,
-                     " has dtype ", dtype_name(t.scalar_type()), "; supported: ", supported_dtypes());
+                     " has dtype ", dtype_name(t.scalar_type()),
+                     "; supported: ", supported_dtypes());
   }
 
   void check_same_dtype(const char* op, const at::Tensor& a, const char* a_label,
