@@ -123,9 +123,10 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
   }
   if (resume.empty()) resume = resume_dir;
 
-  // Before anything slow: a stop request (Slurm's warning, SIGTERM) during
-  // start-up must not kill the process (SIGUSR1's default action); it stops
-  // the run at its first step boundary instead.
+  // Before anything slow: during set-up SIGTERM/SIGINT end the process at
+  // once with a message and SIGUSR1 (Slurm's warning, whose default action
+  // would kill) waits for the first step boundary; then all three stop the
+  // run at a step boundary (signals.h).
   install_stop_handlers();
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {

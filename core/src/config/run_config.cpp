@@ -120,6 +120,14 @@ const SettingsTable<CheckpointConfig>& checkpoint_table() {
   return table;
 }
 
+const SettingsTable<RuntimeConfig>& runtime_table() {
+  static const auto table = SettingsTable<RuntimeConfig>("runtime").number(
+      "comm_timeout_s", &RuntimeConfig::comm_timeout_s, [](double s) {
+        return s == 0 || (s > 0 && s <= 604800) ? "" : "0 (the default) or in (0, 604800] (a week)";
+      });
+  return table;
+}
+
 // [parallel]'s own keys; its axis tables (tensor, pipeline, sequence, zero)
 // are read by read_axis.
 const SettingsTable<ParallelConfig>& parallel_table() {
@@ -145,7 +153,7 @@ const Axis kAxes[] = {{"tensor", "layers", "size"},
 // roles this version runs whose section is a top-level table.
 std::vector<std::string> core_sections() {
   std::vector<std::string> out = {"model",    "data", "optim",      "train",
-                                  "parallel", "log",  "checkpoint", "plugins"};
+                                  "parallel", "log",  "checkpoint", "runtime", "plugins"};
   for (const auto& spec : role_specs()) {
     if (spec.available && !spec.section.empty() && spec.section.find('.') == std::string::npos) {
       out.push_back(spec.section);
@@ -186,6 +194,7 @@ class Reader {
     read_parallel(config.parallel);
     log_table().read(section("log"), config.log);
     read_checkpoint(config.checkpoint);
+    runtime_table().read(section("runtime"), config.runtime);
     read_plugins(config.plugins);
     check_roles(config);
     return config;
@@ -620,6 +629,8 @@ std::string to_toml(const RunConfig& c) {
   log_table().write(c.log, out);
   out << "\n[checkpoint]\n";
   checkpoint_table().write(c.checkpoint, out);
+  out << "\n[runtime]\n";
+  runtime_table().write(c.runtime, out);
   out << "\n[plugins]\npath = [";
   for (size_t i = 0; i < c.plugins.path.size(); ++i) {
     out << (i ? ", " : "") << quote_toml(c.plugins.path[i]);

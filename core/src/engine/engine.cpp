@@ -15,6 +15,7 @@
 #include "engine_detail.h"
 #include "kolos/core/error.h"
 #include "kolos/core/plugin_registry.h"
+#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/signals.h"
 
@@ -102,6 +103,10 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
 Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_data)
     : config_(std::move(config)), world_(std::move(world)) {
   KOLOS_CHECK(world_ != nullptr, "an engine needs a world group");
+  if (config_.runtime.comm_timeout_s > 0) {
+    comm::set_watchdog_timeout(std::chrono::milliseconds(
+        std::max<int64_t>(1, std::llround(config_.runtime.comm_timeout_s * 1000))));
+  }
   const int world_size = world_->size();
   MeshShape shape;
 
@@ -119,17 +124,27 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
     KOLOS_CHECK_EQ(data_->seq_len(), config_.model.seq_len, "the data source's sample length");
   });
 
-  // Collective: communicators for every axis set.
-  mesh_ = std::make_unique<DeviceMesh>(world_, shape);
+  try {
+    // Collective: communicators for every axis set.
+    mesh_ = std::make_unique<DeviceMesh>(world_, shape);
 
-  // Phase 2: the model, identically initialised on every rank.
-  agreed(*world_, [&] {
-    factory_->setup(*mesh_, config_);
-    torch::manual_seed(config_.train.seed);
-    model_ = build_model(config_.model, *factory_);
-    schedule_->setup(*model_, *mesh_, config_);
-  });
-  gradients_->setup(*model_, *mesh_, config_);
+    // Phase 2: the model, identically initialised on every rank.
+    agreed(*world_, [&] {
+      factory_->setup(*mesh_, config_);
+      torch::manual_seed(config_.train.seed);
+      model_ = build_model(config_.model, *factory_);
+      schedule_->setup(*model_, *mesh_, config_);
+    });
+    gradients_->setup(*model_, *mesh_, config_);
+  } catch (const AgreedError&) {
+    throw;  // every rank has it
+  } catch (const std::exception& e) {
+    // One rank failed where the others may already wait in a collective
+    // (mesh splits, the strategy's set-up): no agreement can reach them.
+    // This rank reports and ends the job now, before unwinding.
+    if (world_->size() == 1) throw;
+    detail::abort_job(e, "during set-up");
+  }
 }
 
 Engine::~Engine() = default;
@@ -166,6 +181,9 @@ std::vector<MicroBatch> Engine::next_micro_batches() {
 }
 
 StepMetrics Engine::step() {
+  end_setup_phase();  // SIGTERM/SIGINT now stop at a step boundary (signals.h)
+  comm::set_progress_step(step_);
+  comm::set_progress_micro_batch(-1);
   const auto start = std::chrono::steady_clock::now();
   StepMetrics metrics;
   metrics.lr = learning_rate_at(config_, step_);

@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "kolos/core/comm/mpi.h"
+#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/devices.h"
 #include "kolos/core/error.h"
+#include "kolos/core/signals.h"
 
 namespace kolos {
 namespace {
@@ -84,6 +86,7 @@ Runtime::Runtime(int* argc, char*** argv) {
   MPI_Get_processor_name(host, &length);
   info_.host.assign(host, length);
   detail::set_current_rank(info_.size > 1 ? info_.rank : -1);
+  set_stop_context(info_.rank, info_.size, info_.host);
 
   threads_ = std::max(1, usable_cores() / std::max(1, info_.local_size));
   if (const char* env = std::getenv("KOLOS_THREADS")) {
@@ -95,9 +98,11 @@ Runtime::Runtime(int* argc, char*** argv) {
   device_ = cuda::select_device(info_.local_rank);
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) set_blas_threads(1);
   world_ = comm::make_mpi_process_group(MPI_COMM_WORLD, "world");
+  comm::start_watchdog(comm::default_timeout(), info_.rank, info_.size, info_.host);
 }
 
 Runtime::~Runtime() {
+  comm::stop_watchdog();
   world_.reset();
   if (!finalize_) return;
   int finalized = 0;
@@ -145,6 +150,23 @@ void agree_on_error(comm::ProcessGroup& group, const std::string& error_or_empty
   std::string message;
   if (text.numel() > 0) message.assign(static_cast<const char*>(text.data_ptr()), text.numel());
   throw AgreedError(std::move(message), static_cast<ErrorKind>(kind), origin);
+}
+
+void abort_job(const std::exception& error, const char* when) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  char host[MPI_MAX_PROCESSOR_NAME] = "?";
+  int length = 0;
+  MPI_Get_processor_name(host, &length);
+  const char* kind = "error";
+  if (auto* e = dynamic_cast<const Error*>(&error)) kind = to_string(e->kind());
+  std::fprintf(stderr, "kolos: %s on rank %d (%s) %s: %s; ending the job\n", kind, rank, host, when,
+               error_text(error));
+  std::fflush(stderr);
+  ::alarm(10);  // should MPI_Abort hang, SIGALRM ends this process
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
 }
 
 }  // namespace detail

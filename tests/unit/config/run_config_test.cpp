@@ -225,7 +225,7 @@ TEST(RunConfigErrors, MalformedTomlPassesToml11LocationThrough) {
 TEST(RunConfigErrors, UnknownSectionListsSectionsAndSuggests) {
   const std::string msg = parse_error("[model]\nlayers = 2\n\n[modle]\nhidden = 8\n");
   EXPECT_TRUE(has_all(msg, {"run.toml:4:", "unknown section `modle`", "valid sections",
-                            "model, data, optim, train, parallel, log, checkpoint, plugins",
+                            "model, data, optim, train, parallel, log, checkpoint, runtime, plugins",
                             "Did you mean `model`?"}));
   // No suggestion for something unrelated.
   const std::string far = parse_error("[snapshots]\ndir = \"ckpt\"\n");

@@ -107,6 +107,13 @@ struct CheckpointConfig {
   bool async = false;     // write in a background thread after a host copy
 };
 
+struct RuntimeConfig {
+  // Deadline of every collective and point-to-point operation, in seconds;
+  // 0: KOLOS_COMM_TIMEOUT_S, else 600. When one passes the watchdog ends the
+  // whole job (docs/reliability.md).
+  double comm_timeout_s = 0;
+};
+
 struct PluginsConfig {
   std::vector<std::string> path;               // searched first
   std::map<std::string, std::string> by_role;  // role -> plugin name override
@@ -124,6 +131,7 @@ struct RunConfig {
   ParallelConfig parallel;
   LogConfig log;
   CheckpointConfig checkpoint;
+  RuntimeConfig runtime;
   PluginsConfig plugins;
 
   // The table at dotted `path` of the document ("parallel.pipeline"); an

@@ -84,6 +84,11 @@ namespace detail {
 // message ("" when it succeeded). If any rank failed, every rank throws an
 // AgreedError carrying the message and kind of the lowest failing rank.
 void agree_on_error(comm::ProcessGroup& group, const std::string& error_or_empty, int error_kind);
+
+// Prints "kolos: <kind> on rank R (host) <when>: message" once, from this
+// rank, and ends the whole job (MPI_Abort): for an error the other ranks
+// cannot learn of because they may be waiting in a collective.
+[[noreturn]] void abort_job(const std::exception& error, const char* when);
 }  // namespace detail
 
 // Prints "kolos: <kind>[ on rank R (host)]: message" to stderr.

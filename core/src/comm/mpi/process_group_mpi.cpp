@@ -61,10 +61,12 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <future>
 #include <thread>
 #include <utility>
 
 #include "kolos/core/comm/mpi.h"
+#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/dtype.h"
 #include "kolos/core/error.h"
 
@@ -292,6 +294,7 @@ struct Op {
 // A posted send or recv, split into chunks of at most max_count() elements.
 struct PendingTransfer {
   std::shared_ptr<MpiWork> work;
+  uint64_t watch = 0;  // watchdog registration, from posting to completion
   OpType type = OpType::kSend;
   uint64_t bytes = 0;
   MPI_Datatype datatype = MPI_DATATYPE_NULL;
@@ -299,6 +302,26 @@ struct PendingTransfer {
   std::vector<int> expected;  // element count per chunk
   std::string error;          // first failure; reported when all chunks are done
 };
+
+// The MPI_COMM_WORLD ranks of `comm`'s members in its rank order: "0,2,4";
+// long lists are cut ("0,1,2,...,255 (256 ranks)").
+std::string describe_world_ranks(MPI_Comm comm, int size) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> local(size), global(size, MPI_UNDEFINED);
+  for (int i = 0; i < size; ++i) local[i] = i;
+  MPI_Group_translate_ranks(group, size, local.data(), world, global.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  constexpr int kShown = 16;
+  std::string out;
+  for (int i = 0; i < size && i < kShown; ++i) {
+    out += (i ? "," : "") + (global[i] == MPI_UNDEFINED ? std::string("?") : std::to_string(global[i]));
+  }
+  if (size > kShown) out += ",... (" + std::to_string(size) + " ranks)";
+  return out;
+}
 
 // Pointer arithmetic on contiguous tensors.
 char* bytes_of(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
@@ -383,6 +406,7 @@ class ProcessGroupMPI final : public ProcessGroup {
       tag_ub_ = found ? *static_cast<int*>(value) : 32767;  // 32767: the standard's minimum
       half_types_ = HalfTypes::acquire();
       id_ = std::make_shared<const GroupIdentity>(GroupIdentity{name_, rank_, size_});
+      world_ranks_ = describe_world_ranks(comm_, size_);
     } catch (...) {
       MPI_Comm_free(&comm_);
       throw;
@@ -402,7 +426,28 @@ class ProcessGroupMPI final : public ProcessGroup {
         stop_ = true;
       }
       cv_.notify_all();
-      if (thread_.joinable()) thread_.join();
+      if (thread_.joinable()) {
+        // A thread inside a blocking collective whose peers never arrive
+        // cannot be stopped, and waiting for it would keep this rank from
+        // reporting its error and ending the job. Pending transfers get
+        // their cancel grace (10 s) first.
+        bool in_mpi = false;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          in_mpi = busy_;
+        }
+        const auto limit = in_mpi ? std::chrono::seconds(2) : std::chrono::seconds(15);
+        if (exited_.get_future().wait_for(limit) == std::future_status::ready) {
+          thread_.join();
+        } else {
+          std::fprintf(stderr,
+                       "kolos: process group '%s' destroyed while an operation is still inside "
+                       "MPI; its thread and communicator are abandoned\n",
+                       name_.c_str());
+          thread_.detach();
+          comm_ = MPI_COMM_NULL;  // still in use by that thread: not freed
+        }
+      }
     } catch (...) {
       std::fprintf(stderr, "kolos: error while stopping the thread of process group '%s'\n",
                    name_.c_str());
@@ -1024,6 +1069,7 @@ class ProcessGroupMPI final : public ProcessGroup {
     }
     lock.unlock();
     cancel_transfers();
+    exited_.set_value();
   }
 
   void execute(Op& op) {
@@ -1032,6 +1078,8 @@ class ProcessGroupMPI final : public ProcessGroup {
       return;
     }
     std::exception_ptr error;
+    const uint64_t watch = watchdog_begin(
+        [work = op.work, ranks = world_ranks_] { return work->what() + " (world ranks " + ranks + ")"; });
     try {
       op.run(*op.work);
       if (op.counted) {
@@ -1046,6 +1094,7 @@ class ProcessGroupMPI final : public ProcessGroup {
     } catch (...) {
       error = std::make_exception_ptr(CommError(concat(op.work->what(), " failed")));
     }
+    watchdog_end(watch);
     op.work->finish(error);
     op.run = nullptr;  // drop its tensor references now; the Work keeps its own
   }
@@ -1056,6 +1105,8 @@ class ProcessGroupMPI final : public ProcessGroup {
     transfer.type = op.type;
     transfer.bytes = op.bytes;
     transfer.datatype = datatype(op.tensor);
+    transfer.watch = watchdog_begin(
+        [work = op.work, ranks = world_ranks_] { return work->what() + " (world ranks " + ranks + ")"; });
     char* data = bytes_of(op.tensor);
     const int64_t element = op.tensor.element_size();
     for (const auto& [offset, count] : chunks(op.tensor.numel())) {
@@ -1127,6 +1178,7 @@ class ProcessGroupMPI final : public ProcessGroup {
         ++it;
         continue;
       }
+      watchdog_end(transfer.watch);
       if (transfer.error.empty()) {
         const int index = static_cast<int>(transfer.type);
         bytes_[index].fetch_add(transfer.bytes, std::memory_order_relaxed);
@@ -1187,6 +1239,7 @@ class ProcessGroupMPI final : public ProcessGroup {
                  "cancelled (a send no peer receives?); abandoning them\n",
                  name_.c_str(), pending_.size());
     for (auto& transfer : pending_) {
+      watchdog_end(transfer.watch);
       transfer.work->finish(std::make_exception_ptr(
           CommError(concat(transfer.work->what(),
                            " abandoned: the process group was destroyed while it was pending "
@@ -1196,6 +1249,7 @@ class ProcessGroupMPI final : public ProcessGroup {
   }
 
   std::string name_;
+  std::string world_ranks_;  // "0,2,4" (MPI_COMM_WORLD ranks of the members), for messages
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
@@ -1212,6 +1266,7 @@ class ProcessGroupMPI final : public ProcessGroup {
   bool busy_ = false;  // a collective or a posting runs (inline or on the thread)
   bool stop_ = false;
   std::thread thread_;
+  std::promise<void> exited_;  // set by the thread as it returns
 
   std::vector<PendingTransfer> pending_;  // communication thread only
 };
