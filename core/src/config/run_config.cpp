@@ -412,8 +412,73 @@ class Reader {
   std::shared_ptr<const ConfigDocument> doc_;
 };
 
+// toml11 parses arrays and inline tables by recursion, so a value nested
+// deeply enough (200,000 levels of `[`) overflows the stack. Nesting is
+// counted before parsing, outside strings and comments; past kMaxNesting the
+// text is refused with where the limit was crossed.
+constexpr int kMaxNesting = 64;
+
+void check_nesting(const std::string& text, const std::string& name) {
+  int depth = 0, line = 1;
+  size_t line_start = 0;
+  const size_t n = text.size();
+  // Skips a string that starts at i (after its opening quote(s)); returns the
+  // index after its closing quote(s), counting the lines it spans.
+  const auto skip_string = [&](size_t i, const std::string& close, bool escapes, bool multiline) {
+    while (i < n) {
+      if (escapes && text[i] == '\\') {
+        if (i + 1 < n && text[i + 1] == '\n') {  // a line-ending backslash
+          ++line;
+          line_start = i + 2;
+        }
+        i += 2;
+        continue;
+      }
+      if (text.compare(i, close.size(), close) == 0) return i + close.size();
+      if (text[i] == '\n') {
+        if (!multiline) return i;  // unterminated: the parser reports it
+        ++line;
+        line_start = i + 1;
+      }
+      ++i;
+    }
+    return n;
+  };
+  for (size_t i = 0; i < n;) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      line_start = ++i;
+    } else if (c == '#') {
+      while (i < n && text[i] != '\n') ++i;
+    } else if (text.compare(i, 3, "\"\"\"") == 0) {
+      i = skip_string(i + 3, "\"\"\"", true, true);
+    } else if (text.compare(i, 3, "'''") == 0) {
+      i = skip_string(i + 3, "'''", false, true);
+    } else if (c == '"') {
+      i = skip_string(i + 1, "\"", true, false);
+    } else if (c == '\'') {
+      i = skip_string(i + 1, "'", false, false);
+    } else {
+      if (c == '[' || c == '{') {
+        if (++depth > kMaxNesting) {
+          throw ConfigError(name + ":" + std::to_string(line) + ":" +
+                            std::to_string(i - line_start + 1) +
+                            ": arrays or inline tables nested more than " +
+                            std::to_string(kMaxNesting) + " deep; kolos reads at most " +
+                            std::to_string(kMaxNesting) + " levels");
+        }
+      } else if ((c == ']' || c == '}') && depth > 0) {
+        --depth;
+      }
+      ++i;
+    }
+  }
+}
+
 // Parses the value half of an override as TOML, or takes it as a string.
 toml::value parse_override_value(const std::string& text, const std::string& origin) {
+  check_nesting(text, origin.size() > 80 ? origin.substr(0, 77) + "..." : origin);
   try {
     std::istringstream in("v = " + text);
     toml::value doc = toml::parse(in, origin);
@@ -460,6 +525,7 @@ void apply_override(toml::value& doc, const Override& o, const std::string& valu
 }
 
 toml::value parse_document(const std::string& text, const std::string& name) {
+  check_nesting(text, name);
   std::istringstream in(text);
   try {
     return toml::parse(in, name);

@@ -257,6 +257,15 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     kill -INT $pid
     ended_within 5
     ;;
+  deep_nesting)
+    # One key whose value is 200,000 nested arrays crashed the TOML parser
+    # (recursion): now a clear error with file, line and column.
+    python3 -c 'print("[model]\nlayers = " + "[" * 200000 + "]" * 200000)' >deep.toml
+    expect_failure "deep.toml:2:[0-9]+: arrays or inline tables nested more than 64 deep" -- \
+      "$KOLOS" train deep.toml
+    expect_failure "deep.toml:2:[0-9]+: arrays or inline tables nested more than 64 deep" -- \
+      "$KOLOS" run -n 2 deep.toml
+    ;;
   stopped_rank_dp)
     stopped_rank 2 1 --set parallel.data=2 --set train.micro_batch=8
     stopped_rank 4 2 --set parallel.data=4 --set train.micro_batch=4

@@ -222,6 +222,26 @@ TEST(RunConfigErrors, MalformedTomlPassesToml11LocationThrough) {
   EXPECT_TRUE(has_all(parse_error("[model\n"), {"run.toml:1:", "malformed TOML"}));
 }
 
+TEST(RunConfigErrors, DeepNestingIsRefusedBeforeTheParserRecurses) {
+  // 200,000 levels crashed the recursive parser (stack overflow).
+  const std::string deep(200000, '[');
+  EXPECT_TRUE(has_all(parse_error("# a comment\n[model]\nlayers = " + deep + "\n"),
+                      {"run.toml:3:", "nested more than 64 deep"}));
+  EXPECT_TRUE(has_all(parse_error("[model]\nx = { a = " + std::string(100, '{') + "\n"),
+                      {"run.toml:2:", "nested more than 64 deep"}));
+  EXPECT_TRUE(has_all(parse_error("[model]\n", {"model.layers=" + deep}),
+                      {"--set model.layers=[[[", "nested more than 64 deep"}));
+  // Brackets in strings and comments do not count; 64 levels are read.
+  const std::string text = "[model]\nname = \"" + deep.substr(0, 500) + "\" # " + deep.substr(0, 500) +
+                           "\n[data]\nkind = '''" + deep.substr(0, 500) + "'''\n";
+  const std::string strings = parse_error(text);  // refused for the values, not their brackets
+  EXPECT_EQ(strings.find("nested"), std::string::npos) << strings;
+  std::string nested64 = std::string(64, '[') + "1" + std::string(64, ']');
+  const std::string at64 = parse_error("[model]\nlayers = " + nested64 + "\n");
+  EXPECT_TRUE(has_all(at64, {"model.layers"})) << "64 levels parse; the value's type is wrong";
+  EXPECT_EQ(at64.find("nested"), std::string::npos) << at64;
+}
+
 TEST(RunConfigErrors, UnknownSectionListsSectionsAndSuggests) {
   const std::string msg = parse_error("[model]\nlayers = 2\n\n[modle]\nhidden = 8\n");
   EXPECT_TRUE(has_all(msg, {"run.toml:4:", "unknown section `modle`", "valid sections",
