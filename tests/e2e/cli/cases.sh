@@ -216,7 +216,8 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     # Set-up that blocks (token data on a FIFO nobody writes, as on a hung
     # file system): SIGTERM to the ranks ends each within 5 s with a message
     # naming the signal and the rank; SIGINT to mpirun (Ctrl-C) ends the job
-    # within 5 s too. Nothing is left running either way.
+    # within 5 s too; kill -9 of one rank ends it within 10 s. Nothing is
+    # left running in any case.
     mkfifo stuck.bin
     marker=4242019
     setup_job() {
@@ -256,6 +257,10 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     setup_job
     kill -INT $pid
     ended_within 5
+    # kill -9 of one rank during set-up: mpirun ends the job, nothing is left.
+    setup_job
+    kill -9 "$(ps -o pid= --ppid $pid | head -1)"
+    ended_within 10
     ;;
   deep_nesting)
     # One key whose value is 200,000 nested arrays crashed the TOML parser
