@@ -43,14 +43,16 @@ PY
 
 
 # stopped_rank N VICTIM [--set ...]: a training job of N ranks with an 8 s
-# communication deadline; once it trains, rank VICTIM is frozen (SIGSTOP).
+# communication deadline (KOLOS_COMM_TIMEOUT_S=$timeout_env, default 8, unless
+# the --set arguments give runtime.comm_timeout_s); once it trains, rank
+# VICTIM is frozen (SIGSTOP).
 # The job must end non-zero within the deadline + 10 s, a rank must report
 # the timeout, the report must name VICTIM as the rank that stopped
 # answering, and no process may be left.
 stopped_rank() {
   local n=$1 victim=$2 marker=$((4300000 + RANDOM)) metrics="m-$1-$2.jsonl"
   shift 2
-  KOLOS_COMM_TIMEOUT_S=8 "$KOLOS" run -n "$n" "$tiny" --set train.steps=1000000 \
+  KOLOS_COMM_TIMEOUT_S=${timeout_env:-8} "$KOLOS" run -n "$n" "$tiny" --set train.steps=1000000 \
     --set log.progress=off --set "log.metrics=$metrics" --set train.seed=$marker "$@" \
     >out.txt 2>err.txt &
   local pid=$! vpid="" p
@@ -285,7 +287,9 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     ;;
   stopped_rank_tp1d)
     stopped_rank 2 0 --set parallel.data=1 --set parallel.tensor.size=2 --set train.micro_batch=8
-    stopped_rank 4 1 --set parallel.data=2 --set parallel.tensor.size=2 --set train.micro_batch=8
+    # The deadline from the config: [runtime] comm_timeout_s wins over the environment.
+    timeout_env=600 stopped_rank 4 1 --set parallel.data=2 --set parallel.tensor.size=2 \
+      --set train.micro_batch=8 --set runtime.comm_timeout_s=8
     ;;
   setup_failure_one_rank)
     # A rank-local error in set-up where the other rank may already wait in
