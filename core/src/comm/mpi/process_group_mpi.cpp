@@ -250,12 +250,12 @@ class MpiWork final : public Work {
     // clock. The acquire load pairs with finish()'s release store, so
     // error_, written before it, is visible.
     // Otherwise sleep on the condition variable at once, without spinning
-    // first: ranks share cores with their communication threads, and a
-    // caller spinning up to 50 us for the thread's result made 64 KiB
-    // all-reduces through the thread 2.3x slower in bench_allreduce (0.36
-    // instead of 0.82 of raw MPI, 2 ranks on 2 cores), taking the core the
-    // thread needed. The thread does not spin for new work either (a 30 us
-    // spin before sleeping cost 10-30% on the same path).
+    // first: ranks share cores with their communication threads. Tried with
+    // a temporary patch, a caller spinning up to 50 us for the thread's
+    // result made 64 KiB all-reduces through the thread 2.3x slower in
+    // bench_allreduce (0.36 instead of 0.82 of raw MPI, 2 ranks on 2 cores,
+    // load ~3): it took the core the thread needed. The thread does not spin
+    // for new work either (a 30 us spin before sleeping cost 15-30% there).
     if (done_.load(std::memory_order_acquire)) {
       if (error_) std::rethrow_exception(error_);
       return;
