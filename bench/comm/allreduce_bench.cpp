@@ -10,20 +10,25 @@
 // communication thread); and kolos with every collective sent to the
 // communication thread ("thread": inline execution off), which shows what
 // the hand-off costs. Each size runs a warm-up, then `rounds` rounds
-// (default 15) of the three paths; a round's time is the slowest rank's, and
+// (default 18) of the three paths; a round's time is the slowest rank's, and
 // the table shows each path's median round. "ratio" is raw time / kolos time
 // (1.0 = no overhead); bandwidth is algorithm bandwidth, bytes / time.
 //
-// The order of the paths rotates from round to round (raw-kolos-thread,
-// kolos-thread-raw, thread-raw-kolos), so each path is timed equally often
-// right after each other one. On a machine with more runnable threads than
-// cores, a block of busy-polling ranks that follows another busy block (raw
-// or inline: both poll inside MPI, while the thread path's caller sleeps)
-// is often preempted for a time slice (milliseconds), whichever path it
-// times; with a fixed order that penalty always fell on the same path.
-// "slow" counts, per path, the rounds that took more than twice the path's
-// median: they show such preemption. `fixed` as the fourth argument keeps
-// the order raw-kolos-thread in every round, to reproduce that effect.
+// On a machine shared with other work the paths must start alike: a block
+// of ranks that busy-poll inside MPI (raw, and kolos inline) right after
+// another such block has used up its scheduler credit and is preempted for
+// time slices (milliseconds), while a block right after the thread path
+// (whose callers sleep) is not. Measured here at a load average of 6, with
+// the order cycling raw-kolos-thread, the path timed right after the
+// thread path came out 3x faster than the one timed two blocks later, for
+// the same MPI call. So every block starts after a 20 ms sleep, and the
+// rounds go through all six orders of the paths (18 rounds by default:
+// each order three times). "slow r/k/t" counts, per path, the rounds that
+// took more than twice the path's median (preempted, typically); "best k / t"
+// are the ratios of the fastest rounds (raw's best / kolos's best, raw's
+// best / thread's best), the least disturbed by other work. `fixed`
+// as the fourth argument keeps the order raw-kolos-thread, without sleeps,
+// as this benchmark ran before.
 #include <ATen/ATen.h>
 #include <mpi.h>
 
@@ -33,13 +38,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kolos/core/comm/mpi.h"
 
 namespace {
 
-constexpr int kDefaultRounds = 15;
+constexpr int kDefaultRounds = 18;
+// Sleep before each timed block, so that every block starts alike.
+constexpr auto kPauseBeforeBlock = std::chrono::milliseconds(20);
 constexpr int kWarmup = 3;
 
 double median(std::vector<double> values) {
@@ -61,7 +69,8 @@ int iterations_for(int64_t bytes) {
 
 // Seconds per iteration of `body`, the slowest rank's.
 template <typename Body>
-double time_per_iteration(MPI_Comm comm, int iterations, Body&& body) {
+double time_per_iteration(MPI_Comm comm, int iterations, bool pause, Body&& body) {
+  if (pause) std::this_thread::sleep_for(kPauseBeforeBlock);
   MPI_Barrier(comm);
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iterations; ++i) body();
@@ -88,6 +97,9 @@ int main(int argc, char** argv) {
   const int64_t inline_max =
       argc > 3 ? std::atoll(argv[3]) : kolos::comm::detail::kDefaultInlineMaxBytes;
   const bool fixed_order = argc > 4 && std::strcmp(argv[4], "fixed") == 0;
+  const bool pause = !fixed_order;
+  // Every order of raw (0), kolos (1) and thread (2).
+  constexpr int kOrders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
   kolos::comm::detail::set_inline_max_bytes(inline_max);
   int rc = 0;
   {
@@ -97,13 +109,13 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       const char* pml = std::getenv("OMPI_MCA_pml");
       std::printf(
-          "all_reduce float32 sum, %d ranks, median of %d rounds (%s order); MPI pml: %s; "
+          "all_reduce float32 sum, %d ranks, median of %d rounds (%s orders); MPI pml: %s; "
           "kolos inline limit %lld bytes\n",
-          size, rounds, fixed_order ? "fixed" : "rotating", pml ? pml : "default (not set)",
+          size, rounds, fixed_order ? "fixed" : "all six", pml ? pml : "default (not set)",
           static_cast<long long>(inline_max));
-      std::printf("%10s %7s %10s %10s %10s %9s %10s %8s %8s %9s\n", "size", "iters", "raw us",
+      std::printf("%10s %7s %10s %10s %10s %9s %10s %8s %8s %11s %9s\n", "size", "iters", "raw us",
                   "kolos us", "thread us", "raw GB/s", "kolos GB/s", "ratio", "thread",
-                  "slow r/k/t");
+                  "best k / t", "slow r/k/t");
     }
     // Every size the inline limit may plausibly sit at, then x4 steps.
     std::vector<int64_t> sizes = {4 << 10, 16 << 10, 32 << 10, 48 << 10, 64 << 10, 128 << 10};
@@ -135,15 +147,15 @@ int main(int argc, char** argv) {
       std::vector<double> raw_times, kolos_times, thread_times;
       for (int round = 0; round < rounds; ++round) {
         for (int k = 0; k < 3; ++k) {
-          switch (fixed_order ? k : (k + round) % 3) {
+          switch (fixed_order ? k : kOrders[round % 6][k]) {
             case 0:
-              raw_times.push_back(time_per_iteration(raw_comm, iterations, raw));
+              raw_times.push_back(time_per_iteration(raw_comm, iterations, pause, raw));
               break;
             case 1:
-              kolos_times.push_back(time_per_iteration(raw_comm, iterations, kolos));
+              kolos_times.push_back(time_per_iteration(raw_comm, iterations, pause, kolos));
               break;
             default:
-              thread_times.push_back(time_per_iteration(raw_comm, iterations, thread));
+              thread_times.push_back(time_per_iteration(raw_comm, iterations, pause, thread));
           }
         }
       }
@@ -155,9 +167,16 @@ int main(int argc, char** argv) {
       if (rank == 0) {
         std::string label = bytes >= (1 << 20) ? std::to_string(bytes >> 20) + " MiB"
                                                : std::to_string(bytes >> 10) + " KiB";
-        std::printf("%10s %7d %10.1f %10.1f %10.1f %9.3f %10.3f %8.2f %8.2f %9s\n", label.c_str(),
-                    iterations, raw_s * 1e6, kolos_s * 1e6, thread_s * 1e6, bytes / raw_s / 1e9,
-                    bytes / kolos_s / 1e9, raw_s / kolos_s, raw_s / thread_s, slow.c_str());
+        const auto best = [](const std::vector<double>& v) {
+          return *std::min_element(v.begin(), v.end());
+        };
+        char best_ratios[32];
+        std::snprintf(best_ratios, sizeof best_ratios, "%.2f / %.2f",
+                      best(raw_times) / best(kolos_times), best(raw_times) / best(thread_times));
+        std::printf("%10s %7d %10.1f %10.1f %10.1f %9.3f %10.3f %8.2f %8.2f %11s %9s\n",
+                    label.c_str(), iterations, raw_s * 1e6, kolos_s * 1e6, thread_s * 1e6,
+                    bytes / raw_s / 1e9, bytes / kolos_s / 1e9, raw_s / kolos_s, raw_s / thread_s,
+                    best_ratios, slow.c_str());
         std::fflush(stdout);
       }
     }
