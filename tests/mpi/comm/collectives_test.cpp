@@ -764,6 +764,23 @@ TEST_F(CommTest, SmallCollectiveOnAnIdleGroupCompletesWithinTheCall) {
   expect_equal(u, expected_reduction(1024, n_, ReduceOp::kSum, at::kFloat), "thread all_reduce");
 }
 
+TEST_F(CommTest, SmallCollectiveAfterWaitingForTheThreadRunsInline) {
+  // The thread marks the group idle before it completes an operation's
+  // Work, so a small collective issued once wait() has returned (the norm
+  // after a gradient bucket) finds the group idle and runs inline, instead
+  // of queueing behind an operation that has already finished.
+  for (int i = 0; i < 20; ++i) {
+    at::Tensor big = contribution(1 << 18, rank_, at::kFloat, i);  // 1 MiB: the thread's
+    pg_->all_reduce(big)->wait();
+    at::Tensor small = contribution(1024, rank_, at::kFloat, i);
+    WorkPtr w = pg_->all_reduce(small);
+    EXPECT_TRUE(w->is_completed()) << "iteration " << i;
+    w->wait();
+    expect_equal(small, expected_reduction(1024, n_, ReduceOp::kSum, at::kFloat, i),
+                 "small all_reduce after a large one");
+  }
+}
+
 TEST_F(CommTest, SmallCollectivesNeverOvertakeQueuedOnes) {
   // Large all_reduces go to the thread; small ones issued behind them must
   // wait their turn. If one overtook on some rank, ranks would pair

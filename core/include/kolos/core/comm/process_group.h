@@ -6,7 +6,7 @@
 //   enqueued, on one communication thread per group, so every rank must enqueue
 //   the collectives of a group in the same order (as with MPI itself).
 //   A backend may run a small collective in the caller's thread when the
-//   group is idle (the MPI backend does, up to 32 KiB; see comm/mpi.h): the
+//   group is idle (the MPI backend does, up to 64 KiB; see comm/mpi.h): the
 //   call then returns with the Work complete, having waited for the group's
 //   other ranks to issue it, and still never overtakes queued operations.
 // - Tensors must be contiguous and must stay alive and untouched until the Work
