@@ -64,6 +64,8 @@ run_case set_bad_type 'empty\.toml: --set model\.layers=2\.5: model\.layers: exp
 run_case set_empty_key 'empty\.toml: --set =3: `` is not a valid key' empty.toml --set =3
 run_case set_through_scalar 'empty\.toml: --set model\.layers\.x=1: `model\.layers` is an integer' \
   empty.toml --set model.layers=2 --set model.layers.x=1
+run_case set_huge_int 'empty\.toml: --set train\.seed=99999999999999999999: the integer 99999999999999999999 does not fit 64 bits' \
+  empty.toml --set train.seed=99999999999999999999
 run_case set_deep 'arrays or inline tables nested more than 64 deep' \
   empty.toml --set "model.name=$(printf '[%.0s' {1..100})"
 
