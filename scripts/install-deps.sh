@@ -11,6 +11,8 @@ packages=(
   libboost-program-options-dev libtoml11-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-h5py python3-numpy
+  # fuzz targets (tests/fuzz): clang++ with libFuzzer and the sanitizers
+  clang libclang-rt-14-dev
   # launch tests (tests/launch, k8s, spack, docker): a real Slurm, the MPIJob
   # schema check, the Dockerfile lint. kubectl is not here: Debian 12's
   # kubernetes-client is 1.20, whose kustomize predates `patches`; the k8s

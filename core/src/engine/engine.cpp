@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -64,14 +65,22 @@ void set_cpu_rng_state(const std::vector<uint8_t>& bytes) {
 RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   RunPlan plan;
   plan.shape = resolve_mesh_shape(config, world_size);
-  const int64_t per_step = config.train.micro_batch * plan.shape.dp;
-  if (config.train.global_batch % per_step != 0) {
-    throw ConfigError(
-        config.source + ": train.global_batch = " + std::to_string(config.train.global_batch) +
-        " is not a multiple of train.micro_batch (" + std::to_string(config.train.micro_batch) +
-        ") x data-parallel size (" + std::to_string(plan.shape.dp) +
-        ") = " + std::to_string(per_step) + "; use a global_batch of " + std::to_string(per_step) +
-        " or " + std::to_string(2 * per_step));
+  int64_t per_step = 0;
+  const bool overflow = __builtin_mul_overflow(config.train.micro_batch, plan.shape.dp, &per_step);
+  if (overflow || config.train.global_batch % per_step != 0) {
+    std::string fix = "use a smaller train.micro_batch";
+    if (!overflow) {
+      fix = "use a global_batch of " + std::to_string(per_step);
+      if (per_step <= std::numeric_limits<int64_t>::max() / 2)
+        fix += " or " + std::to_string(2 * per_step);
+    }
+    throw ConfigError(config.source + ": train.global_batch = " +
+                      std::to_string(config.train.global_batch) +
+                      " is not a multiple of train.micro_batch (" +
+                      std::to_string(config.train.micro_batch) + ") x data-parallel size (" +
+                      std::to_string(plan.shape.dp) + ") = " +
+                      (overflow ? std::string("more than 2^63") : std::to_string(per_step)) +
+                      "; " + fix);
   }
   plan.accumulation = config.train.global_batch / per_step;
   plan.roles = choose_plugins(config);
