@@ -436,6 +436,53 @@ class Reader {
   std::shared_ptr<const ConfigDocument> doc_;
 };
 
+// TOML text is UTF-8. toml11 checks that itself, but its error path for an
+// invalid byte in a literal string mixes iterators of two buffers and reads
+// out of bounds (found by fuzzing), so invalid bytes are refused first.
+void check_utf8(const std::string& text, const std::string& name) {
+  size_t line = 1, line_start = 0;
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c == '\n') {
+        ++line;
+        line_start = i + 1;
+      }
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint32_t code = 0;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      code = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      code = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      code = c & 0x07;
+    }
+    bool valid = len > 0 && i + len <= n;
+    for (size_t k = 1; valid && k < len; ++k) {
+      const unsigned char next = static_cast<unsigned char>(text[i + k]);
+      valid = (next & 0xC0) == 0x80;
+      code = (code << 6) | (next & 0x3F);
+    }
+    const uint32_t smallest[] = {0, 0, 0x80, 0x800, 0x10000};  // no overlong forms
+    valid = valid && code >= smallest[len] && code <= 0x10FFFF && (code < 0xD800 || code > 0xDFFF);
+    if (!valid) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", c);
+      throw ConfigError(name + ":" + std::to_string(line) + ":" +
+                        std::to_string(i - line_start + 1) + ": a byte (" + byte +
+                        ") that is not UTF-8; TOML files must be UTF-8 text");
+    }
+    i += len;
+  }
+}
+
 // toml11 parses arrays and inline tables by recursion, so a value nested
 // deeply enough (200,000 levels of `[`) overflows the stack. Nesting is
 // counted before parsing, outside strings and comments; past kMaxNesting the
@@ -568,7 +615,9 @@ void check_integers(const toml::value& v, const std::string& name, const std::st
 // Parses the value half of an override as TOML, or takes it as a string.
 toml::value parse_override_value(const std::string& text, const std::string& origin,
                                  const std::string& where) {
-  check_nesting(text, origin.size() > 80 ? origin.substr(0, 77) + "..." : origin);
+  const std::string short_origin = origin.size() > 80 ? origin.substr(0, 77) + "..." : origin;
+  check_utf8(text, short_origin);
+  check_nesting(text, short_origin);
   try {
     std::istringstream in("v = " + text);
     toml::value doc = toml::parse(in, origin);
@@ -620,6 +669,7 @@ void apply_override(toml::value& doc, const Override& o, const std::string& valu
 }
 
 toml::value parse_document(const std::string& text, const std::string& name) {
+  check_utf8(text, name);
   check_nesting(text, name);
   std::istringstream in(text);
   toml::value doc;

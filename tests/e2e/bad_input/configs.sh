@@ -35,9 +35,12 @@ done
 
 # Bytes that are not UTF-8, in a string and in a comment.
 printf '[model]\nname = "g\xff\xfept"\n' >non_utf8_string.toml
-run_case non_utf8_string 'non_utf8_string\.toml:2: malformed TOML' non_utf8_string.toml
+run_case non_utf8_string 'non_utf8_string\.toml:2:10: a byte \(0xff\) that is not UTF-8' non_utf8_string.toml
 printf '# \xc3\x28\n[model]\nlayers = 2.5\n' >non_utf8_comment.toml
-run_case non_utf8_comment 'non_utf8_comment\.toml:1: malformed TOML' non_utf8_comment.toml
+run_case non_utf8_comment 'non_utf8_comment\.toml:1:3: a byte \(0xc3\) that is not UTF-8' non_utf8_comment.toml
+# In a literal string: toml11's own error path read out of bounds here.
+printf "[model]\\nname = 'g\\xbapt'\\n" >non_utf8_literal.toml
+run_case non_utf8_literal 'non_utf8_literal\.toml:2:10: a byte \(0xba\) that is not UTF-8' non_utf8_literal.toml
 # A NUL byte, a byte-order mark, CR line endings alone.
 printf '[model]\x00\nlayers = 2\n' >nul_byte.toml
 run_case nul_byte 'nul_byte\.toml:1: malformed TOML' nul_byte.toml

@@ -644,6 +644,19 @@ TEST(MeshShape, ProductsThatOverflowAreRefused) {
                       {"run.toml:3:10:", "needs more than 2147483647 ranks"}));
 }
 
+// Bytes that are not UTF-8 are refused before toml11 sees them: its error
+// path for one in a literal string read out of bounds.
+TEST(RunConfigErrors, BytesThatAreNotUtf8AreRefused) {
+  EXPECT_TRUE(has_all(parse_error("[model]\nname = 'g\xbapt'\n"),
+                      {"run.toml:2:10: a byte (0xba) that is not UTF-8"}));
+  EXPECT_TRUE(has_all(parse_error("# \xc0\xaf overlong\n"), {"run.toml:1:3: a byte (0xc0)"}));
+  EXPECT_TRUE(has_all(parse_error("# \xed\xa0\x80 surrogate\n"), {"run.toml:1:3:"}));
+  EXPECT_TRUE(has_all(parse_error("", {"model.name='\xff'"}), {"--set model.name=", "not UTF-8"}));
+  EXPECT_EQ(parse_run_config("# caf\xc3\xa9 \xf0\x9f\x98\x80\n[model]\nname = \"gpt\"\n", kName)
+                .model.name,
+            "gpt");
+}
+
 // toml11 reads an integer literal past 64 bits as INT64_MAX (or wraps it).
 TEST(RunConfigErrors, IntegersPast64BitsAreRefused) {
   for (const char* literal : {"99999999999999999999", "9223372036854775808", "0x8000000000000000",
