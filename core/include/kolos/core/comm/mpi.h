@@ -41,7 +41,7 @@ int64_t set_max_mpi_count(int64_t count);
 // "ProcessGroup all_reduce vs raw MPI_Allreduce", for the commands), inline
 // calls cost about 1 us more than raw MPI_Allreduce at every size from 4 to
 // 64 KiB, with ob1 and with UCX, while the hand-off to the thread and back
-// costs 5-10 us (64 KiB through the thread: 0.7-0.85 of raw). An inline
+// costs 5-10 us (64 KiB through the thread: 0.4-0.85 of raw). An inline
 // call blocks its caller only as long as the MPI call itself (~20-40 us at
 // 64 KiB here), so nothing worth overlapping is lost. An earlier finding
 // that 64 KiB inline was several times slower than raw with ob1 was the
