@@ -1103,8 +1103,13 @@ class ProcessGroupMPI final : public ProcessGroup {
       return nullptr;
     }
     std::exception_ptr error;
+    // Plain pointers (16 bytes: std::function stores them without
+    // allocating): the watchdog calls this only before watchdog_end below,
+    // while op.work and the group are alive.
     const uint64_t watch = watchdog_begin(
-        [work = op.work, ranks = world_ranks_] { return work->what() + " (world ranks " + ranks + ")"; });
+        [work = op.work.get(), ranks = &world_ranks_] {
+          return work->what() + " (world ranks " + *ranks + ")";
+        });
     try {
       op.run(*op.work);
       if (op.counted) {

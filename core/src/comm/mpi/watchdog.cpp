@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -44,6 +43,7 @@ std::string fixed1(double value) {
 }
 
 struct Entry {
+  uint64_t token;
   Clock::time_point start;
   std::function<std::string()> describe;
 };
@@ -60,14 +60,20 @@ class Watchdog {
     if (!running_.load(std::memory_order_acquire)) return 0;
     std::lock_guard<std::mutex> lock(mutex_);
     const uint64_t token = next_++;
-    entries_.emplace(token, Entry{Clock::now(), std::move(describe)});
+    entries_.push_back(Entry{token, Clock::now(), std::move(describe)});
     return token;
   }
 
   void end(uint64_t token) {
     if (token == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    entries_.erase(token);
+    // A rank has a handful of operations in flight; the newest ends first.
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+      if (it->token == token) {
+        entries_.erase(std::next(it).base());
+        break;
+      }
+    }
   }
 
   void start(milliseconds timeout, int rank, int size, const std::string& host) {
@@ -259,7 +265,7 @@ class Watchdog {
 
   void check(Clock::time_point now) {
     if (entries_.empty()) return;
-    const Entry& oldest = entries_.begin()->second;  // tokens grow with time
+    const Entry& oldest = entries_.front();  // tokens grow with time
     const auto age = now - oldest.start;
     if (age <= timeout()) return;
     std::ostringstream line;
@@ -286,7 +292,9 @@ class Watchdog {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::map<uint64_t, Entry> entries_;
+  // In begin() order, so the oldest first. A vector keeps its capacity: no
+  // allocation per operation once a few have run.
+  std::vector<Entry> entries_;
   uint64_t next_ = 1;
   bool stop_ = false;
   std::atomic<bool> running_{false};
