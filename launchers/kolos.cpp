@@ -3,6 +3,7 @@
 //   kolos train CONFIG [--set k=v ...]      one rank's part of a job (mpirun/srun start it)
 //   kolos run -n N CONFIG [--set k=v ...]   N local ranks through mpirun
 //   kolos check CONFIG [-n N] [--set k=v]   every check a run makes before it communicates
+//   kolos plan --memory CONFIG -n N         the per-rank memory estimate, as a table
 //   kolos plugins [--path DIR ...]          plugins found, their role and versions
 //   kolos data prepare FILE... -o OUT       byte-level token file from text
 //   kolos slurm gen [CONFIG] [options]      a ready sbatch script (launchers/slurm_command.cpp)
@@ -26,6 +27,7 @@
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
+#include "kolos/core/memory_estimate.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/runtime.h"
@@ -46,6 +48,7 @@ commands:
   train CONFIG [--set key=value ...]     train; one rank's part of a job (run under mpirun/srun)
   run -n N CONFIG [--set key=value ...]  launch N local ranks of `kolos train` through mpirun
   check CONFIG [-n N] [--set key=value]  check a config as a run of N ranks would, start nothing
+  plan --memory CONFIG -n N              print the per-rank memory estimate and whether it fits
   plugins [--path DIR ...]               list the plugins found, their role, versions, refusals
   data prepare FILE... -o OUT            write a byte-level token file for [data] kind = "tokens"
   ckpt inspect|verify|export DIR         look into, check or export a checkpoint
@@ -141,9 +144,17 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
       kind = static_cast<int>(e.kind());
     }
     detail::agree_on_error(*runtime.world(), error, kind);
+    const double runtime_bytes = resident_bytes();  // before the model exists
     Engine engine(config, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());
+      // The estimate the engine checked (it refuses a run that exceeds the
+      // budget); the summary's peak RSS is the measured counterpart.
+      const MemoryEstimate memory = estimate_memory(config, runtime.size(), runtime_bytes);
+      std::fprintf(stderr, "kolos: memory estimate %s per rank (%.0f bytes; largest: %s %s)\n",
+                   detail::format_bytes(memory.peak()).c_str(), memory.peak(),
+                   memory.largest().name.c_str(),
+                   detail::format_bytes(memory.largest().bytes).c_str());
     }
     // Checkpoints: every `every` steps, at the end, and before a stop.
     const CheckpointConfig& cc = engine.config().checkpoint;
@@ -228,16 +239,20 @@ int check(const std::vector<std::string>& args) {
   std::string config_path;
   std::vector<std::string> overrides;
   int64_t ranks = 0;
+  int64_t per_node = 0;
   bool effective = false;
   options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
       "effective", po::bool_switch(&effective),
       "also print the effective configuration (every key, defaults included) as TOML")(
       "np,n", po::value(&ranks), "ranks to check for (default: the fewest the config's mesh fits)")(
+      "per-node", po::value(&per_node),
+      "ranks sharing this machine's memory (default 1: the config may be meant for other "
+      "machines)")(
       "set", po::value(&overrides)->composing(), "override a key: --set train.steps=100");
   po::positional_options_description positional;
   positional.add("config", 1);
   Parsed parsed = parse("check", args, options, positional,
-                        "CONFIG [-n N] [--set key=value ...] [--effective]");
+                        "CONFIG [-n N] [--per-node K] [--set key=value ...] [--effective]");
   if (parsed.help) return 0;
   const RunConfig config = load_run_config(config_path, overrides);
   if (ranks <= 0) {
@@ -245,14 +260,75 @@ int check(const std::vector<std::string>& args) {
     ranks = std::max<int64_t>(p.data, 1) * p.pipeline.size * p.sequence.size * p.tensor.size;
   }
   const RunPlan plan = check_run(config, ranks);
+  const MemoryEstimate memory = estimate_memory(config, ranks, resident_bytes());
+  // A config may be meant for other machines: by default one rank on this
+  // one must fit (--per-node says how many share it).
+  const MemoryBudget budget = memory_budget(config, per_node > 0 ? std::min(per_node, ranks) : 1);
+  check_memory_fits(config, memory, budget, ranks);
   std::cout << "kolos: " << config_path << ": ok for " << ranks << (ranks == 1 ? " rank" : " ranks")
             << ": mesh pp=" << plan.shape.pp << " dp=" << plan.shape.dp << " sp=" << plan.shape.sp
             << " tp=" << plan.shape.tp << " | layers " << plan.roles.layers << ", pipeline "
             << plan.roles.pipeline << ", gradients " << plan.roles.gradients << " | batch "
             << config.train.global_batch << " = " << config.train.micro_batch << " x "
-            << plan.accumulation << " accum x " << plan.shape.dp << " dp\n";
+            << plan.accumulation << " accum x " << plan.shape.dp << " dp | memory about "
+            << detail::format_bytes(memory.peak()) << " per rank of "
+            << detail::format_bytes(budget.bytes) << "\n";
   if (effective) std::cout << "\n" << to_toml(config);
   return 0;
+}
+
+// kolos plan --memory: the estimate check_memory_fits uses, as a table.
+// The search over plans (the planner role) is not here yet: without
+// --memory the command says so.
+int plan_command(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int64_t ranks = 0;
+  int64_t per_node = 0;
+  bool memory = false;
+  bool json = false;
+  options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
+      "memory", po::bool_switch(&memory), "print the per-rank memory estimate")(
+      "json", po::bool_switch(&json), "as one JSON object (bytes)")(
+      "np,n", po::value(&ranks)->required(), "ranks of the run")(
+      "per-node", po::value(&per_node),
+      "ranks sharing this machine's memory (default: all of them)")(
+      "set", po::value(&overrides)->composing(), "override a key: --set train.micro_batch=2");
+  po::positional_options_description positional;
+  positional.add("config", 1);
+  Parsed parsed = parse("plan", args, options, positional,
+                        "--memory CONFIG -n N [--per-node K] [--json] [--set key=value ...]");
+  if (parsed.help) return 0;
+  if (!memory) {
+    throw UsageError(
+        "kolos plan: only --memory exists so far (the per-rank memory estimate); choosing "
+        "the parallel layout automatically is not implemented");
+  }
+  if (ranks < 1) throw UsageError("kolos plan: -n must be at least 1");
+  const RunConfig config = load_run_config(config_path, overrides);
+  check_run(config, ranks);
+  // What this process holds once LibTorch and the plugins are loaded stands
+  // for a rank's runtime; MPI adds a little more in a real rank.
+  const MemoryEstimate estimate = estimate_memory(config, ranks, resident_bytes());
+  const MemoryBudget budget =
+      memory_budget(config, per_node > 0 ? std::min(per_node, ranks) : ranks);
+  if (json) {
+    std::cout.precision(17);
+    std::cout << "{\"ranks\":" << ranks << ",\"peak_bytes\":" << estimate.peak()
+              << ",\"training_peak_bytes\":" << estimate.training_peak()
+              << ",\"build_peak_bytes\":" << estimate.build_peak
+              << ",\"budget_bytes\":" << budget.bytes << ",\"terms\":{";
+    for (size_t i = 0; i < estimate.terms.size(); ++i) {
+      std::cout << (i ? "," : "") << "\"" << estimate.terms[i].name
+                << "\":" << estimate.terms[i].bytes;
+    }
+    std::cout << "}}\n";
+  } else {
+    std::cout << "kolos: " << config_path << " on " << ranks
+              << (ranks == 1 ? " rank" : " ranks") << ": " << format_memory_table(estimate, budget);
+  }
+  return estimate.peak() <= budget.bytes ? 0 : 1;
 }
 
 int plugins(const std::vector<std::string>& args) {
@@ -331,13 +407,14 @@ int dispatch(int argc, char** argv) {
   if (command == "train") return train(args, argc, argv);
   if (command == "run") return run(args);
   if (command == "check") return check(args);
+  if (command == "plan") return plan_command(args);
   if (command == "plugins") return plugins(args);
   if (command == "data") return data_command(args);
   if (command == "ckpt") return ckpt_command(args);
   if (command == "slurm") return slurm_command(args);
   if (command == "version") return version(args);
   std::string hint = closest_match(
-      command, {"train", "run", "check", "plugins", "data", "ckpt", "slurm", "version"});
+      command, {"train", "run", "check", "plan", "plugins", "data", "ckpt", "slurm", "version"});
   throw UsageError("unknown command `" + command + "`" +
                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
                    "; see `kolos --help`");

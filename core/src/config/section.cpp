@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <stdexcept>
 #include <sstream>
 
 #include "document.h"
@@ -474,6 +475,45 @@ void ConfigSection::check_keys(const std::vector<std::string>& valid,
     }
     kolos::fail(doc_of(document_).origin_of(name, /*at_key=*/true), message);
   }
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  size_t pos = 0;
+  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
+  size_t end = pos;
+  while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) ||
+                               text[end] == '.' || text[end] == 'e' || text[end] == 'E' ||
+                               ((text[end] == '+' || text[end] == '-') && end > pos &&
+                                (text[end - 1] == 'e' || text[end - 1] == 'E')))) {
+    ++end;
+  }
+  if (end == pos) throw std::invalid_argument("expected a size such as \"24GiB\" or \"512MiB\"");
+  double value = 0;
+  try {
+    value = std::stod(text.substr(pos, end - pos));
+  } catch (const std::exception&) {
+    throw std::invalid_argument("expected a size such as \"24GiB\" or \"512MiB\"");
+  }
+  std::string unit;
+  for (size_t i = end; i < text.size(); ++i) {
+    if (!std::isspace(static_cast<unsigned char>(text[i]))) unit += text[i];
+  }
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},          {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
+      {"GB", 1e9},      {"TB", 1e12}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit == name) {
+      const double bytes = value * scale;
+      if (bytes == 0) return 0;
+      if (!(bytes >= 1) || bytes > 9e18) {
+        throw std::invalid_argument("a size from 1 byte to 8 EiB (or 0) is needed");
+      }
+      return static_cast<int64_t>(bytes);
+    }
+  }
+  throw std::invalid_argument("unknown unit \"" + unit +
+                              "\"; valid: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB");
 }
 
 }  // namespace kolos

@@ -1,4 +1,5 @@
 #include "kolos/core/engine.h"
+#include "kolos/core/memory_estimate.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
@@ -128,6 +129,11 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
     factory_ = std::move(plan.layers);
     schedule_ = std::move(plan.pipeline);
     gradients_ = std::move(plan.gradients);
+    // Before anything large exists: a run that cannot fit is refused here,
+    // with the numbers, instead of dying in the allocator.
+    const MemoryEstimate memory = estimate_memory(config_, world_size, resident_bytes());
+    check_memory_fits(config_, memory, memory_budget(config_, ranks_on_this_node(world_size)),
+                      world_size);
     data_ = make_data(config_);
     KOLOS_CHECK_KIND(kData, data_ != nullptr, "no data source for data.kind = ", config_.data.kind);
     KOLOS_CHECK_EQ(data_->seq_len(), config_.model.seq_len, "the data source's sample length");

@@ -112,6 +112,10 @@ struct RuntimeConfig {
   // 0: KOLOS_COMM_TIMEOUT_S, else 600. When one passes the watchdog ends the
   // whole job (docs/reliability.md).
   double comm_timeout_s = 0;
+  // Bytes one rank may use; 0: the node's available memory divided by its
+  // ranks. Runs whose estimate exceeds it are refused before the model is
+  // built (kolos/core/memory_estimate.h).
+  int64_t memory_limit = 0;
 };
 
 struct PluginsConfig {

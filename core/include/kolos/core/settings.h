@@ -84,6 +84,9 @@ std::string join(const std::vector<std::string>& items, const std::string& sep, 
 // Levenshtein-based suggestion: the candidate closest to `word`, or "" when
 // none is close enough. Used by every "did you mean" message.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+// "24GiB", "512 MiB", "2e9" (bytes), "1.5TB", "0": bytes. Throws
+// std::invalid_argument saying what is wrong.
+int64_t parse_byte_size(const std::string& text);
 
 // The keys of one section, declared once: reading, checking, writing back.
 template <typename T>
@@ -132,6 +135,23 @@ class SettingsTable {
       }
     };
     row.write = [member](const T& value) { return format_float(value.*member); };
+    rows_.push_back(std::move(row));
+    return *this;
+  }
+
+  // A size as a string with a unit ("24GiB", "512MiB", "2e9"), in bytes.
+  SettingsTable& bytes(std::string key, int64_t T::*member) {
+    Row row{std::move(key)};
+    row.read = [member](const ConfigSection& s, const std::string& k, T& out) {
+      std::string text;
+      if (!s.read(k, text)) return;
+      try {
+        out.*member = parse_byte_size(text);
+      } catch (const std::invalid_argument& e) {
+        s.fail(k, quote_toml(text) + ": " + e.what() + ".");
+      }
+    };
+    row.write = [member](const T& value) { return quote_toml(std::to_string(value.*member) + "B"); };
     rows_.push_back(std::move(row));
     return *this;
   }
