@@ -8,7 +8,13 @@
 # timeout kills with SIGKILL, which no trap sees).
 # Facts it relies on: ../shared/OPS.md ("A real single-node Slurm").
 # Ports are chosen free at start, and munged gets its own socket, so a
-# developer's own Slurm or munge on the machine is left alone.
+# developer's own Slurm or munge on the machine is left alone. TmpFS, where
+# `srun --mpi=pmix` makes each step's directory spmix_appdir_<uid>_<job>.<step>,
+# is under DIR too: every test cluster numbers its jobs from 1, and with the
+# default /tmp a step 1.0 of a second cluster on the machine (another
+# worktree's tests, or a directory left by a killed one) found that directory
+# there ("pmixp_mkdir: File exists" in slurmd.log) and srun failed with "task 0
+# launch failed: Unspecified error".
 
 _slurm_pids=()
 _slurm_dir=""
@@ -38,7 +44,8 @@ slurm_up() {
       return 1
     }
   done
-  mkdir -p "$dir"/{munge,state,spool,log}
+  mkdir -p "$dir"/{munge,state,spool,log,tmp}
+  chmod 1777 "$dir/tmp"
   chmod 755 "$dir"
   runuser -u munge -- test -x "$dir" || {
     _slurm_log "user munge cannot reach $dir (make its parent directories searchable)"
@@ -77,6 +84,7 @@ ReturnToService=2
 JobRequeue=1
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
+TmpFS=$dir/tmp
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
