@@ -254,6 +254,7 @@ PY
     cat >bin/srun <<'SH'
 #!/bin/bash
 echo "srun $*" >>"$FAKE_LOG"
+echo "srun's SLURM_NTASKS=${SLURM_NTASKS:-} SLURM_NPROCS=${SLURM_NPROCS:-}" >>"$FAKE_LOG"
 exit "${FAKE_RC:-0}"
 SH
     cat >bin/scontrol <<'SH'
@@ -263,6 +264,7 @@ SH
     chmod +x bin/srun bin/scontrol
     "$KOLOS" slurm gen "$tiny" --checkpoint-dir ckpt -o job.sbatch 2>/dev/null || fail "gen"
     export FAKE_LOG=$work/log.txt SLURM_JOB_ID=42
+    unset SLURM_NTASKS SLURM_NPROCS SLURM_TASKS_PER_NODE SLURM_RESTART_COUNT  # ctest inside a job
     # run_job EXPECTED_RC [VAR=value ...]: runs the script, leaves its calls in log.txt.
     run_job() {
       local want=$1; shift
@@ -295,6 +297,22 @@ SH
     run_job 0 FAKE_RC=0 KOLOS_CONFIG=other.toml
     grep -q "train other.toml --set checkpoint.dir=$work/ckpt$" log.txt ||
       { cat log.txt; fail "KOLOS_CONFIG from the environment not used"; }
+    # The ranks are the allocation's tasks (SLURM_TASKS_PER_NODE), not the
+    # submission's SLURM_NTASKS: a requeued job may have been made smaller.
+    run_job 0 FAKE_RC=0 SLURM_NTASKS=4 SLURM_NPROCS=4 SLURM_TASKS_PER_NODE=2
+    grep -q "srun --mpi=pmix --cpu-bind=cores --ntasks=2 $KOLOS train $tiny " log.txt ||
+      { cat log.txt; fail "srun not given --ntasks=2 for SLURM_TASKS_PER_NODE=2"; }
+    grep -qx "srun's SLURM_NTASKS=2 SLURM_NPROCS=2" log.txt || { cat log.txt; fail "SLURM_NTASKS not set to 2"; }
+    grep -q ": 1 node(s), 2 ranks" job.out || { cat job.out; fail "the job line does not say 2 ranks"; }
+    grep -q "submitted with 4 tasks and this run's allocation has 2" job.out ||
+      { cat job.out; fail "no word of the changed size"; }
+    run_job 0 FAKE_RC=0 SLURM_NTASKS=8 'SLURM_TASKS_PER_NODE=2(x3),1'
+    grep -q -- "--ntasks=7 " log.txt || { cat log.txt; fail "2(x3),1 is not 7 tasks"; }
+    run_job 0 FAKE_RC=0 SLURM_NTASKS=2 SLURM_TASKS_PER_NODE=2
+    ! grep -q "submitted with" job.out || fail "a size change reported when there was none"
+    run_job 2 FAKE_RC=0 SLURM_TASKS_PER_NODE=two
+    grep -q "cannot read SLURM_TASKS_PER_NODE='two'" job.out || { cat job.out; fail "no message for a bad SLURM_TASKS_PER_NODE"; }
+    ! grep -q "^srun" log.txt || fail "srun ran with an unreadable SLURM_TASKS_PER_NODE"
     : >"$FAKE_LOG"
     env PATH="$work/bin:$PATH" bash job.sbatch third.toml --set train.steps=5 >/dev/null 2>&1
     grep -q "train third.toml --set checkpoint.dir=$work/ckpt --set train.steps=5$" log.txt ||
