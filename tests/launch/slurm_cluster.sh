@@ -1,14 +1,24 @@
 # shellcheck shell=bash
 # A real single-node Slurm (munged, slurmctld, slurmd) as plain processes,
 # everything under one temporary directory. Source it, then:
-#   slurm_up DIR [GONE] start; exports SLURM_CONF; returns when the node is idle
+#   slurm_up DIR [GONE [CPUS]]
+#                       start; exports SLURM_CONF; returns when the node is idle.
+#                       The node has CPUS CPUs (default: the machine's); more
+#                       than the machine has are declared with config_overrides,
+#                       so that a job gets CPUS tasks without --overcommit.
 #   slurm_down          stop the daemons (safe to call twice, from a trap)
 # A watchdog outside the caller's process group stops the daemons and removes
 # GONE (default DIR) if the caller dies without running slurm_down (CTest's
 # timeout kills with SIGKILL, which no trap sees).
 # Facts it relies on: ../shared/OPS.md ("A real single-node Slurm").
 # Ports are chosen free at start, and munged gets its own socket, so a
-# developer's own Slurm or munge on the machine is left alone.
+# developer's own Slurm or munge on the machine is left alone. TmpFS, where
+# `srun --mpi=pmix` makes each step's directory spmix_appdir_<uid>_<job>.<step>,
+# is under DIR too: every test cluster numbers its jobs from 1, and with the
+# default /tmp a step 1.0 of a second cluster on the machine (another
+# worktree's tests, or a directory left by a killed one) found that directory
+# there ("pmixp_mkdir: File exists" in slurmd.log) and srun failed with "task 0
+# launch failed: Unspecified error".
 
 _slurm_pids=()
 _slurm_dir=""
@@ -28,7 +38,7 @@ PY
 }
 
 slurm_up() {
-  local dir=$1 gone=${2:-$1}
+  local dir=$1 gone=${2:-$1} want_cpus=${3:-}
   _slurm_dir=$dir
   local tool
   for tool in munged slurmctld slurmd sbatch; do
@@ -38,7 +48,8 @@ slurm_up() {
       return 1
     }
   done
-  mkdir -p "$dir"/{munge,state,spool,log}
+  mkdir -p "$dir"/{munge,state,spool,log,tmp}
+  chmod 1777 "$dir/tmp"
   chmod 755 "$dir"
   runuser -u munge -- test -x "$dir" || {
     _slurm_log "user munge cannot reach $dir (make its parent directories searchable)"
@@ -51,9 +62,13 @@ slurm_up() {
     --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" ||
     { _slurm_log "munged did not start"; cat "$dir/munge/munged.log" >&2; return 1; }
 
-  local ports cpus
+  local ports cpus overrides=""
   read -r -a ports < <(_slurm_free_ports)
   cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys OMP_NUM_THREADS
+  if [[ -n $want_cpus && $want_cpus != "$cpus" ]]; then
+    cpus=$want_cpus
+    overrides="SlurmdParameters=config_overrides"  # slurmd takes CPUs= from here, not the hardware
+  fi
   cat >"$dir/slurm.conf" <<CONF
 ClusterName=kolostest
 SlurmctldHost=localhost
@@ -77,12 +92,14 @@ ReturnToService=2
 JobRequeue=1
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
+TmpFS=$dir/tmp
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
+$overrides
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF

@@ -77,7 +77,8 @@ PY
 # submit SBATCH-ARGS...: prints the job id.
 submit() { sbatch --parsable "$@" || fail "sbatch $* refused the job"; }
 
-start_slurm() { slurm_up "$work/slurm" "$work" || fail "could not start Slurm"; }
+# start_slurm [CPUS]: the node's CPUs (default: the machine's).
+start_slurm() { slurm_up "$work/slurm" "$work" "${1:-}" || fail "could not start Slurm"; }
 
 case "$case_name" in
   gen_2_tasks)
@@ -199,6 +200,114 @@ print(f"stopped at step {stop}, resumed, finished step {got[-1]}; loss {rows[-1]
 assert rows[-1]["loss"] < 3.5, "the resumed run did not keep training"
 PY
     ;;
+  requeue_fewer_tasks | requeuehold_fewer_tasks)
+    # A requeued job that comes back with fewer tasks: a `kolos slurm gen`
+    # script runs 4 ranks (4 CPUs, no --overcommit) and is requeued after a
+    # checkpoint, either
+    #   requeue_fewer_tasks: by itself (SIGUSR1, the stop before the time
+    #     limit: checkpoint, exit 3, `scontrol requeue` in the script), or
+    #   requeuehold_fewer_tasks: by `scontrol requeuehold` (SIGTERM:
+    #     checkpoint, exit 3, Slurm requeues it held);
+    # while it is pending it is changed to 2 tasks on 2 CPUs. The next run
+    # must take its rank count from that allocation (SLURM_NTASKS still says
+    # 4), resume from `latest` at 2 ranks and finish with the losses of an
+    # uninterrupted 2-rank run.
+    steps=200
+    cat >run.toml <<'TOML'
+[model]
+name = "gpt"
+layers = 2
+hidden = 32
+heads = 4
+seq_len = 16
+vocab = 64
+[data]
+kind = "synthetic"
+[optim]
+lr = 3e-3
+warmup_steps = 3
+[train]
+global_batch = 16
+micro_batch = 4
+seed = 7
+[log]
+progress = "off"
+[parallel]
+data = 0  # derived from the rank count: the job changes size
+TOML
+    timeout 120 "$KOLOS" run -n 2 run.toml --set train.steps=$steps --set log.metrics=straight.jsonl \
+      >straight.txt 2>&1 || { cat straight.txt; fail "the uninterrupted 2-rank run failed"; }
+    start_slurm 4
+    "$KOLOS" slurm gen run.toml --tasks-per-node 4 --job-name shrink --checkpoint-dir ckpt \
+      --set train.steps=$steps --set "log.metrics=$work/m.jsonl" -o job.sbatch || fail "kolos slurm gen"
+    jid=$(submit job.sbatch)
+    out=kolos-shrink-$jid.out
+    wait_metrics m.jsonl 20 60
+    if [[ $case_name == requeue_fewer_tasks ]]; then
+      # Nothing starts while the partition is down, so the requeued job stays
+      # pending until it has been changed (a requeued job waits only
+      # cred_expire, 5 s, before it may start again).
+      scontrol update PartitionName=debug State=DOWN || fail "scontrol update PartitionName=debug State=DOWN"
+      scancel --batch --signal=USR1 "$jid" || fail "scancel --signal=USR1"
+    else
+      scontrol requeuehold "$jid" || fail "scontrol requeuehold $jid"
+    fi
+    for _ in $(seq 1 240); do
+      [[ $(job_field "$jid" Restarts) == 1 && $(job_field "$jid" JobState) == PENDING ]] && break
+      sleep 0.25
+    done
+    [[ $(job_field "$jid" Restarts) == 1 && $(job_field "$jid" JobState) == PENDING ]] ||
+      fail "job $jid was not requeued: $(job_field "$jid" JobState), restarts $(job_field "$jid" Restarts)"
+    scontrol update JobId="$jid" NumTasks=2 NumCPUs=2 || fail "scontrol update JobId=$jid NumTasks=2 NumCPUs=2"
+    [[ $(job_field "$jid" NumTasks) == 2 && $(job_field "$jid" NumCPUs) == 2 ]] ||
+      fail "job $jid was not changed: NumTasks=$(job_field "$jid" NumTasks) NumCPUs=$(job_field "$jid" NumCPUs)"
+    if [[ $case_name == requeue_fewer_tasks ]]; then
+      scontrol update PartitionName=debug State=UP || fail "scontrol update PartitionName=debug State=UP"
+    else
+      scontrol release "$jid" || fail "scontrol release $jid"
+    fi
+    state=$(wait_job "$jid" 120)
+    cat "$out"
+    [[ $state == COMPLETED && $(job_field "$jid" ExitCode) == 0:0 ]] ||
+      fail "job $jid: $state, exit $(job_field "$jid" ExitCode), expected COMPLETED 0:0"
+    [[ $(job_field "$jid" Restarts) == 1 ]] || fail "restarts: $(job_field "$jid" Restarts), expected 1"
+    sed -n "1,/job $jid run 2:/p" "$out" >run1.txt
+    sed -n "/job $jid run 2:/,\$p" "$out" >run2.txt
+    grep -q "job $jid run 1: 1 node(s), 4 ranks" run1.txt || fail "the first run did not have 4 ranks"
+    grep -q "mesh pp=1 dp=4" run1.txt || fail "no dp=4 mesh in the first run"
+    stop=$(sed -nE 's/^kolos: stopped on request after step ([0-9]+) of.*/\1/p' run1.txt)
+    [[ -n $stop ]] || fail "the first run did not stop on request"
+    [[ -e ckpt/step-$(printf %08d "$stop") ]] || fail "no checkpoint of step $stop"
+    if [[ $case_name == requeue_fewer_tasks ]]; then
+      grep -q "requeueing job $jid (checkpoint: yes)" run1.txt || fail "the script did not requeue the job"
+    else
+      grep -q "not requeued: the job was terminated" run1.txt || fail "the script did not leave the requeue to Slurm"
+    fi
+    grep -q "job $jid run 2: 1 node(s), 2 ranks" run2.txt || fail "the requeued run did not have 2 ranks"
+    grep -q "submitted with 4 tasks and this run's allocation has 2" run2.txt ||
+      fail "the requeued run did not say that its allocation has 2 tasks"
+    grep -q "resuming from $work/ckpt/latest" run2.txt || fail "the requeued run was not given --resume"
+    grep -q "resumed from .* at step $stop" run2.txt || fail "kolos did not resume at step $stop"
+    grep -q "mesh pp=1 dp=2" run2.txt || fail "no dp=2 mesh in the requeued run"
+    grep -q "kolos: done: " run2.txt || fail "the requeued run did not finish"
+    # As e2e_checkpoint_restart_smaller: the losses after the restart are
+    # those of the uninterrupted 2-rank run, up to the order of sums.
+    python3 - straight.jsonl m.jsonl "$stop" "$steps" <<'PY' ||
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "loss" in r}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+stop, steps = int(sys.argv[3]), int(sys.argv[4])
+assert stop < steps, f"stopped at {stop} of {steps}"
+after = [s for s in sorted(b) if s > stop]
+assert after == list(range(stop + 1, steps + 1)), (after[:3], after[-3:])
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in after)
+print(f"4 ranks to step {stop}, requeued at 2 ranks: {len(after)} steps to {steps},"
+      f" largest relative loss difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
+      fail "the resumed losses differ from the uninterrupted 2-rank run's"
+    ;;
   gen_script)
     # has_line FILE LINE: LINE whole, or followed by a comment.
     has_line() {
@@ -254,6 +363,7 @@ PY
     cat >bin/srun <<'SH'
 #!/bin/bash
 echo "srun $*" >>"$FAKE_LOG"
+echo "srun's SLURM_NTASKS=${SLURM_NTASKS:-} SLURM_NPROCS=${SLURM_NPROCS:-}" >>"$FAKE_LOG"
 exit "${FAKE_RC:-0}"
 SH
     cat >bin/scontrol <<'SH'
@@ -263,6 +373,7 @@ SH
     chmod +x bin/srun bin/scontrol
     "$KOLOS" slurm gen "$tiny" --checkpoint-dir ckpt -o job.sbatch 2>/dev/null || fail "gen"
     export FAKE_LOG=$work/log.txt SLURM_JOB_ID=42
+    unset SLURM_NTASKS SLURM_NPROCS SLURM_TASKS_PER_NODE SLURM_RESTART_COUNT  # ctest inside a job
     # run_job EXPECTED_RC [VAR=value ...]: runs the script, leaves its calls in log.txt.
     run_job() {
       local want=$1; shift
@@ -295,6 +406,22 @@ SH
     run_job 0 FAKE_RC=0 KOLOS_CONFIG=other.toml
     grep -q "train other.toml --set checkpoint.dir=$work/ckpt$" log.txt ||
       { cat log.txt; fail "KOLOS_CONFIG from the environment not used"; }
+    # The ranks are the allocation's tasks (SLURM_TASKS_PER_NODE), not the
+    # submission's SLURM_NTASKS: a requeued job may have been made smaller.
+    run_job 0 FAKE_RC=0 SLURM_NTASKS=4 SLURM_NPROCS=4 SLURM_TASKS_PER_NODE=2
+    grep -q "srun --mpi=pmix --cpu-bind=cores --ntasks=2 $KOLOS train $tiny " log.txt ||
+      { cat log.txt; fail "srun not given --ntasks=2 for SLURM_TASKS_PER_NODE=2"; }
+    grep -qx "srun's SLURM_NTASKS=2 SLURM_NPROCS=2" log.txt || { cat log.txt; fail "SLURM_NTASKS not set to 2"; }
+    grep -q ": 1 node(s), 2 ranks" job.out || { cat job.out; fail "the job line does not say 2 ranks"; }
+    grep -q "submitted with 4 tasks and this run's allocation has 2" job.out ||
+      { cat job.out; fail "no word of the changed size"; }
+    run_job 0 FAKE_RC=0 SLURM_NTASKS=8 'SLURM_TASKS_PER_NODE=2(x3),1'
+    grep -q -- "--ntasks=7 " log.txt || { cat log.txt; fail "2(x3),1 is not 7 tasks"; }
+    run_job 0 FAKE_RC=0 SLURM_NTASKS=2 SLURM_TASKS_PER_NODE=2
+    ! grep -q "submitted with" job.out || fail "a size change reported when there was none"
+    run_job 2 FAKE_RC=0 SLURM_TASKS_PER_NODE=two
+    grep -q "cannot read SLURM_TASKS_PER_NODE='two'" job.out || { cat job.out; fail "no message for a bad SLURM_TASKS_PER_NODE"; }
+    ! grep -q "^srun" log.txt || fail "srun ran with an unreadable SLURM_TASKS_PER_NODE"
     : >"$FAKE_LOG"
     env PATH="$work/bin:$PATH" bash job.sbatch third.toml --set train.steps=5 >/dev/null 2>&1
     grep -q "train third.toml --set checkpoint.dir=$work/ckpt --set train.steps=5$" log.txt ||
