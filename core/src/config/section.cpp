@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "document.h"
+#include "kolos/core/config_located.h"
 #include "kolos/core/error.h"
 #include "kolos/core/settings.h"
 
@@ -474,6 +475,15 @@ void ConfigSection::check_keys(const std::vector<std::string>& valid,
     }
     kolos::fail(doc_of(document_).origin_of(name, /*at_key=*/true), message);
   }
+}
+
+std::string located(const RunConfig& config, const std::string& key, const std::string& message) {
+  const Origin origin = doc_of(config.document).origin_of(key);
+  // The source line goes under the message's first line; the rest follows.
+  const size_t end = message.find('\n');
+  const std::string first = message.substr(0, end);
+  const std::string rest = end == std::string::npos ? "" : message.substr(end);
+  return origin.where + ": " + key + ": " + first + origin.snippet + rest;
 }
 
 }  // namespace kolos
