@@ -73,6 +73,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::abort();
   }
   scratch = pattern;
+  // libFuzzer ends a timed run with exit(): remove the scratch files then.
+  std::atexit([] {
+    for (const char* name : {"/index.h5", "/shard-0.h5"}) std::remove((scratch + name).c_str());
+    rmdir(scratch.c_str());
+  });
   return 0;
 }
 
