@@ -23,6 +23,7 @@
 #include "ckpt_command.h"
 #include "kolos/checkpoint/checkpoint.h"
 #include "kolos/config.h"
+#include "kolos/core/config_located.h"
 #include "kolos/core/devices.h"
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
@@ -62,7 +63,7 @@ commands:
 // that the model exists; the data is opened only by the run.
 RunPlan check_run(const RunConfig& config, int64_t ranks) {
   modules::register_builtin_models();
-  check_model_name(config.model);
+  check_model_name(config);
   return plan_run(config, ranks);
 }
 

@@ -11,16 +11,9 @@
 #include <vector>
 
 #include "kolos/checkpoint/checkpoint.h"
+#include "reader.h"
 
 namespace kolos::checkpoint::detail {
-
-// Bounds on what a reader accepts from a file before allocating anything.
-inline constexpr int64_t kMaxTensors = 1 << 20;
-inline constexpr int64_t kMaxMappings = 1 << 20;   // pieces of one tensor
-inline constexpr int64_t kMaxText = 64 << 20;      // config, tensor list
-inline constexpr int64_t kMaxName = 4096;          // a file or dataset name
-inline constexpr int64_t kMaxRngBytes = 64 << 20;  // all ranks' generator states
-inline constexpr int64_t kChunkBytes = 16 << 20;   // checksum / copy granularity
 
 // One piece as the index records it.
 struct Record {
@@ -62,30 +55,6 @@ void run_job(comm::ProcessGroup& group, SaveJob& job);
 // `keep_last` step-N directories (0: none).
 void update_latest(const std::string& root, const std::string& name);
 void prune(const std::string& root, int64_t keep_last);
-
-// ---- reading ----
-struct Mapping {
-  std::string tensor;  // "model/..."
-  std::string file;    // "shard-3.h5"
-  std::string dataset; // "/model/..."
-  std::vector<int64_t> offset, length;
-};
-struct IndexInfo {
-  std::string dir;
-  Metadata meta;
-  std::vector<int64_t> writers;
-  std::vector<std::string> tensors;  // in save order
-  std::map<std::string, std::vector<int64_t>> shapes;
-  std::map<std::string, std::string> dtypes;
-  std::vector<Mapping> mappings;  // every piece of every tensor, in tensor order
-};
-// Reads index.h5 of `dir` (bounded). `with_rng`: also /rng/cpu.
-IndexInfo read_index(const std::string& dir, bool with_rng);
-// Checks one mapping's source: file present, dataset shape, offset, dtype,
-// checksum. Returns "" or the problem, naming the file and dataset.
-std::string verify_mapping(const IndexInfo& index, const Mapping& m);
-// Problems with the tensors' coverage by their pieces (gaps, overlaps).
-std::vector<std::string> coverage_problems(const IndexInfo& index);
 
 void fsync_path(const std::string& path, bool directory);
 

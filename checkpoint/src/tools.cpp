@@ -83,26 +83,6 @@ std::string format_inspection(const Inspection& in) {
   return out.str();
 }
 
-std::vector<std::string> verify(const std::string& path) {
-  std::vector<std::string> problems;
-  detail::IndexInfo index;
-  try {
-    index = detail::read_index(resolve(path), /*with_rng=*/true);
-  } catch (const std::exception& e) {
-    return {e.what()};
-  }
-  for (const auto& w : index.writers) {
-    const std::string shard = index.dir + "/shard-" + std::to_string(w) + ".h5";
-    if (!fs::exists(shard)) problems.push_back("missing shard " + shard);
-  }
-  for (auto& p : detail::coverage_problems(index)) problems.push_back(std::move(p));
-  for (const auto& m : index.mappings) {
-    std::string problem = detail::verify_mapping(index, m);
-    if (!problem.empty()) problems.push_back(std::move(problem));
-  }
-  return problems;
-}
-
 int64_t export_safetensors(const std::string& path, const std::string& out_file) {
   const std::string dir = resolve(path);
   const std::vector<std::string> problems = verify(dir);

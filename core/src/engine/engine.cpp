@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "engine_detail.h"
+#include "kolos/core/config_located.h"
 #include "kolos/core/error.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/comm/watchdog.h"
@@ -61,6 +62,20 @@ void set_cpu_rng_state(const std::vector<uint8_t>& bytes) {
   generator.set_state(state);
 }
 
+// registry.create, with a failure for a plugin named in `[plugins] <role>`
+// located at that key (file:line:col), as the config reader's own errors are.
+template <typename Interface>
+std::shared_ptr<Interface> create_plugin(const PluginRegistry& registry, const RunConfig& config,
+                                         const std::string& role, const std::string& name) {
+  try {
+    return registry.create<Interface>(role, name);
+  } catch (const PluginError& e) {
+    const auto named = config.plugins.by_role.find(role);
+    if (named == config.plugins.by_role.end() || named->second != name) throw;
+    throw PluginError(located(config, "plugins." + role, e.what()));
+  }
+}
+
 }  // namespace
 
 RunPlan plan_run(const RunConfig& config, int64_t world_size) {
@@ -90,11 +105,13 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   const auto& pipeline = role_spec("pipeline");
   plan.layers = plan.roles.layers == layers.builtin
                     ? make_serial_layer_factory()
-                    : registry.create<LayerFactory>("layers", plan.roles.layers);
-  plan.pipeline = plan.roles.pipeline == pipeline.builtin
-                      ? make_single_stage_schedule()
-                      : registry.create<PipelineSchedule>("pipeline", plan.roles.pipeline);
-  plan.gradients = registry.create<GradientStrategy>("gradients", plan.roles.gradients);
+                    : create_plugin<LayerFactory>(registry, config, "layers", plan.roles.layers);
+  plan.pipeline =
+      plan.roles.pipeline == pipeline.builtin
+          ? make_single_stage_schedule()
+          : create_plugin<PipelineSchedule>(registry, config, "pipeline", plan.roles.pipeline);
+  plan.gradients =
+      create_plugin<GradientStrategy>(registry, config, "gradients", plan.roles.gradients);
   const auto configure = [&](RolePlugin& plugin, const std::string& role) {
     const RoleSpec& spec = role_spec(role);
     const std::string& name = plan.roles.of(role);
@@ -122,6 +139,7 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
 
   // Phase 1, local only: everything a rank can check on its own.
   agreed(*world_, [&] {
+    check_model_name(config_);
     RunPlan plan = plan_run(config_, world_size);
     shape = plan.shape;
     accumulation_ = plan.accumulation;

@@ -1,4 +1,5 @@
 #include "kolos/core/model.h"
+#include "kolos/core/config_located.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -198,17 +199,29 @@ std::vector<std::string> registered_models() {
   return names;
 }
 
-void check_model_name(const ModelConfig& config) {
+namespace {
+// "" when `name` is registered, else what is wrong and what would be valid.
+std::string unknown_model(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
-    if (registry().count(config.name)) return;
+    if (registry().count(name)) return "";
   }
   std::string known;
-  for (const auto& name : registered_models()) known += (known.empty() ? "" : ", ") + name;
-  std::string hint = closest_match(config.name, registered_models());
-  throw ConfigError("model.name: no model named `" + config.name + "`" +
-                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
-                    "; known models: " + (known.empty() ? "none" : known));
+  for (const auto& n : registered_models()) known += (known.empty() ? "" : ", ") + n;
+  std::string hint = closest_match(name, registered_models());
+  return "no model named `" + name + "`" + (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
+         "; known models: " + (known.empty() ? "none" : known);
+}
+}  // namespace
+
+void check_model_name(const ModelConfig& config) {
+  const std::string problem = unknown_model(config.name);
+  if (!problem.empty()) throw ConfigError("model.name: " + problem);
+}
+
+void check_model_name(const RunConfig& config) {
+  const std::string problem = unknown_model(config.model.name);
+  if (!problem.empty()) throw ConfigError(located(config, "model.name", problem));
 }
 
 std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory) {

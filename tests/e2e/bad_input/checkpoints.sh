@@ -39,9 +39,14 @@ declare -A refused=(
   [shard_truncated_header]="cannot open [^ ]*/shard-0\.h5 as HDF5: truncated file"
   [index_foreign_hdf5]="index\.h5: attribute kolos\.format is missing"
   [index_text]="cannot open [^ ]*/index\.h5 as HDF5: file signature not found"
+  [step_negative]="index\.h5: attribute step is -4; it counts what the run has done and must be >= 0"
+  [rng_wrong_size]="index\.h5: dataset /rng/cpu: shape \[1, 100\], expected \[1, [0-9]+\] \(one [0-9]+-byte LibTorch CPU generator state per rank"
+  [rng_wrong_ranks]="index\.h5: dataset /rng/cpu: shape \[3, [0-9]+\], expected \[1, [0-9]+\]"
+  [world_size_huge]="index\.h5: attribute world_size is 1099511627776, the mesh \[1, 1, 1, 1\] \(pp, dp, sp, tp\) has 1 ranks"
+  [latest_outside]="latest_outside-root/latest: \`\.\./\.\./etc\` points outside the checkpoint directory [^ ]*latest_outside-root; it must name a step-N directory inside it"
   [latest_missing_target]="latest names [^ ]*/step-00000099, which holds no index\.h5"
 )
-accepted=(global_shape_attr_wrong shard_data_float64 index_tensor_float64 world_size_huge)
+accepted=(global_shape_attr_wrong shard_data_float64 index_tensor_float64)
 
 cat >run.toml <<'TOML'
 [model]

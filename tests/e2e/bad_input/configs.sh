@@ -69,6 +69,11 @@ run_case set_through_scalar 'empty\.toml: --set model\.layers\.x=1: `model\.laye
   empty.toml --set model.layers=2 --set model.layers.x=1
 run_case set_huge_int 'empty\.toml: --set train\.seed=99999999999999999999: the integer 99999999999999999999 does not fit 64 bits' \
   empty.toml --set train.seed=99999999999999999999
+# Names another registry owns (models, plugins) are located like the reader's own errors.
+run_case set_model_name 'config error: empty\.toml: --set model\.name=gtp: model\.name: no model named `gtp`' \
+  empty.toml --set model.name=gtp
+run_case set_plugin_name 'plugin error: empty\.toml: --set plugins\.gradients=zer03: plugins\.gradients: no plugin named `zer03`' \
+  empty.toml --set plugins.gradients=zer03
 run_case set_deep 'arrays or inline tables nested more than 64 deep' \
   empty.toml --set "model.name=$(printf '[%.0s' {1..100})"
 

@@ -186,6 +186,27 @@ def _(d):
         f.attrs["world_size"] = np.int64(1 << 40)
 
 
+@case("step_negative", "the step attribute is -4")
+def _(d):
+    with index(d) as f:
+        f.attrs["step"] = np.int64(-4)
+
+
+@case("rng_wrong_size", "/rng/cpu holds 100 bytes per rank, not a generator state")
+def _(d):
+    with index(d) as f:
+        del f["rng/cpu"]
+        f["rng/cpu"] = np.zeros((1, 100), dtype=np.uint8)
+
+
+@case("rng_wrong_ranks", "/rng/cpu holds 3 generator states for a 1-rank world")
+def _(d):
+    with index(d) as f:
+        state = f["rng/cpu"][()]
+        del f["rng/cpu"]
+        f["rng/cpu"] = np.concatenate([state] * 3)
+
+
 @case("tensors_attr_int", "the tensors attribute is an integer")
 def _(d):
     with index(d) as f:
@@ -235,6 +256,16 @@ def _(d):
     shutil.move(d, os.path.join(root, "step-00000004"))
     with open(os.path.join(root, "latest"), "w") as f:
         f.write("step-00000099\n")
+    return root
+
+
+@case("latest_outside", "a root whose latest says ../../etc")
+def _(d):
+    root = d + "-root"
+    os.makedirs(root)
+    shutil.move(d, os.path.join(root, "step-00000004"))
+    with open(os.path.join(root, "latest"), "w") as f:
+        f.write("../../etc\n")
     return root
 
 

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "kolos/checkpoint/error.h"
+#include "kolos/checkpoint/format.h"
 #include "kolos/core/comm/process_group.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/placement.h"
@@ -54,25 +55,10 @@
 
 namespace kolos::checkpoint {
 
-inline constexpr int kFormatVersion = 1;
-
 // One tensor piece: `name` is the dataset path of its global tensor
 // ("model/h.0.mlp.fc.weight", no leading slash), `tensor` this rank's local
 // (possibly padded) tensor, `placement` where it sits.
 using Piece = StatePiece;
-
-// What a checkpoint records besides tensors.
-struct Metadata {
-  int64_t step = 0;             // optimizer steps taken
-  int64_t data_position = 0;    // global samples consumed (step x global batch)
-  int64_t optimizer_steps = 0;  // the optimizer's own step count (bias correction)
-  std::string config_toml;      // the effective configuration
-  std::string kolos_version;
-  MeshShape mesh;               // the writing mesh
-  int64_t world_size = 1;
-  // Every rank's LibTorch CPU generator state, in rank order (may be empty).
-  std::vector<std::vector<uint8_t>> rng_cpu;
-};
 
 // ---- collective layer (Placement level) -----------------------------------
 
@@ -89,16 +75,6 @@ void save_pieces(comm::ProcessGroup& group, const MeshLayout& layout, const std:
 // is written into any tensor then. Returns the checkpoint's metadata.
 Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir,
                      const std::vector<Piece>& pieces);
-
-// ---- directories ------------------------------------------------------------
-
-// "step-00000020"
-std::string step_dir_name(int64_t step);
-// The directory `latest` in `root` names, or "" when there is none.
-std::string latest(const std::string& root);
-// `path` itself when it holds an index.h5, else the checkpoint that
-// <path>/latest names. Throws CheckpointError when neither exists.
-std::string resolve(const std::string& path);
 
 // ---- a training run's checkpoints ---------------------------------------------
 
@@ -165,11 +141,6 @@ struct Inspection {
 };
 Inspection inspect(const std::string& path);
 std::string format_inspection(const Inspection& inspection);
-
-// Checks every dataset's checksum and shape, every shard's presence, and
-// that the pieces of each tensor cover it exactly. Returns the problems
-// found, each naming the file and dataset (empty: the checkpoint is sound).
-std::vector<std::string> verify(const std::string& path);
 
 // Writes the global model weights (/model/*) as one safetensors file.
 // Returns the number of tensors written.
