@@ -478,7 +478,6 @@ void ConfigSection::check_keys(const std::vector<std::string>& valid,
   }
 }
 
-<<<<<<< HEAD
 int64_t parse_byte_size(const std::string& text) {
   size_t pos = 0;
   while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
@@ -516,7 +515,8 @@ int64_t parse_byte_size(const std::string& text) {
   }
   throw std::invalid_argument("unknown unit \"" + unit +
                               "\"; valid: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB");
-=======
+}
+
 std::string located(const RunConfig& config, const std::string& key, const std::string& message) {
   const Origin origin = doc_of(config.document).origin_of(key);
   // The source line goes under the message's first line; the rest follows.
@@ -524,7 +524,6 @@ std::string located(const RunConfig& config, const std::string& key, const std::
   const std::string first = message.substr(0, end);
   const std::string rest = end == std::string::npos ? "" : message.substr(end);
   return origin.where + ": " + key + ": " + first + origin.snippet + rest;
->>>>>>> fuzz-asan
 }
 
 }  // namespace kolos
