@@ -11,6 +11,9 @@ packages=(
   libboost-program-options-dev libtoml11-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-h5py python3-numpy
+  # scripts/install-venv.sh: the virtual environment with LibTorch 2.x (the
+  # torch wheel) and the interop packages, never installed system-wide
+  python3-venv
   # launch tests (tests/launch, k8s, spack, docker): a real Slurm, the MPIJob
   # schema check, the Dockerfile lint. kubectl is not here: Debian 12's
   # kubernetes-client is 1.20, whose kustomize predates `patches`; the k8s
