@@ -66,7 +66,9 @@ PY
   # CUDA release the wheel was built with (torch/version.py: cuda = '13.2').
   cuda=$(sed -n "s/^cuda: Optional\[str\] = '\([0-9]*\.[0-9]*\)'$/\1/p" "$site/torch/version.py")
   [[ -n $cuda ]] || { echo "kolos: cannot read the CUDA version of $site/torch/version.py" >&2; exit 1; }
-  pip install "${pure[@]}" "nvidia-cuda-runtime==$cuda.*" "nvidia-cuda-cupti==$cuda.*"
+  # --no-warn-conflicts: torch's CUDA requirements are left out on purpose.
+  pip install --no-warn-conflicts "${pure[@]}" "nvidia-cuda-runtime==$cuda.*" \
+    "nvidia-cuda-cupti==$cuda.*"
   touch "$venv/.kolos-build-torch-$torch_version"
 fi
 
