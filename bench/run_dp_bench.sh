@@ -20,8 +20,10 @@
 # that median, and the ratios kolos-1 / plain-1 and kolos-dp2 / ddp2, the
 # latter next to kolos-dp2's reduction overlap (median fraction of the
 # gradient bytes launched while backward still ran, rank 0) and its median
-# wait in finish_backward. --bucket-mb sets kolos's parallel.bucket_mb and
-# DDP's bucket_cap_mb alike.
+# wait in finish_backward, and both models' parameter counts. --bucket-mb
+# sets kolos's parallel.bucket_mb and DDP's bucket_cap_mb alike. All four
+# train on the same samples (the DDP peer reimplements kolos's synthetic
+# source bit for bit); DDP's initial weights differ.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -47,7 +49,7 @@ while [[ $# -gt 0 ]]; do
     --threads-2rank) threads2=$2 ;;
     --bucket-mb) bucket_mb=$2 ;;
     --build) build=$2 ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_dp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -161,4 +163,8 @@ overlap, wait = reduction("kolosdp2")
 print(f"kolos-dp2 / ddp2    (step time, 2 ranks):               {m['kolos-dp2'] / m['ddp2']:.3f}"
       f"   kolos-dp2 reduction overlap {overlap:.3f}, finish_backward wait {wait * 1e3:.1f} ms")
 print(f"kolos-1 / kolos-dp2 (speed-up from 2 ranks):          {m['kolos-1'] / m['kolos-dp2']:.2f}x")
+kolos_p = [json.loads(l) for l in open(f"{tmp}/kolosdp2.jsonl") if l.strip()][-1]["param_bytes"] // 4
+ddp_p = json.loads(open(f"{tmp}/ddp2.json").read().strip().splitlines()[-1])["parameters"]
+print(f"parameters: kolos {kolos_p} ({kolos_p / 1e6:.2f} M), ddp2 {ddp_p}"
+      + ("" if kolos_p == ddp_p else "  ** DIFFERENT MODEL SHAPES **"))
 PY

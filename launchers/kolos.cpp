@@ -26,7 +26,7 @@
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/signals.h"
@@ -123,9 +123,10 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
   }
   if (resume.empty()) resume = resume_dir;
 
-  // Before anything slow: a stop request (Slurm's warning, SIGTERM) during
-  // start-up must not kill the process (SIGUSR1's default action); it stops
-  // the run at its first step boundary instead.
+  // Before anything slow: during set-up SIGTERM/SIGINT end the process at
+  // once with a message and SIGUSR1 (Slurm's warning, whose default action
+  // would kill) waits for the first step boundary; then all three stop the
+  // run at a step boundary (signals.h).
   install_stop_handlers();
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
@@ -139,7 +140,7 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
       error = e.what();
       kind = static_cast<int>(e.kind());
     }
-    detail::agree_on_error(runtime.world(), error, kind);
+    detail::agree_on_error(*runtime.world(), error, kind);
     Engine engine(config, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());

@@ -14,6 +14,8 @@ packages=(
   # scripts/install-venv.sh: the virtual environment with LibTorch 2.x (the
   # torch wheel) and the interop packages, never installed system-wide
   python3-venv
+  # fuzz targets (tests/fuzz): clang++ with libFuzzer and the sanitizers
+  clang libclang-rt-14-dev
   # launch tests (tests/launch, k8s, spack, docker): a real Slurm, the MPIJob
   # schema check, the Dockerfile lint. kubectl is not here: Debian 12's
   # kubernetes-client is 1.20, whose kustomize predates `patches`; the k8s

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "kolos/checkpoint/checkpoint.h"
+#include "kolos/core/comm/mpi.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -47,12 +48,14 @@ void fsync_file(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   const int64_t mib = argc > 1 ? std::atoll(argv[1]) : 512;
   const std::string base = argc > 2 ? argv[2] : fs::temp_directory_path().string();
   const std::string work = base + "/kolos-ckpt-bench-" + std::to_string(::getpid());
   fs::create_directories(work);
   {
+    kolos::comm::ProcessGroupPtr self = kolos::comm::make_mpi_process_group(MPI_COMM_SELF, "self");
     // A GPT-like mix: a few large matrices and many small vectors.
     std::vector<kolos::checkpoint::Piece> pieces;
     std::vector<at::Tensor> tensors;
@@ -67,11 +70,11 @@ int main(int argc, char** argv) {
     kolos::MeshLayout layout(kolos::MeshShape{});
 
     auto t = Clock::now();
-    kolos::checkpoint::save_pieces(MPI_COMM_SELF, layout, work + "/ckpt", pieces, {});
+    kolos::checkpoint::save_pieces(*self, layout, work + "/ckpt", pieces, {});
     const double save_s = seconds_since(t);
     for (auto& p : pieces) p.tensor = torch::empty_like(p.tensor);
     t = Clock::now();
-    kolos::checkpoint::load_pieces(MPI_COMM_SELF, work + "/ckpt", pieces);
+    kolos::checkpoint::load_pieces(*self, work + "/ckpt", pieces);
     const double load_s = seconds_since(t);
 
     const int64_t blocks = (bytes + (16 << 20) - 1) / (16 << 20);

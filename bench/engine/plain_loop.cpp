@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "kolos/core/engine.h"  // learning_rate_at
-#include "kolos/core/gradients.h"
-#include "kolos/core/layers.h"
+#include "kolos/core/gradient_strategy.h"
+#include "kolos/core/layer_factory.h"
 #include "kolos/core/run_config.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"

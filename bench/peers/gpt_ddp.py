@@ -15,13 +15,15 @@ mean cross-entropy. Output projections use std init_std/sqrt(2*layers), as
 kolos does.
 
 Training: N ranks from torch.multiprocessing.spawn, gloo over 127.0.0.1,
-DistributedDataParallel with its defaults (bucket_cap_mb=25, the same as
-kolos's parallel.bucket_mb), global_batch split over ranks and micro-batches
+DistributedDataParallel with bucket_cap_mb = --bucket-mb (default 25, as
+kolos's parallel.bucket_mb; both in MiB, both cap the first bucket at 1 MiB), global_batch split over ranks and micro-batches
 (no_sync() on all but the last micro-batch, loss / M), clip_grad_norm_,
 warm-up + cosine learning rate, torch.optim.AdamW (betas 0.9/0.95, eps 1e-8,
-weight decay 0). Data: synthetic arithmetic progressions modulo vocab of
-seq_len + 1 tokens (the same kind of task as kolos's synthetic source; the
-token values do not change the cost of a step).
+weight decay 0). Data: kolos's synthetic source reimplemented bit for bit
+(synthetic_sample below), read at the same global sample indices as kolos's
+engine, so every rank trains on the very tokens its kolos counterpart does.
+The initial weights differ (torch's and kolos's initialisers draw in a
+different order), so losses agree only approximately.
 
 Timing: a step is timed on each rank from before the data to after
 optimizer.step() (as kolos's step_time_s), and a step's time is the slowest
@@ -61,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--bucket-mb", type=int, default=25)
+    p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=1234)
     a = p.parse_args(argv)
     if a.hidden % a.heads:
@@ -154,12 +156,36 @@ def lr_at(a, step):
     return a.min_lr + 0.5 * (a.lr - a.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+_MASK64 = (1 << 64) - 1
+_STRIDES = (1, 2, 3, 5)
+
+
+def _mix64(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _splitmix64(x):
+    return _mix64((x + 0x9E3779B97F4A7C15) & _MASK64)
+
+
+def synthetic_sample(a, index):
+    """Sample `index` of kolos's synthetic source (modules/src/data/synthetic.cpp,
+    hash.h), bit for bit: h = splitmix64(splitmix64(seed) ^ index); start =
+    h mod vocab, stride = {1, 2, 3, 5}[splitmix64(h) mod 4]; seq_len + 1 tokens
+    (start + i*stride) mod vocab."""
+    h = _splitmix64(_splitmix64(a.seed & _MASK64) ^ index)
+    start, stride = h % a.vocab, _STRIDES[_splitmix64(h) % len(_STRIDES)]
+    return [(start + i * stride) % a.vocab for i in range(a.seq_len + 1)]
+
+
 def synthetic_batch(torch, a, first_index, count):
-    """`count` samples of seq_len + 1 tokens: (start + i*stride) mod vocab."""
-    g = torch.Generator().manual_seed(a.seed * 1_000_003 + first_index)
-    start = torch.randint(0, a.vocab, (count, 1), generator=g)
-    stride = torch.tensor([1, 2, 3, 5])[torch.randint(0, 4, (count, 1), generator=g)]
-    tokens = (start + stride * torch.arange(a.seq_len + 1)) % a.vocab
+    """Samples first_index .. first_index + count - 1 of kolos's synthetic
+    source, as (inputs, targets): the tokens kolos's engine reads for the same
+    global sample indices (core/src/engine/engine.cpp, next_micro_batches)."""
+    tokens = torch.tensor([synthetic_sample(a, first_index + i) for i in range(count)],
+                          dtype=torch.long)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
@@ -213,7 +239,8 @@ def worker(rank, a, port, queue):
     l = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(l, op=dist.ReduceOp.SUM)
     if rank == 0:
-        queue.put((t.tolist(), (l / a.ranks).tolist()))
+        parameters = sum(p.numel() for p in model.parameters())
+        queue.put((t.tolist(), (l / a.ranks).tolist(), parameters))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -236,12 +263,13 @@ def main():
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.spawn(worker, args=(a, free_port(), queue), nprocs=a.ranks, join=True)
-    times, losses = queue.get()
+    times, losses, parameters = queue.get()
     skip = min(a.warmup, max(0, len(times) - 1))
     med = statistics.median(times[skip:])
     print(json.dumps({
         "bench": "pytorch_ddp", "torch": torch.__version__, "backend": "gloo",
-        "ranks": a.ranks, "threads": a.threads, "steps": len(times), "warmup": skip,
+        "ranks": a.ranks, "threads": a.threads, "parameters": parameters,
+        "bucket_cap_mb": a.bucket_mb, "steps": len(times), "warmup": skip,
         "global_batch": a.global_batch, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
         "step_time_s_median": med, "tokens_per_s": a.global_batch * a.seq_len / med,
         "first_loss": losses[0], "final_loss": losses[-1],

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kolos/core/comm/mpi.h"
 #include "kolos/core/engine.h"
 #include "kolos/core/run_config.h"
 #include "kolos/modules/data.h"
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
     overrides.push_back("parallel.pipeline.schedule=" + schedule);
     overrides.push_back("parallel.pipeline.chunks=" + std::to_string(r.chunks));
     kolos::RunConfig config = kolos::parse_run_config(kModel, "<bench>", overrides);
-    kolos::Engine engine(config, MPI_COMM_WORLD,
+    kolos::Engine engine(config, kolos::comm::make_mpi_process_group(MPI_COMM_WORLD, "world"),
                          [](const kolos::RunConfig& c) { return kolos::data::make_source(c); });
     micro = static_cast<int>(engine.accumulation());
     std::vector<double> times;

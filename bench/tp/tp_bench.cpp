@@ -151,7 +151,7 @@ int bench(const kolos::Runtime& runtime, const Options& o) {
     error = e.what();
     kind = static_cast<int>(e.kind());
   }
-  kolos::detail::agree_on_error(runtime.world(), error, kind);
+  kolos::detail::agree_on_error(*runtime.world(), error, kind);
   Engine engine(config, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
   if (root) std::printf("tp_bench: %s\n", engine.describe().c_str());
 
@@ -175,9 +175,9 @@ int bench(const kolos::Runtime& runtime, const Options& o) {
   const double mine = static_cast<double>(sum) / static_cast<double>(timed);
   double max_bytes = 0, sum_bytes = 0;
   int varied = lo != hi ? 1 : 0, any_varied = 0;
-  MPI_Allreduce(&mine, &max_bytes, 1, MPI_DOUBLE, MPI_MAX, runtime.world());
-  MPI_Allreduce(&mine, &sum_bytes, 1, MPI_DOUBLE, MPI_SUM, runtime.world());
-  MPI_Allreduce(&varied, &any_varied, 1, MPI_INT, MPI_MAX, runtime.world());
+  MPI_Allreduce(&mine, &max_bytes, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &sum_bytes, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&varied, &any_varied, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   const double mean_bytes = sum_bytes / runtime.size();
 
   const testing::TpShape shape = testing::tp_shape(config, engine.accumulation());

@@ -3,8 +3,10 @@
 
     /usr/bin/python3 bench/zero/gpt_zero_peer.py --ranks 2 --threads 1 --layers 8 ...
 
-The same GPT, data, schedule and timing as bench/peers/gpt_ddp.py (whose
-model and helpers it imports), with the optimizer replaced by
+The same GPT, data (kolos's synthetic samples, bit for bit, at the same
+sample indices), bucket size (--bucket-mb: DDP's bucket_cap_mb), schedule
+and timing as bench/peers/gpt_ddp.py (whose model and helpers it imports),
+with the optimizer replaced by
 ZeroRedundancyOptimizer(AdamW): gradients all-reduced by DDP, each rank
 steps the parameters it owns, then they are broadcast (PyTorch 1.13). That
 is ZeRO stage 1, as kolos's zero1 (which all-gathers shards instead).
@@ -44,7 +46,8 @@ def worker(rank, a, port, queue):
                        dtype=torch.float64)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     if rank == 0:
-        queue.put((t.tolist(), (l / a.ranks).tolist(), rss.item()))
+        parameters = sum(p.numel() for p in model.parameters())
+        queue.put((t.tolist(), (l / a.ranks).tolist(), rss.item(), parameters))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -60,12 +63,13 @@ def main():
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.spawn(worker, args=(a, gpt_ddp.free_port(), queue), nprocs=a.ranks, join=True)
-    times, losses, rss = queue.get()
+    times, losses, rss, parameters = queue.get()
     skip = min(a.warmup, max(0, len(times) - 1))
     med = statistics.median(times[skip:])
     print(json.dumps({
         "bench": "pytorch_zero_redundancy_optimizer", "torch": torch.__version__,
-        "backend": "gloo", "ranks": a.ranks, "threads": a.threads, "steps": len(times),
+        "backend": "gloo", "ranks": a.ranks, "threads": a.threads, "parameters": parameters,
+        "bucket_cap_mb": a.bucket_mb, "steps": len(times),
         "warmup": skip, "step_time_s_median": med,
         "tokens_per_s": a.global_batch * a.seq_len / med, "first_loss": losses[0],
         "final_loss": losses[-1], "peak_rss_bytes": rss,

@@ -6,7 +6,11 @@
 #      against the ideal 16·P/N of fp32 AdamW;
 #   2. peak RSS per rank (max over ranks) of the same runs;
 #   3. median step time of kolos zero1 vs PyTorch's ZeroRedundancyOptimizer
-#      (DDP + ZeRO-1, gloo, python3-torch) on the same model and ranks.
+#      (DDP + ZeRO-1, gloo, python3-torch, bench/zero/gpt_zero_peer.py) on
+#      the same model shape (the parameter counts are printed side by side),
+#      the same data (kolos's synthetic samples, bit for bit, at the same
+#      sample indices), the same bucket size (DDP's bucket_cap_mb =
+#      --bucket-mb = kolos's parallel.bucket_mb) and the same ranks.
 #
 #   bench/zero/run_zero_bench.sh [--layers 8] [--hidden 512] [--heads 8] [--seq-len 64]
 #       [--vocab 2048] [--global-batch 8] [--micro-batch 2] [--steps 8] [--warmup 3]
@@ -28,7 +32,7 @@ while [[ $# -gt 0 ]]; do
     --seq-len) seq_len=$2 ;; --vocab) vocab=$2 ;; --global-batch) global_batch=$2 ;;
     --micro-batch) micro_batch=$2 ;; --steps) steps=$2 ;; --warmup) warmup=$2 ;;
     --bucket-mb) bucket_mb=$2 ;; --ranks-time) ranks_time=$2 ;; --build) build=$2 ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_zero_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -84,13 +88,13 @@ echo "[peer] ZeroRedundancyOptimizer on $ranks_time ranks" >&2
 "$python" "$here/gpt_zero_peer.py" --ranks "$ranks_time" --threads 1 --layers "$layers" \
   --hidden "$hidden" --heads "$heads" --seq-len "$seq_len" --vocab "$vocab" \
   --global-batch "$global_batch" --micro-batch "$micro_batch" --steps "$steps" \
-  --warmup "$warmup" --bucket-mb 25 > "$tmp/peer.json" 2> "$tmp/peer.log" ||
+  --warmup "$warmup" --bucket-mb "$bucket_mb" > "$tmp/peer.json" 2> "$tmp/peer.log" ||
   { cat "$tmp/peer.log" >&2; exit 1; }
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$python" - "$tmp" "$warmup" "$ranks_time" <<'PY'
+"$python" - "$tmp" "$warmup" "$ranks_time" "$bucket_mb" <<'PY'
 import json, statistics, sys
-tmp, warmup, rt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tmp, warmup, rt, bucket_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 def rows(name):
     return [json.loads(l) for l in open(f"{tmp}/{name}.jsonl") if l.strip()]
 P = rows("s0n2")[-1]["param_bytes"] // 4  # dp holds every parameter whole, fp32
@@ -116,6 +120,13 @@ print()
 print(f"PyTorch ZeroRedundancyOptimizer (DDP + ZeRO-1, gloo) on {rt} ranks: median step "
       f"{peer['step_time_s_median']:.3f} s, peak RSS {peer['peak_rss_bytes'] / MiB:.1f} MiB, "
       f"loss {peer['first_loss']:.4f} -> {peer['final_loss']:.4f}")
+z1 = rows(f"s1n{rt}")
+print(f"kolos zero1 on {rt} ranks:                                 median step "
+      f"{med[(1, rt)]:.3f} s, peak RSS {z1[-1]['peak_rss_bytes'] / MiB:.1f} MiB, "
+      f"loss {z1[0]['loss']:.4f} -> {z1[-1]['loss']:.4f}")
+print(f"parameters: kolos {P}, peer {peer['parameters']}"
+      + ("" if P == peer["parameters"] else "  ** DIFFERENT MODEL SHAPES **")
+      + f"; buckets: kolos bucket_mb {bucket_mb}, peer bucket_cap_mb {peer['bucket_cap_mb']:g}")
 print(f"kolos zero1 / ZeroRedundancyOptimizer (step time, {rt} ranks): "
       f"{med[(1, rt)] / peer['step_time_s_median']:.3f}")
 for n in (2, 4):

@@ -4,11 +4,13 @@
 // Asynchronous save: save() copies this rank's pieces to host buffers and
 // gathers the ranks' generator states on the calling thread, then hands the
 // job to one background thread, which runs the collective write on the
-// checkpointer's own duplicate of the caller's communicator (so it never
-// interleaves with the caller's collectives; MPI_THREAD_MULTIPLE is
-// required and the runtime asks for it). Only one save is in flight: the
+// checkpointer's own process group (split from the caller's, so it never
+// interleaves with the caller's collectives). Only one save is in flight: the
 // next save() or load() first waits for it. Errors are agreed inside the
 // job, so wait() rethrows the same error on every rank.
+#include <ATen/ATen.h>
+
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -24,14 +26,15 @@ struct Checkpointer::Pending {
   std::exception_ptr error;
 };
 
-Checkpointer::Checkpointer(MPI_Comm comm, Options options) : options_(std::move(options)) {
-  MPI_Comm_dup(comm, &comm_);
+Checkpointer::Checkpointer(const comm::ProcessGroupPtr& group, Options options)
+    : options_(std::move(options)) {
+  KOLOS_CHECK(group != nullptr, "a checkpointer needs a process group");
+  group_ = group->split(0, group->rank(), "checkpoint");
 }
 
 Checkpointer::~Checkpointer() {
   if (pending_ && pending_->thread.joinable()) pending_->thread.join();
   pending_.reset();
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 void Checkpointer::wait() {
@@ -45,9 +48,8 @@ void Checkpointer::wait() {
 void Checkpointer::save(const TrainingState& state) {
   wait();
   KOLOS_CHECK_KIND(kCheckpoint, !options_.root.empty(), "no checkpoint directory configured");
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm_, &rank);
-  MPI_Comm_size(comm_, &size);
+  const int rank = group_->rank();
+  const int size = group_->size();
   const MeshLayout layout(state.mesh);
   Metadata meta;
   meta.step = state.step;
@@ -58,7 +60,7 @@ void Checkpointer::save(const TrainingState& state) {
   meta.mesh = state.mesh;
   meta.world_size = layout.world_size();
   const std::string mine(state.rng_cpu.begin(), state.rng_cpu.end());
-  for (const std::string& bytes : detail::gather_bytes(comm_, mine)) {
+  for (const std::string& bytes : detail::gather_bytes(*group_, mine)) {
     meta.rng_cpu.emplace_back(bytes.begin(), bytes.end());
   }
 
@@ -75,12 +77,12 @@ void Checkpointer::save(const TrainingState& state) {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  kolos::detail::agree_on_error(comm_, error, static_cast<int>(ErrorKind::kCheckpoint));
+  kolos::detail::agree_on_error(*group_, error, static_cast<int>(ErrorKind::kCheckpoint));
 
-  MPI_Comm comm = comm_;
+  comm::ProcessGroupPtr group = group_;
   const Options options = options_;
-  auto body = [job, comm, options, name, rank] {
-    detail::run_job(comm, *job);
+  auto body = [job, group, options, name, rank] {
+    detail::run_job(*group, *job);
     std::string err;
     if (rank == 0) {
       try {
@@ -90,7 +92,7 @@ void Checkpointer::save(const TrainingState& state) {
         err = e.what();
       }
     }
-    kolos::detail::agree_on_error(comm, err, static_cast<int>(ErrorKind::kCheckpoint));
+    kolos::detail::agree_on_error(*group, err, static_cast<int>(ErrorKind::kCheckpoint));
   };
   last_saved_step_ = state.step;
   if (!options_.async) {
@@ -110,9 +112,8 @@ void Checkpointer::save(const TrainingState& state) {
 
 std::string Checkpointer::load(const std::string& path, TrainingState& state) {
   wait();
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm_, &rank);
-  MPI_Comm_size(comm_, &size);
+  const int rank = group_->rank();
+  const int size = group_->size();
   // Rank 0 resolves `latest`, so every rank loads the same directory.
   std::string dir, error;
   if (rank == 0) {
@@ -122,13 +123,17 @@ std::string Checkpointer::load(const std::string& path, TrainingState& state) {
       error = e.what();
     }
   }
-  kolos::detail::agree_on_error(comm_, error, static_cast<int>(ErrorKind::kCheckpoint));
-  int length = static_cast<int>(dir.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, comm_);
-  dir.resize(static_cast<size_t>(length));
-  MPI_Bcast(dir.data(), length, MPI_CHAR, 0, comm_);
+  kolos::detail::agree_on_error(*group_, error, static_cast<int>(ErrorKind::kCheckpoint));
+  at::Tensor length = at::full({1}, static_cast<int64_t>(dir.size()), at::kLong);
+  group_->broadcast(length, 0)->wait();
+  at::Tensor text = at::zeros({length.item<int64_t>()}, at::kByte);
+  if (rank == 0 && !dir.empty()) std::memcpy(text.data_ptr(), dir.data(), dir.size());
+  if (text.numel() > 0) group_->broadcast(text, 0)->wait();
+  dir = text.numel() > 0 ? std::string(static_cast<const char*>(text.data_ptr()),
+                                       static_cast<size_t>(text.numel()))
+                         : std::string();
 
-  const Metadata meta = load_pieces(comm_, dir, state.pieces);
+  const Metadata meta = load_pieces(*group_, dir, state.pieces);
   state.step = meta.step;
   state.data_position = meta.data_position;
   state.optimizer_steps = meta.optimizer_steps;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kolos/checkpoint/error.h"
+#include "kolos/core/dtype.h"
 
 namespace kolos::checkpoint::h5 {
 namespace {
@@ -66,39 +67,42 @@ H5Id open_file_read(const std::string& path) {
               "cannot open " + path + " as HDF5");
 }
 
-hid_t file_type(const std::string& dtype) {
-  if (dtype == "float32") return H5T_IEEE_F32LE;
-  if (dtype == "float64") return H5T_IEEE_F64LE;
-  if (dtype == "int64") return H5T_STD_I64LE;
-  if (dtype == "int32") return H5T_STD_I32LE;
-  if (dtype == "uint8") return H5T_STD_U8LE;
-  if (dtype == "bfloat16" || dtype == "float16") return H5T_STD_U16LE;
-  throw CheckpointError("unsupported dtype `" + dtype + "`");
+namespace {
+
+struct StoredAs {
+  hid_t file = H5I_INVALID_HID;
+  hid_t memory = H5I_INVALID_HID;
+};
+
+// The HDF5 columns of the dtype table (kolos/core/dtype.h).
+StoredAs stored_as(const std::string& dtype) {
+#define KOLOS_H5_TYPES(name, scalar, size, safetensors, mpi, h5_file, h5_memory) \
+  if (dtype == name) return StoredAs{h5_file, h5_memory};
+  KOLOS_DTYPES(KOLOS_H5_TYPES)
+#undef KOLOS_H5_TYPES
+  return {};
 }
 
-hid_t memory_type(const std::string& dtype) {
-  if (dtype == "float32") return H5T_NATIVE_FLOAT;
-  if (dtype == "float64") return H5T_NATIVE_DOUBLE;
-  if (dtype == "int64") return H5T_NATIVE_INT64;
-  if (dtype == "int32") return H5T_NATIVE_INT32;
-  if (dtype == "uint8") return H5T_NATIVE_UINT8;
-  if (dtype == "bfloat16" || dtype == "float16") return H5T_NATIVE_UINT16;
-  throw CheckpointError("unsupported dtype `" + dtype + "`");
+StoredAs checked_stored_as(const std::string& dtype) {
+  const StoredAs types = stored_as(dtype);
+  if (types.file == H5I_INVALID_HID) {
+    throw CheckpointError("checkpoints do not store dtype `" + dtype + "`");
+  }
+  return types;
 }
+
+}  // namespace
+
+hid_t file_type(const std::string& dtype) { return checked_stored_as(dtype).file; }
+
+hid_t memory_type(const std::string& dtype) { return checked_stored_as(dtype).memory; }
 
 int64_t element_size(const std::string& dtype) {
-  if (dtype == "float64" || dtype == "int64") return 8;
-  if (dtype == "float32" || dtype == "int32") return 4;
-  if (dtype == "bfloat16" || dtype == "float16") return 2;
-  if (dtype == "uint8") return 1;
-  throw CheckpointError("unsupported dtype `" + dtype + "`");
+  checked_stored_as(dtype);
+  return find_dtype(dtype)->size;
 }
 
-bool known_dtype(const std::string& dtype) {
-  static const char* kKnown[] = {"float32", "float64", "bfloat16", "float16",
-                                 "int64",   "int32",   "uint8"};
-  return std::find(std::begin(kKnown), std::end(kKnown), dtype) != std::end(kKnown);
-}
+bool known_dtype(const std::string& dtype) { return stored_as(dtype).file != H5I_INVALID_HID; }
 
 H5Id create_dataset(hid_t file, const std::string& path, const std::string& dtype,
                     const std::vector<int64_t>& dims, hid_t dcpl) {

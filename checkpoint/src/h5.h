@@ -65,10 +65,10 @@ H5Id group(hid_t id, const std::string& what);
 H5Id create_file(const std::string& path);
 H5Id open_file_read(const std::string& path);
 
-// Dtype names ("float32", "float64", "bfloat16", "float16", "int64", "int32",
-// "uint8"): the HDF5 file type, the memory type, the element size. 16-bit
-// floats are stored as little-endian uint16 (HDF5 1.10 has no such types);
-// the dataset's kolos.dtype attribute says what they are.
+// The HDF5 columns of the dtype table (kolos/core/dtype.h) for a dtype name:
+// the file type, the memory type, and the element size. known_dtype() is
+// false for names the table lacks and for dtypes checkpoints do not store;
+// the others throw CheckpointError for those.
 hid_t file_type(const std::string& dtype);
 hid_t memory_type(const std::string& dtype);
 int64_t element_size(const std::string& dtype);

@@ -47,7 +47,7 @@ struct SaveJob {
   Metadata meta;
 };
 
-std::string dtype_name(at::ScalarType type);
+std::string stored_dtype_name(at::ScalarType type);
 // The extents a tensor of this placement has in files (0-d tensors: [1]).
 std::vector<int64_t> file_shape(const std::vector<int64_t>& shape);
 
@@ -55,9 +55,9 @@ std::vector<int64_t> file_shape(const std::vector<int64_t>& shape);
 // of the live tensors are kept where possible.
 SaveJob snapshot(const MeshLayout& layout, int rank, const std::string& dir,
                  const std::vector<Piece>& pieces, Metadata meta, bool copy);
-// Collective over `comm`: write shards into the temporary directory, gather
+// Collective over `group`: write shards into the temporary directory, gather
 // the records, rank 0 writes the index and commits (fsync, rename).
-void run_job(MPI_Comm comm, SaveJob& job);
+void run_job(comm::ProcessGroup& group, SaveJob& job);
 // Rank 0 only: replace <root>/latest by rename; remove all but the newest
 // `keep_last` step-N directories (0: none).
 void update_latest(const std::string& root, const std::string& name);
@@ -89,8 +89,8 @@ std::vector<std::string> coverage_problems(const IndexInfo& index);
 
 void fsync_path(const std::string& path, bool directory);
 
-// Collective over `comm`: every rank's bytes on rank 0, in rank order
+// Collective over `group`: every rank's bytes on rank 0, in rank order
 // (empty on the other ranks).
-std::vector<std::string> gather_bytes(MPI_Comm comm, const std::string& mine);
+std::vector<std::string> gather_bytes(comm::ProcessGroup& group, const std::string& mine);
 
 }  // namespace kolos::checkpoint::detail

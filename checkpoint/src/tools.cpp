@@ -12,6 +12,7 @@
 
 #include "h5.h"
 #include "kolos/checkpoint/checkpoint.h"
+#include "kolos/core/dtype.h"
 #include "store_detail.h"
 
 namespace fs = std::filesystem;
@@ -37,14 +38,9 @@ std::string json_escape(const std::string& s) {
 }
 
 const char* safetensors_dtype(const std::string& dtype) {
-  if (dtype == "float32") return "F32";
-  if (dtype == "float64") return "F64";
-  if (dtype == "bfloat16") return "BF16";
-  if (dtype == "float16") return "F16";
-  if (dtype == "int64") return "I64";
-  if (dtype == "int32") return "I32";
-  if (dtype == "uint8") return "U8";
-  throw CheckpointError("no safetensors dtype for " + dtype);
+  const DtypeInfo* d = find_dtype(dtype);
+  if (d == nullptr) throw CheckpointError("no safetensors dtype for " + dtype);
+  return d->safetensors;
 }
 
 }  // namespace
@@ -196,13 +192,11 @@ int64_t export_safetensors(const std::string& path, const std::string& out_file)
 ModelWeights read_model_weights(const std::string& path) {
   const std::string dir = sound_checkpoint(path);
   detail::IndexInfo index = detail::read_index(dir, /*with_rng=*/false);
-  // The dtypes a checkpoint stores, by the name its index records.
+  // The dtype table's row of the name the index records.
   const auto scalar_type = [&](const std::string& dtype, const std::string& where) {
-    for (at::ScalarType t :
-         {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kInt, at::kByte}) {
-      if (detail::dtype_name(t) == dtype) return t;
-    }
-    throw CheckpointError(where + ": unknown dtype " + dtype);
+    const DtypeInfo* d = find_dtype(dtype);
+    if (d == nullptr) throw CheckpointError(where + ": unknown dtype " + dtype);
+    return d->scalar;
   };
   ModelWeights weights;
   weights.meta = index.meta;
@@ -239,7 +233,7 @@ void write_safetensors(const std::string& file, const NamedTensors& tensors,
   for (const auto& [name, t] : tensors) {
     contiguous.push_back(t.contiguous());
     const int64_t bytes = static_cast<int64_t>(t.nbytes());
-    header_entry(header, name, detail::dtype_name(t.scalar_type()), t.sizes().vec(), offset,
+    header_entry(header, name, dtype_name(t.scalar_type()), t.sizes().vec(), offset,
                  offset + bytes);
     offset += bytes;
   }

@@ -15,10 +15,10 @@
 
 #include "kolos/core/error.h"
 #include "kolos/core/grad_buckets.h"
-#include "kolos/core/gradients.h"
+#include "kolos/core/gradient_strategy.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/optimizer.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace kolos {
 namespace {

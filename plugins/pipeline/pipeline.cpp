@@ -51,9 +51,10 @@
 #include <set>
 #include <unordered_map>
 
+#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/error.h"
 #include "kolos/core/mesh.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "kolos/core/schedule.h"
 #include "kolos/core/tensor_storage.h"
 #include "plan.h"
@@ -478,6 +479,7 @@ StepLoss PipelineExecutor::run(StepContext& context) {
 
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Action& a = actions_[i];
+    comm::set_progress_micro_batch(a.micro);
     const Chunk& chunk = chunks_[a.chunk];
     const int vs = chunk.virtual_stage;
     Slot& slot = slots[{a.micro, a.chunk}];

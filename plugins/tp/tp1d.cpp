@@ -18,9 +18,9 @@
 #include <torch/torch.h>
 
 #include "kolos/core/error.h"
-#include "kolos/core/layers.h"
+#include "kolos/core/layer_factory.h"
 #include "kolos/core/mesh.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "tp_common.h"
 #include "tp_ops.h"
 

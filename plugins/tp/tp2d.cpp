@@ -1,5 +1,5 @@
 // The tp2d plugin: GridFactory (tp_grid.h) in mode 2d.
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "tp_grid.h"
 
 namespace kolos::tp {

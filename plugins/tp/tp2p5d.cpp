@@ -1,5 +1,5 @@
 // The tp2p5d plugin: GridFactory (tp_grid.h) in mode 2p5d.
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "tp_grid.h"
 
 namespace kolos::tp {

@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "kolos/core/layers.h"
+#include "kolos/core/layer_factory.h"
 #include "kolos/core/mesh.h"
 
 namespace kolos::tp {

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "kolos/core/comm/process_group.h"
-#include "kolos/core/gradients.h"
+#include "kolos/core/gradient_strategy.h"
 #include "kolos/core/optimizer.h"
 
 namespace kolos::zero {

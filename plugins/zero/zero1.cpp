@@ -1,6 +1,6 @@
 // The zero1 plugin: BucketedZero (bucketed_zero.h) at stage 1.
 #include "bucketed_zero.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace kolos::zero {
 class Zero1 final : public BucketedZero {

@@ -1,6 +1,6 @@
 // The zero2 plugin: BucketedZero (bucketed_zero.h) at stage 2.
 #include "bucketed_zero.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace kolos::zero {
 class Zero2 final : public BucketedZero {

@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
+#include <stdexcept>
 
+#include "kolos/core/comm/mpi.h"
 #include "kolos/core/error.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
@@ -45,10 +50,42 @@ progress = "off"
   return parse_run_config(kText, "<tiny-gpt>", overrides);
 }
 
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
 int world_size() {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   return size;
+}
+
+comm::ProcessGroupPtr world_group() {
+  return comm::make_mpi_process_group(MPI_COMM_WORLD, "world");
+}
+
+comm::ProcessGroupPtr self_group() { return comm::make_mpi_process_group(MPI_COMM_SELF, "self"); }
+
+comm::ProcessGroupPtr first_ranks(int n) {
+  return world_group()->split(world_rank() < n ? 0 : -1, world_rank(),
+                              "first " + std::to_string(n) + " ranks");
+}
+
+std::string shared_tmpdir(const std::string& tag) {
+  std::string dir;
+  if (world_rank() == 0) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / ("kolos-" + tag + "-XXXXXX")).string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern);
+    dir = pattern;
+  }
+  int n = static_cast<int>(dir.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  dir.resize(n);
+  MPI_Bcast(dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return dir;
 }
 
 std::string config_error(const std::vector<std::string>& overrides) {
@@ -64,9 +101,9 @@ std::string config_error(const std::vector<std::string>& overrides) {
   return "";
 }
 
-RunRecord run_and_record(const RunConfig& config, MPI_Comm comm) {
+RunRecord run_and_record(const RunConfig& config, const comm::ProcessGroupPtr& group) {
   modules::register_builtin_models();
-  Engine engine(config, comm, [](const RunConfig& c) { return data::make_source(c); });
+  Engine engine(config, group, [](const RunConfig& c) { return data::make_source(c); });
   RunRecord record;
   record.losses =
       engine.train([&](const StepMetrics& m) { record.grad_norms.push_back(m.grad_norm); }).losses;
@@ -105,8 +142,8 @@ void expect_records_match(const RunRecord& reference, const RunRecord& candidate
 
 void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
                        const Tolerance& tolerance) {
-  RunRecord serial = run_and_record(reference, MPI_COMM_SELF);
-  RunRecord parallel = run_and_record(candidate, MPI_COMM_WORLD);
+  RunRecord serial = run_and_record(reference, self_group());
+  RunRecord parallel = run_and_record(candidate, world_group());
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::ostringstream what;

@@ -1,7 +1,7 @@
 // The equivalence harness: every parallel mix must match the serial run of
 // the same model, seed and data.
 //
-// run_and_record() trains a config with the Engine on a communicator and
+// run_and_record() trains a config with the Engine on a process group and
 // records every step's loss and the final global parameters.
 // expect_equivalent() runs the serial reference on MPI_COMM_SELF (each rank
 // computes it; it is the same everywhere), then the parallel config on
@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kolos/core/comm/process_group.h"
 #include "kolos/core/engine.h"
 #include "kolos/core/run_config.h"
 
@@ -35,8 +36,21 @@ struct Tolerance {
   double grad_norm_rel = 1e-4;
 };
 
-// Ranks in MPI_COMM_WORLD.
+// This rank and the ranks in MPI_COMM_WORLD.
+int world_rank();
 int world_size();
+
+// A new process group over MPI_COMM_WORLD / MPI_COMM_SELF (collective over
+// the communicator).
+comm::ProcessGroupPtr world_group();
+comm::ProcessGroupPtr self_group();
+// The first `n` ranks of the world as a new group; nullptr on the others.
+// Collective over the world.
+comm::ProcessGroupPtr first_ranks(int n);
+
+// A fresh directory <tmp>/kolos-<tag>-XXXXXX, the same on every rank of the
+// world (rank 0 creates it). Collective over the world.
+std::string shared_tmpdir(const std::string& tag);
 
 // The ConfigError message that reading tiny_gpt_config(overrides) and
 // planning it (plan_run: plugins and their settings) at the fewest ranks its
@@ -46,7 +60,7 @@ std::string config_error(const std::vector<std::string>& overrides);
 // A small GPT on synthetic data: 20 steps, fp32, no dropout; overridable.
 RunConfig tiny_gpt_config(const std::vector<std::string>& overrides = {});
 
-RunRecord run_and_record(const RunConfig& config, MPI_Comm comm);
+RunRecord run_and_record(const RunConfig& config, const comm::ProcessGroupPtr& group);
 
 // GoogleTest expectations: losses and parameters agree within `tolerance`.
 void expect_records_match(const RunRecord& reference, const RunRecord& candidate,

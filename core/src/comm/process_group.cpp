@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/error.h"
 
 namespace kolos::comm {
@@ -59,7 +60,10 @@ constexpr double kMaxTimeoutS = 7.0 * 24 * 3600;
 
 // Read on every call (cheap) so that a test or a launcher can change the
 // variable at run time; a bad value fails loudly instead of falling back.
+// While the watchdog runs it owns the deadline: waits last 10 s longer, so
+// that the watchdog, which ends the whole job, acts first (watchdog.h).
 std::chrono::milliseconds default_timeout() {
+  if (watchdog_running()) return watchdog_timeout() + std::chrono::seconds(10);
   const char* text = std::getenv("KOLOS_COMM_TIMEOUT_S");
   if (text == nullptr || *text == '\0') {
     return std::chrono::milliseconds(static_cast<int64_t>(kDefaultTimeoutS * 1000));
@@ -113,6 +117,8 @@ WorkPtr ProcessGroup::all_to_all(const at::Tensor&, const at::Tensor&, const std
 WorkPtr ProcessGroup::send(const at::Tensor&, int, int) { unsupported("send"); }
 
 WorkPtr ProcessGroup::recv(const at::Tensor&, int, int) { unsupported("recv"); }
+
+ProcessGroupPtr ProcessGroup::split(int64_t, int64_t, const std::string&) { unsupported("split"); }
 
 WorkPtr ProcessGroup::barrier() { unsupported("barrier"); }
 

@@ -49,6 +49,10 @@ class ConfigDocument {
 };
 
 [[noreturn]] void fail(const Origin& origin, const std::string& message);
+// "name:line:col" of a value in the file and its line with the value (or,
+// given `key_word`, that key on the line) underlined.
+Origin file_origin(const toml::source_location& loc, const std::string& name,
+                   const std::string& key_word = "");
 // "a.b.c" -> {"a", "b", "c"}; a trailing '.' gives a last empty part.
 std::vector<std::string> split_key(const std::string& key);
 const char* type_phrase(toml::value_t type);

@@ -20,6 +20,7 @@
 #include "kolos/core/run_config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -120,6 +121,14 @@ const SettingsTable<CheckpointConfig>& checkpoint_table() {
   return table;
 }
 
+const SettingsTable<RuntimeConfig>& runtime_table() {
+  static const auto table = SettingsTable<RuntimeConfig>("runtime").number(
+      "comm_timeout_s", &RuntimeConfig::comm_timeout_s, [](double s) {
+        return s == 0 || (s > 0 && s <= 604800) ? "" : "0 (the default) or in (0, 604800] (a week)";
+      });
+  return table;
+}
+
 // [parallel]'s own keys; its axis tables (tensor, pipeline, sequence, zero)
 // are read by read_axis.
 const SettingsTable<ParallelConfig>& parallel_table() {
@@ -145,7 +154,7 @@ const Axis kAxes[] = {{"tensor", "layers", "size"},
 // roles this version runs whose section is a top-level table.
 std::vector<std::string> core_sections() {
   std::vector<std::string> out = {"model",    "data", "optim",      "train",
-                                  "parallel", "log",  "checkpoint", "plugins"};
+                                  "parallel", "log",  "checkpoint", "runtime", "plugins"};
   for (const auto& spec : role_specs()) {
     if (spec.available && !spec.section.empty() && spec.section.find('.') == std::string::npos) {
       out.push_back(spec.section);
@@ -186,6 +195,7 @@ class Reader {
     read_parallel(config.parallel);
     log_table().read(section("log"), config.log);
     read_checkpoint(config.checkpoint);
+    runtime_table().read(section("runtime"), config.runtime);
     read_plugins(config.plugins);
     check_roles(config);
     return config;
@@ -201,9 +211,11 @@ class Reader {
       s.fail("name", "must not be empty; name a model from modules/ (e.g. \"gpt\").");
     if (m.hidden % m.heads != 0) {
       const int64_t below = m.hidden / m.heads * m.heads;
-      std::string hint = "e.g. hidden = " + std::to_string(below + m.heads);
-      if (below > 0)
-        hint = "e.g. hidden = " + std::to_string(below) + " or " + std::to_string(below + m.heads);
+      std::string hint = "e.g. hidden = " + std::to_string(below);
+      if (below <= std::numeric_limits<int64_t>::max() - m.heads) {
+        const std::string above = std::to_string(below + m.heads);
+        hint = below > 0 ? hint + " or " + above : "e.g. hidden = " + above;
+      }
       s.fail_at_any({"hidden", "heads"},
                     "model.hidden = " + std::to_string(m.hidden) +
                         " is not divisible by model.heads = " + std::to_string(m.heads) +
@@ -253,8 +265,11 @@ class Reader {
     train_table().read(s, tr);
     if (tr.global_batch % tr.micro_batch != 0) {
       const int64_t below = tr.global_batch / tr.micro_batch * tr.micro_batch;
-      std::string hint = std::to_string(below + tr.micro_batch);
-      if (below > 0) hint = std::to_string(below) + " or " + hint;
+      std::string hint = std::to_string(below);
+      if (below <= std::numeric_limits<int64_t>::max() - tr.micro_batch) {
+        const std::string above = std::to_string(below + tr.micro_batch);
+        hint = below > 0 ? hint + " or " + above : above;
+      }
       s.fail_at_any(
           {"global_batch", "micro_batch"},
           "train.global_batch = " + std::to_string(tr.global_batch) +
@@ -306,6 +321,24 @@ class Reader {
     read_axis(kAxes[2], p.sequence.size, 1, "{ size = 2 }");
     const std::string stage_key =
         read_axis(kAxes[3], p.zero.stage, std::numeric_limits<int64_t>::min(), "{ stage = 2 }");
+    // MPI numbers ranks with an int: a mesh larger than that cannot launch,
+    // and products past it would overflow where the mesh is resolved.
+    const int64_t max_ranks = std::numeric_limits<int>::max();
+    const std::pair<const char*, int64_t> axes_sizes[] = {{"parallel.pipeline", p.pipeline.size},
+                                                          {"parallel.data", std::max<int64_t>(p.data, 1)},
+                                                          {"parallel.sequence", p.sequence.size},
+                                                          {"parallel.tensor", p.tensor.size}};
+    int64_t product = 1;
+    for (const auto& [key, size] : axes_sizes) {
+      if (__builtin_mul_overflow(product, size, &product) || product > max_ranks) {
+        ConfigSection(doc_, "").fail_at_any(
+            {std::string(key) + ".size", key},
+            "the mesh pipeline " + std::to_string(p.pipeline.size) + " x data " +
+                std::to_string(p.data) + " x sequence " + std::to_string(p.sequence.size) +
+                " x tensor " + std::to_string(p.tensor.size) + " needs more than " +
+                std::to_string(max_ranks) + " ranks, the most MPI can number; use smaller sizes.");
+      }
+    }
     if (p.zero.stage < 0 || p.zero.stage > 3) {
       ConfigSection(doc_, "").fail(stage_key,
                                    std::to_string(p.zero.stage) +
@@ -403,12 +436,197 @@ class Reader {
   std::shared_ptr<const ConfigDocument> doc_;
 };
 
+// TOML text is UTF-8. toml11 checks that itself, but its error path for an
+// invalid byte in a literal string mixes iterators of two buffers and reads
+// out of bounds (found by fuzzing), so invalid bytes are refused first.
+void check_utf8(const std::string& text, const std::string& name) {
+  size_t line = 1, line_start = 0;
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c == '\n') {
+        ++line;
+        line_start = i + 1;
+      }
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint32_t code = 0;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      code = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      code = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      code = c & 0x07;
+    }
+    bool valid = len > 0 && i + len <= n;
+    for (size_t k = 1; valid && k < len; ++k) {
+      const unsigned char next = static_cast<unsigned char>(text[i + k]);
+      valid = (next & 0xC0) == 0x80;
+      code = (code << 6) | (next & 0x3F);
+    }
+    const uint32_t smallest[] = {0, 0, 0x80, 0x800, 0x10000};  // no overlong forms
+    valid = valid && code >= smallest[len] && code <= 0x10FFFF && (code < 0xD800 || code > 0xDFFF);
+    if (!valid) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", c);
+      throw ConfigError(name + ":" + std::to_string(line) + ":" +
+                        std::to_string(i - line_start + 1) + ": a byte (" + byte +
+                        ") that is not UTF-8; TOML files must be UTF-8 text");
+    }
+    i += len;
+  }
+}
+
+// toml11 parses arrays and inline tables by recursion, so a value nested
+// deeply enough (200,000 levels of `[`) overflows the stack. Nesting is
+// counted before parsing, outside strings and comments; past kMaxNesting the
+// text is refused with where the limit was crossed. Binary integers longer
+// than toml11 can compute are refused the same way.
+constexpr int kMaxNesting = 64;
+constexpr size_t kMaxBinaryDigits = 62;
+
+void check_nesting(const std::string& text, const std::string& name) {
+  int depth = 0, line = 1;
+  size_t line_start = 0;
+  const size_t n = text.size();
+  // Skips a string that starts at i (after its opening quote(s)); returns the
+  // index after its closing quote(s), counting the lines it spans.
+  const auto skip_string = [&](size_t i, const std::string& close, bool escapes, bool multiline) {
+    while (i < n) {
+      if (escapes && text[i] == '\\') {
+        if (i + 1 < n && text[i + 1] == '\n') {  // a line-ending backslash
+          ++line;
+          line_start = i + 2;
+        }
+        i += 2;
+        continue;
+      }
+      if (text.compare(i, close.size(), close) == 0) return i + close.size();
+      if (text[i] == '\n') {
+        if (!multiline) return i;  // unterminated: the parser reports it
+        ++line;
+        line_start = i + 1;
+      }
+      ++i;
+    }
+    return n;
+  };
+  for (size_t i = 0; i < n;) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      line_start = ++i;
+    } else if (c == '#') {
+      while (i < n && text[i] != '\n') ++i;
+    } else if (text.compare(i, 3, "\"\"\"") == 0) {
+      i = skip_string(i + 3, "\"\"\"", true, true);
+    } else if (text.compare(i, 3, "'''") == 0) {
+      i = skip_string(i + 3, "'''", false, true);
+    } else if (c == '"') {
+      i = skip_string(i + 1, "\"", true, false);
+    } else if (c == '\'') {
+      i = skip_string(i + 1, "'", false, false);
+    } else if (c == '0' && i + 1 < n && text[i + 1] == 'b' &&
+               (i == 0 || !(std::isalnum(static_cast<unsigned char>(text[i - 1])) ||
+                            text[i - 1] == '_'))) {
+      // toml11 computes a binary integer's place values in int64 and
+      // overflows (undefined behaviour) from its 63rd digit on.
+      size_t j = i + 2, digits = 0;
+      for (; j < n && (text[j] == '0' || text[j] == '1' || text[j] == '_'); ++j) {
+        if (text[j] != '_') ++digits;
+      }
+      if (digits > kMaxBinaryDigits) {
+        throw ConfigError(name + ":" + std::to_string(line) + ":" +
+                          std::to_string(i - line_start + 1) + ": a binary integer of " +
+                          std::to_string(digits) + " digits; kolos reads at most " +
+                          std::to_string(kMaxBinaryDigits) +
+                          " (write larger values in decimal or hexadecimal)");
+      }
+      i = j;
+    } else {
+      if (c == '[' || c == '{') {
+        if (++depth > kMaxNesting) {
+          throw ConfigError(name + ":" + std::to_string(line) + ":" +
+                            std::to_string(i - line_start + 1) +
+                            ": arrays or inline tables nested more than " +
+                            std::to_string(kMaxNesting) + " deep; kolos reads at most " +
+                            std::to_string(kMaxNesting) + " levels");
+        }
+      } else if ((c == ']' || c == '}') && depth > 0) {
+        --depth;
+      }
+      ++i;
+    }
+  }
+}
+
+// toml11 reads a decimal, octal or hexadecimal integer too large for 64 bits
+// as the largest int64 and wraps a binary one, without a word: each integer
+// literal is read again from its source text and refused unless it fits.
+bool fits_int64(const std::string& token) {
+  size_t i = 0;
+  bool negative = false;
+  if (i < token.size() && (token[i] == '+' || token[i] == '-')) negative = token[i++] == '-';
+  uint64_t base = 10;
+  if (token.size() > i + 1 && token[i] == '0' && std::isalpha(static_cast<unsigned char>(token[i + 1]))) {
+    base = token[i + 1] == 'x' ? 16 : token[i + 1] == 'o' ? 8 : 2;
+    i += 2;
+  }
+  const uint64_t limit = negative ? uint64_t{1} << 63 : (uint64_t{1} << 63) - 1;
+  uint64_t value = 0;
+  for (; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c == '_') continue;
+    const uint64_t digit = std::isdigit(c) ? c - '0' : std::tolower(c) - 'a' + 10;
+    if (value > (limit - digit) / base) return false;
+    value = value * base + digit;
+  }
+  return true;
+}
+
+// Throws for the first integer of `v` (a parsed document or value) whose
+// literal does not fit 64 bits. `where` names an override's origin; empty
+// for the file `name`.
+void check_integers(const toml::value& v, const std::string& name, const std::string& where) {
+  if (v.is_table()) {
+    for (const auto& kv : v.as_table()) check_integers(kv.second, name, where);
+  } else if (v.is_array()) {
+    for (const auto& item : v.as_array()) check_integers(item, name, where);
+  } else if (v.is_integer()) {
+    const toml::source_location loc = v.location();
+    const std::string& line = loc.line_str();
+    if (loc.column() == 0 || loc.column() > line.size()) return;
+    const std::string token = line.substr(loc.column() - 1, loc.region());
+    if (fits_int64(token)) return;
+    const std::string message = "the integer " + (token.size() > 40 ? token.substr(0, 37) + "..." : token) +
+                                " does not fit 64 bits; integers must be in [-9223372036854775808, "
+                                "9223372036854775807].";
+    if (!where.empty()) throw ConfigError(where + ": " + message);
+    fail(file_origin(loc, name), message);
+  }
+}
+
 // Parses the value half of an override as TOML, or takes it as a string.
-toml::value parse_override_value(const std::string& text, const std::string& origin) {
+toml::value parse_override_value(const std::string& text, const std::string& origin,
+                                 const std::string& where) {
+  const std::string short_origin = origin.size() > 80 ? origin.substr(0, 77) + "..." : origin;
+  check_utf8(text, short_origin);
+  check_nesting(text, short_origin);
   try {
     std::istringstream in("v = " + text);
     toml::value doc = toml::parse(in, origin);
-    if (doc.is_table() && doc.as_table().size() == 1 && doc.contains("v")) return doc.at("v");
+    if (doc.is_table() && doc.as_table().size() == 1 && doc.contains("v")) {
+      check_integers(doc.at("v"), origin, where);
+      return doc.at("v");
+    }
+  } catch (const ConfigError&) {
+    throw;
   } catch (const std::exception&) {
     // Not TOML (e.g. `model.name=gpt`): a bare word stands for a string.
   }
@@ -447,13 +665,16 @@ void apply_override(toml::value& doc, const Override& o, const std::string& valu
     }
     v = &child;
   }
-  (*v)[parts.back()] = parse_override_value(value_text, "--set " + o.text);
+  (*v)[parts.back()] = parse_override_value(value_text, "--set " + o.text, where);
 }
 
 toml::value parse_document(const std::string& text, const std::string& name) {
+  check_utf8(text, name);
+  check_nesting(text, name);
   std::istringstream in(text);
+  toml::value doc;
   try {
-    return toml::parse(in, name);
+    doc = toml::parse(in, name);
   } catch (const toml::exception& e) {
     const auto& loc = e.location();
     std::string where = name;
@@ -464,6 +685,8 @@ toml::value parse_document(const std::string& text, const std::string& name) {
   } catch (const std::exception& e) {
     throw ConfigError(name + ": malformed TOML\n" + e.what());
   }
+  check_integers(doc, name, "");
+  return doc;
 }
 
 // The keys of a role's axis table that are not the core's, as "k = v" text.
@@ -544,7 +767,15 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
   mesh.pp = p.pipeline.size;
   mesh.sp = p.sequence.size;
   mesh.tp = p.tensor.size;
-  const int64_t others = mesh.pp * mesh.sp * mesh.tp;
+  int64_t others = 0;
+  if (__builtin_mul_overflow(mesh.pp, mesh.sp, &others) ||
+      __builtin_mul_overflow(others, mesh.tp, &others)) {
+    throw ConfigError(where + ": the mesh does not fit " + std::to_string(world_size) +
+                      (world_size == 1 ? " rank" : " ranks") + ": pipeline " +
+                      std::to_string(mesh.pp) + " x sequence " + std::to_string(mesh.sp) +
+                      " x tensor " + std::to_string(mesh.tp) +
+                      " is more than 2^63 ranks; use smaller sizes.");
+  }
   const std::string axes = "pipeline " + std::to_string(mesh.pp) + " x sequence " +
                            std::to_string(mesh.sp) + " x tensor " + std::to_string(mesh.tp);
   const std::string world = std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks");
@@ -565,13 +796,16 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
     return mesh;
   }
   mesh.dp = p.data;
-  if (mesh.size() != world_size) {
+  int64_t total = 0;
+  const bool overflow = __builtin_mul_overflow(others, mesh.dp, &total);
+  const std::string total_text = overflow ? "more than 2^63" : std::to_string(total);
+  if (overflow || total != world_size) {
     std::string fix;
     if (world_size % others == 0) {
       fix = "set parallel.data = " + std::to_string(world_size / others) +
-            " (or 0 to derive it), or launch " + std::to_string(mesh.size()) + " ranks";
+            " (or 0 to derive it), or launch " + total_text + " ranks";
     } else {
-      fix = "launch " + std::to_string(mesh.size()) +
+      fix = "launch " + total_text +
             " ranks, or change the sizes so that "
             "their product divides " +
             std::to_string(world_size);
@@ -579,7 +813,7 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
     throw ConfigError(where + ": the mesh does not fit " + world + ": pipeline " +
                       std::to_string(mesh.pp) + " x data " + std::to_string(mesh.dp) +
                       " x sequence " + std::to_string(mesh.sp) + " x tensor " +
-                      std::to_string(mesh.tp) + " = " + std::to_string(mesh.size()) +
+                      std::to_string(mesh.tp) + " = " + total_text +
                       ", but the world size is " + std::to_string(world_size) + "; " + fix + ".");
   }
   return mesh;
@@ -620,6 +854,8 @@ std::string to_toml(const RunConfig& c) {
   log_table().write(c.log, out);
   out << "\n[checkpoint]\n";
   checkpoint_table().write(c.checkpoint, out);
+  out << "\n[runtime]\n";
+  runtime_table().write(c.runtime, out);
   out << "\n[plugins]\npath = [";
   for (size_t i = 0; i < c.plugins.path.size(); ++i) {
     out << (i ? ", " : "") << quote_toml(c.plugins.path[i]);

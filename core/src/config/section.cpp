@@ -30,6 +30,8 @@ std::string parent_key(const std::string& key) {
   return dot == std::string::npos ? std::string() : key.substr(0, dot);
 }
 
+}  // namespace
+
 Origin file_origin(const toml::source_location& loc, const std::string& name,
                    const std::string& key_word) {
   size_t column = loc.column();
@@ -63,6 +65,8 @@ Origin file_origin(const toml::source_location& loc, const std::string& name,
                    std::string(width > 1 ? width - 1 : 0, '~');
   return origin;
 }
+
+namespace {
 
 // The document of a section built in code: no keys, origin the file name.
 const ConfigDocument& empty_document() {

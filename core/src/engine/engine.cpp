@@ -8,13 +8,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
 
 #include "engine_detail.h"
 #include "kolos/core/error.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
+#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/signals.h"
 
@@ -30,7 +32,7 @@ int64_t peak_rss_bytes() {
 // Runs `body`; then every rank of `world` learns whether any rank failed.
 // If one did, every rank throws the error of the lowest failing rank.
 template <typename Body>
-void agreed(MPI_Comm world, Body&& body) {
+void agreed(comm::ProcessGroup& world, Body&& body) {
   std::string error;
   int kind = static_cast<int>(ErrorKind::kGeneric);
   try {
@@ -63,14 +65,22 @@ void set_cpu_rng_state(const std::vector<uint8_t>& bytes) {
 RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   RunPlan plan;
   plan.shape = resolve_mesh_shape(config, world_size);
-  const int64_t per_step = config.train.micro_batch * plan.shape.dp;
-  if (config.train.global_batch % per_step != 0) {
-    throw ConfigError(
-        config.source + ": train.global_batch = " + std::to_string(config.train.global_batch) +
-        " is not a multiple of train.micro_batch (" + std::to_string(config.train.micro_batch) +
-        ") x data-parallel size (" + std::to_string(plan.shape.dp) +
-        ") = " + std::to_string(per_step) + "; use a global_batch of " + std::to_string(per_step) +
-        " or " + std::to_string(2 * per_step));
+  int64_t per_step = 0;
+  const bool overflow = __builtin_mul_overflow(config.train.micro_batch, plan.shape.dp, &per_step);
+  if (overflow || config.train.global_batch % per_step != 0) {
+    std::string fix = "use a smaller train.micro_batch";
+    if (!overflow) {
+      fix = "use a global_batch of " + std::to_string(per_step);
+      if (per_step <= std::numeric_limits<int64_t>::max() / 2)
+        fix += " or " + std::to_string(2 * per_step);
+    }
+    throw ConfigError(config.source + ": train.global_batch = " +
+                      std::to_string(config.train.global_batch) +
+                      " is not a multiple of train.micro_batch (" +
+                      std::to_string(config.train.micro_batch) + ") x data-parallel size (" +
+                      std::to_string(plan.shape.dp) + ") = " +
+                      (overflow ? std::string("more than 2^63") : std::to_string(per_step)) +
+                      "; " + fix);
   }
   plan.accumulation = config.train.global_batch / per_step;
   plan.roles = choose_plugins(config);
@@ -99,14 +109,18 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   return plan;
 }
 
-Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
-    : config_(std::move(config)), world_(world) {
-  int world_size = 1;
-  MPI_Comm_size(world_, &world_size);
+Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_data)
+    : config_(std::move(config)), world_(std::move(world)) {
+  KOLOS_CHECK(world_ != nullptr, "an engine needs a world group");
+  if (config_.runtime.comm_timeout_s > 0) {
+    comm::set_watchdog_timeout(std::chrono::milliseconds(
+        std::max<int64_t>(1, std::llround(config_.runtime.comm_timeout_s * 1000))));
+  }
+  const int world_size = world_->size();
   MeshShape shape;
 
   // Phase 1, local only: everything a rank can check on its own.
-  agreed(world_, [&] {
+  agreed(*world_, [&] {
     RunPlan plan = plan_run(config_, world_size);
     shape = plan.shape;
     accumulation_ = plan.accumulation;
@@ -119,17 +133,27 @@ Engine::Engine(RunConfig config, MPI_Comm world, DataFactory make_data)
     KOLOS_CHECK_EQ(data_->seq_len(), config_.model.seq_len, "the data source's sample length");
   });
 
-  // Collective: communicators for every axis set.
-  mesh_ = std::make_unique<DeviceMesh>(world_, shape);
+  try {
+    // Collective: communicators for every axis set.
+    mesh_ = std::make_unique<DeviceMesh>(world_, shape);
 
-  // Phase 2: the model, identically initialised on every rank.
-  agreed(world_, [&] {
-    factory_->setup(*mesh_, config_);
-    torch::manual_seed(config_.train.seed);
-    model_ = build_model(config_.model, *factory_);
-    schedule_->setup(*model_, *mesh_, config_);
-  });
-  gradients_->setup(*model_, *mesh_, config_);
+    // Phase 2: the model, identically initialised on every rank.
+    agreed(*world_, [&] {
+      factory_->setup(*mesh_, config_);
+      torch::manual_seed(config_.train.seed);
+      model_ = build_model(config_.model, *factory_);
+      schedule_->setup(*model_, *mesh_, config_);
+    });
+    gradients_->setup(*model_, *mesh_, config_);
+  } catch (const AgreedError&) {
+    throw;  // every rank has it
+  } catch (const std::exception& e) {
+    // One rank failed where the others may already wait in a collective
+    // (mesh splits, the strategy's set-up): no agreement can reach them.
+    // This rank reports and ends the job now, before unwinding.
+    if (world_->size() == 1) throw;
+    detail::abort_job(e, "during set-up");
+  }
 }
 
 Engine::~Engine() = default;
@@ -166,6 +190,9 @@ std::vector<MicroBatch> Engine::next_micro_batches() {
 }
 
 StepMetrics Engine::step() {
+  end_setup_phase();  // SIGTERM/SIGINT now stop at a step boundary (signals.h)
+  comm::set_progress_step(step_);
+  comm::set_progress_micro_batch(-1);
   const auto start = std::chrono::steady_clock::now();
   StepMetrics metrics;
   metrics.lr = learning_rate_at(config_, step_);

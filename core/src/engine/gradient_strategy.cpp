@@ -4,7 +4,7 @@
 #include <map>
 
 #include "kolos/core/error.h"
-#include "kolos/core/gradients.h"
+#include "kolos/core/gradient_strategy.h"
 #include "kolos/core/mesh.h"
 
 namespace kolos {

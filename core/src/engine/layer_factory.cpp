@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "kolos/core/error.h"
-#include "kolos/core/layers.h"
+#include "kolos/core/layer_factory.h"
 
 namespace kolos {
 

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "kolos/core/comm/watchdog.h"
+
 namespace kolos {
 
 void PipelineSchedule::setup(Model&, const DeviceMesh&, const RunConfig&) {}
@@ -16,6 +18,7 @@ class SingleStageSchedule : public PipelineSchedule {
     const double scale = 1.0 / static_cast<double>(micro.size());
     StepLoss result;
     for (size_t m = 0; m < micro.size(); ++m) {
+      comm::set_progress_micro_batch(static_cast<int64_t>(m));
       context.gradients->prepare_backward(/*sync=*/m + 1 == micro.size());
       at::Tensor output = context.model->forward(micro[m].inputs);
       at::Tensor loss = context.model->loss(output, micro[m].targets);

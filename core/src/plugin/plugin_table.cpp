@@ -3,7 +3,7 @@
 #include <array>
 #include <sstream>
 
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace kolos {
 

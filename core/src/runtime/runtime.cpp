@@ -1,19 +1,25 @@
 #include "kolos/core/runtime.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
+#include <mpi.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "kolos/core/comm/mpi.h"
+#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/devices.h"
 #include "kolos/core/error.h"
+#include "kolos/core/signals.h"
 
 namespace kolos {
 namespace {
@@ -80,6 +86,7 @@ Runtime::Runtime(int* argc, char*** argv) {
   MPI_Get_processor_name(host, &length);
   info_.host.assign(host, length);
   detail::set_current_rank(info_.size > 1 ? info_.rank : -1);
+  set_stop_context(info_.rank, info_.size, info_.host);
 
   threads_ = std::max(1, usable_cores() / std::max(1, info_.local_size));
   if (const char* env = std::getenv("KOLOS_THREADS")) {
@@ -90,9 +97,13 @@ Runtime::Runtime(int* argc, char*** argv) {
   at::set_num_threads(threads_);
   device_ = cuda::select_device(info_.local_rank);
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) set_blas_threads(1);
+  world_ = comm::make_mpi_process_group(MPI_COMM_WORLD, "world");
+  comm::start_watchdog(comm::default_timeout(), info_.rank, info_.size, info_.host);
 }
 
 Runtime::~Runtime() {
+  comm::stop_watchdog();
+  world_.reset();
   if (!finalize_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -119,20 +130,43 @@ void report_error(const std::exception& error, const RankInfo* where) {
 
 namespace detail {
 
-void agree_on_error(MPI_Comm comm, const std::string& error_or_empty, int error_kind) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  int mine = error_or_empty.empty() ? size : rank;
-  int first = size;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == size) return;
+void agree_on_error(comm::ProcessGroup& group, const std::string& error_or_empty, int error_kind) {
+  const int rank = group.rank();
+  const int size = group.size();
+  at::Tensor first = at::full({1}, error_or_empty.empty() ? size : rank, at::kLong);
+  group.all_reduce(first, comm::ReduceOp::kMin)->wait();
+  const int origin = static_cast<int>(first.item<int64_t>());
+  if (origin == size) return;
   // The first failing rank tells the others its kind and message.
-  int header[2] = {error_kind, static_cast<int>(error_or_empty.size())};
-  MPI_Bcast(header, 2, MPI_INT, first, comm);
-  std::string message = rank == first ? error_or_empty : std::string(header[1], '\0');
-  MPI_Bcast(message.data(), header[1], MPI_CHAR, first, comm);
-  throw AgreedError(std::move(message), static_cast<ErrorKind>(header[0]), first);
+  at::Tensor header = at::tensor(
+      {static_cast<int64_t>(error_kind), static_cast<int64_t>(error_or_empty.size())}, at::kLong);
+  group.broadcast(header, origin)->wait();
+  const int kind = static_cast<int>(header[0].item<int64_t>());
+  at::Tensor text = at::empty({header[1].item<int64_t>()}, at::kByte);
+  if (rank == origin && text.numel() > 0) {
+    std::memcpy(text.data_ptr(), error_or_empty.data(), error_or_empty.size());
+  }
+  if (text.numel() > 0) group.broadcast(text, origin)->wait();
+  std::string message;
+  if (text.numel() > 0) message.assign(static_cast<const char*>(text.data_ptr()), text.numel());
+  throw AgreedError(std::move(message), static_cast<ErrorKind>(kind), origin);
+}
+
+void abort_job(const std::exception& error, const char* when) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  char host[MPI_MAX_PROCESSOR_NAME] = "?";
+  int length = 0;
+  MPI_Get_processor_name(host, &length);
+  const char* kind = "error";
+  if (auto* e = dynamic_cast<const Error*>(&error)) kind = to_string(e->kind());
+  std::fprintf(stderr, "kolos: %s on rank %d (%s) %s: %s; ending the job\n", kind, rank, host, when,
+               error_text(error));
+  std::fflush(stderr);
+  ::alarm(10);  // should MPI_Abort hang, SIGALRM ends this process
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
 }
 
 }  // namespace detail

@@ -242,6 +242,47 @@ assert a == b, (a, b)
 print(len(a), "losses identical")
 PYEOF
     ;;
+  restart_smaller)
+    # `kolos run -n 4` killed mid-run (kill -9 of a rank), then
+    # `kolos run -n 2 --resume`: training continues from `latest` with the
+    # losses of an uninterrupted 2-rank run (same global batch and data; the
+    # 4-rank history differs only in the order of floating-point sums).
+    sed -i 's/^steps = 12/steps = 40/' run.toml
+    kolos_run() { timeout 300 "$KOLOS" run "$@"; }
+    kolos_run -n 2 run.toml --set parallel.data=2 --set checkpoint.dir=straight \
+      --set log.metrics=straight.jsonl >log.txt 2>&1 || { cat log.txt; fail "straight run failed"; }
+    marker=$((4400000 + RANDOM))
+    first="first-$marker.jsonl"  # the name marks this job's processes
+    "$KOLOS" run -n 4 run.toml --set parallel.data=4 --set "log.metrics=$first" >first.txt 2>&1 &
+    pid=$!
+    for _ in $(seq 1 1200); do
+      [[ -s $first && $(wc -l <"$first") -ge 14 ]] && break
+      sleep 0.05
+    done
+    victim=$(pgrep -f -n "train run.toml.*first-$marker") || { kill -9 $pid; fail "no rank found"; }
+    kill -9 "$victim"
+    timeout 60 tail --pid=$pid -f /dev/null || { kill -9 $pid; fail "the job outlived a killed rank by 60 s"; }
+    wait $pid && fail "the job exited 0 after a rank was killed"
+    sleep 1
+    ! pgrep -f "first-$marker" >/dev/null || { pkill -9 -f "first-$marker"; fail "ranks left behind"; }
+    latest=$(cat ckpt/latest) || fail "no checkpoint was written before the kill"
+    at=$((10#${latest#step-}))
+    ((at >= 4 && at < 40)) || fail "latest is $latest"
+    kolos_run -n 2 run.toml --resume --set parallel.data=2 --set log.metrics=second.jsonl \
+      >second.txt 2>&1 || { cat second.txt; fail "resume at 2 ranks failed"; }
+    grep -q "resumed from ckpt/$latest at step $at" second.txt || { cat second.txt; fail "did not resume from $latest"; }
+    $PY - straight.jsonl second.jsonl "$at" <<'PYEOF' || fail "the resumed losses differ from the uninterrupted run's"
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "loss" in r}
+a, b, at = losses(sys.argv[1]), losses(sys.argv[2]), int(sys.argv[3])
+steps = [s for s in sorted(b) if s > at]
+assert steps and steps[-1] == 40, steps
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+print(len(steps), "steps after the restart at", at, "- largest relative loss difference", worst)
+sys.exit(0 if worst <= 1e-4 else 1)
+PYEOF
+    ;;
   kill_mid_save)
     # Rank 1 dies after writing its part of the step-8 save: the job fails,
     # step-4 stays the latest and sound; a resumed run clears the leftover.

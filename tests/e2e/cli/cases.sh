@@ -41,6 +41,56 @@ open(path, "wb").write(struct.pack("<%dH" % n, *ids))
 PY
 }
 
+
+# stopped_rank N VICTIM [--set ...]: a training job of N ranks with an 8 s
+# communication deadline (KOLOS_COMM_TIMEOUT_S=$timeout_env, default 8, unless
+# the --set arguments give runtime.comm_timeout_s); once it trains, rank
+# VICTIM is frozen (SIGSTOP).
+# The job must end non-zero within the deadline + 10 s, a rank must report
+# the timeout, the report must name VICTIM as the rank that stopped
+# answering, and no process may be left.
+stopped_rank() {
+  local n=$1 victim=$2 marker=$((4300000 + RANDOM)) metrics="m-$1-$2.jsonl"
+  shift 2
+  KOLOS_COMM_TIMEOUT_S=${timeout_env:-8} "$KOLOS" run -n "$n" "$tiny" --set train.steps=1000000 \
+    --set log.progress=off --set "log.metrics=$metrics" --set train.seed=$marker "$@" \
+    >out.txt 2>err.txt &
+  local pid=$! vpid="" p
+  for _ in $(seq 1 1200); do
+    [[ -s $metrics && $(wc -l <"$metrics") -ge 3 ]] && break
+    sleep 0.1
+  done
+  [[ -s $metrics ]] || { kill -9 $pid; cat err.txt; fail "n=$n: the run wrote no metrics"; }
+  for p in $(pgrep -f "train.seed=$marker"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim"; then
+      vpid=$p
+    fi
+  done
+  [[ -n $vpid ]] || { kill -9 $pid; fail "n=$n: rank $victim not found"; }
+  kill -STOP "$vpid"
+  local start=$SECONDS
+  if ! timeout 40 tail --pid=$pid -f /dev/null; then
+    pkill -9 -f "train.seed=$marker"
+    fail "n=$n: still running 40 s after rank $victim was stopped (deadline 8 s)"
+  fi
+  local elapsed=$((SECONDS - start))
+  wait $pid
+  local rc=$?
+  cat err.txt
+  sleep 1
+  if pgrep -f "train.seed=$marker" >/dev/null; then
+    pkill -9 -f "train.seed=$marker"
+    fail "n=$n: processes left after the job ended"
+  fi
+  [[ $rc -ne 0 ]] || fail "n=$n: exit code 0 with rank $victim stopped"
+  ((elapsed <= 19)) || fail "n=$n: ended $elapsed s after the stop; the deadline is 8 s (+10 s allowed)"
+  grep -q "kolos: communication timeout on rank [0-9]* (.*): .* has not completed after" err.txt ||
+    fail "n=$n: no timeout report"
+  grep -q "rank $victim (.*) stopped answering" err.txt ||
+    fail "n=$n: the report does not name rank $victim as stopped"
+  echo "ok: n=$n, rank $victim stopped: job ended after $elapsed s, exit $rc"
+}
+
 case "$case_name" in
   help)
     for cmd in train run plugins version "data prepare"; do
@@ -163,6 +213,97 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     grep -q "stopped on request after step" err.txt || fail "no stop message"
     steps=$(wc -l <m.jsonl)
     grep -q "after step $steps of" err.txt || fail "the stop step differs from the metrics file ($steps lines)"
+    ;;
+  signal_during_setup)
+    # Set-up that blocks (token data on a FIFO nobody writes, as on a hung
+    # file system): SIGTERM to the ranks ends each within 5 s with a message
+    # naming the signal and the rank; SIGINT to mpirun (Ctrl-C) ends the job
+    # within 5 s too; kill -9 of one rank ends it within 10 s. Nothing is
+    # left running in any case.
+    mkfifo stuck.bin
+    marker=4242019
+    setup_job() {
+      "$KOLOS" run -n 2 "$tiny" --set data.kind=tokens --set data.path=stuck.bin \
+        --set train.seed=$marker >out.txt 2>err.txt &
+      pid=$!
+      # Until both ranks block opening the FIFO (past MPI's start-up).
+      local blocked=0 p
+      for _ in $(seq 1 600); do
+        blocked=0
+        for p in $(ps -o pid= --ppid $pid); do
+          [[ $(cat "/proc/$p/wchan" 2>/dev/null) == wait_for_partner ]] && blocked=$((blocked + 1))
+        done
+        ((blocked >= 2)) && break
+        sleep 0.1
+      done
+      ((blocked >= 2)) || { kill -9 $pid; cat err.txt; fail "the ranks never reached the data file"; }
+    }
+    ended_within() {  # SECONDS: the job ended within that many seconds
+      timeout "$1" tail --pid=$pid -f /dev/null ||
+        { pkill -9 -f "train.seed=$marker"; kill -9 $pid; fail "still running $1 s after the signal"; }
+      wait $pid
+      rc=$?
+      cat err.txt
+      [[ $rc -ne 0 ]] || fail "exit code 0 after a stop signal during set-up"
+      sleep 1
+      ! pgrep -f "train.seed=$marker" >/dev/null || { pkill -9 -f "train.seed=$marker"; fail "ranks left behind"; }
+    }
+    setup_job
+    ranks=$(ps -o pid= --ppid $pid)
+    [[ -n $ranks ]] || fail "no rank processes under mpirun ($pid)"
+    # shellcheck disable=SC2086
+    kill -TERM $ranks
+    ended_within 5
+    grep -q "kolos: SIGTERM during set-up on rank [01] (.*): the run ends before its first step" err.txt ||
+      fail "no set-up message for SIGTERM"
+    setup_job
+    kill -INT $pid
+    ended_within 5
+    # kill -9 of one rank during set-up: mpirun ends the job, nothing is left.
+    setup_job
+    kill -9 "$(ps -o pid= --ppid $pid | head -1)"
+    ended_within 10
+    ;;
+  deep_nesting)
+    # One key whose value is 200,000 nested arrays crashed the TOML parser
+    # (recursion): now a clear error with file, line and column.
+    python3 -c 'print("[model]\nlayers = " + "[" * 200000 + "]" * 200000)' >deep.toml
+    expect_failure "deep.toml:2:[0-9]+: arrays or inline tables nested more than 64 deep" -- \
+      "$KOLOS" train deep.toml
+    expect_failure "deep.toml:2:[0-9]+: arrays or inline tables nested more than 64 deep" -- \
+      "$KOLOS" run -n 2 deep.toml
+    ;;
+  stopped_rank_dp)
+    stopped_rank 2 1 --set parallel.data=2 --set train.micro_batch=8
+    stopped_rank 4 2 --set parallel.data=4 --set train.micro_batch=4
+    ;;
+  stopped_rank_zero3)
+    stopped_rank 2 0 --set parallel.data=2 --set train.micro_batch=8 --set parallel.zero.stage=3
+    stopped_rank 4 3 --set parallel.data=4 --set train.micro_batch=4 --set parallel.zero.stage=3
+    ;;
+  stopped_rank_pipeline)
+    stopped_rank 2 1 --set parallel.data=1 --set parallel.pipeline.size=2 --set train.micro_batch=4
+    stopped_rank 4 0 --set parallel.data=2 --set parallel.pipeline.size=2 --set train.micro_batch=4
+    ;;
+  stopped_rank_tp1d)
+    stopped_rank 2 0 --set parallel.data=1 --set parallel.tensor.size=2 --set train.micro_batch=8
+    # The deadline from the config: [runtime] comm_timeout_s wins over the environment.
+    timeout_env=600 stopped_rank 4 1 --set parallel.data=2 --set parallel.tensor.size=2 \
+      --set train.micro_batch=8 --set runtime.comm_timeout_s=8
+    ;;
+  setup_failure_one_rank)
+    # A rank-local error in set-up where the other rank may already wait in
+    # a collective (the test copy of zero3 fails on rank 1 only): the job
+    # ends within 10 s with that rank's message, printed once.
+    [[ -n ${KOLOS_FAULT_PLUGIN_DIR:-} ]] || fail "KOLOS_FAULT_PLUGIN_DIR is not set"
+    start=$SECONDS
+    KOLOS_PLUGIN_PATH="$KOLOS_FAULT_PLUGIN_DIR:${KOLOS_PLUGIN_PATH:-}" KOLOS_ZERO3_FAIL_SETUP_RANK=1 \
+      expect_failure "on rank 1 .* during set-up: zero3: set-up failed on this rank only" -- \
+      "$KOLOS" run -n 2 "$tiny" --set parallel.zero.stage=3
+    elapsed=$((SECONDS - start))
+    ((elapsed <= 10)) || fail "the job took $elapsed s to end, expected <= 10"
+    count=$(grep -c "set-up failed on this rank only" err.txt)
+    [[ $count -eq 1 ]] || fail "the message was printed $count times, expected once"
     ;;
   killed_rank)
     # A rank killed outright (no chance to report) must not leave the other

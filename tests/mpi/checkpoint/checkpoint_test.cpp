@@ -29,41 +29,15 @@ namespace fs = std::filesystem;
 namespace kolos {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using testing::shared_tmpdir;
+using testing::world_rank;
+using testing::world_size;
 
-// A fresh directory, the same on every rank.
-std::string shared_tmpdir(const std::string& tag) {
-  std::string dir;
-  if (world_rank() == 0) {
-    std::string pattern = (fs::temp_directory_path() / ("kolos-ckpt-" + tag + "-XXXXXX")).string();
-    dir = mkdtemp(pattern.data());
-  }
-  int n = static_cast<int>(dir.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  dir.resize(n);
-  MPI_Bcast(dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return dir;
-}
-
-// The first `n` ranks of the world (MPI_COMM_NULL on the others).
-struct SubComm {
-  MPI_Comm comm = MPI_COMM_NULL;
-  explicit SubComm(int n) {
-    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < n ? 0 : MPI_UNDEFINED, world_rank(), &comm);
-  }
-  ~SubComm() {
-    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
-  }
-  bool member() const { return comm != MPI_COMM_NULL; }
+// The first `n` ranks of the world (no group on the others).
+struct SubGroup {
+  comm::ProcessGroupPtr group;
+  explicit SubGroup(int n) : group(testing::first_ranks(n)) {}
+  bool member() const { return group != nullptr; }
 };
 
 // Rank 0's tensors, on every rank of the world.
@@ -177,21 +151,21 @@ TEST(CheckpointPlacement, SaveUnderOneShardingReadUnderAnother) {
       const std::string what = a.name + " -> " + b.name;
       const std::string dir = shared_tmpdir("placement") + "/ckpt";
       {
-        SubComm sa(static_cast<int>(a.shape.size()));
+        SubGroup sa(static_cast<int>(a.shape.size()));
         if (sa.member()) {
           checkpoint::Metadata meta;
           meta.step = 3;
           meta.mesh = a.shape;
           meta.world_size = a.shape.size();
-          checkpoint::save_pieces(sa.comm, MeshLayout(a.shape), dir,
+          checkpoint::save_pieces(*sa.group, MeshLayout(a.shape), dir,
                                   synthetic_pieces(a, world_rank(), true), meta);
         }
       }
       MPI_Barrier(MPI_COMM_WORLD);
-      SubComm sb(static_cast<int>(b.shape.size()));
+      SubGroup sb(static_cast<int>(b.shape.size()));
       if (sb.member()) {
         auto pieces = synthetic_pieces(b, world_rank(), false);
-        const checkpoint::Metadata meta = checkpoint::load_pieces(sb.comm, dir, pieces);
+        const checkpoint::Metadata meta = checkpoint::load_pieces(*sb.group, dir, pieces);
         EXPECT_EQ(meta.step, 3) << what;
         for (size_t i = 0; i < pieces.size(); ++i) {
           const auto& t = kSynthetic[i];
@@ -214,8 +188,8 @@ TEST(CheckpointPlacement, ReplicasAreWrittenOnce) {
   const SyntheticLayout& layout = layouts[4];  // tp2 replicated over dp2
   const std::string dir = shared_tmpdir("replicas") + "/ckpt";
   {
-    SubComm s(4);
-    checkpoint::save_pieces(s.comm, MeshLayout(layout.shape), dir,
+    SubGroup s(4);
+    checkpoint::save_pieces(*s.group, MeshLayout(layout.shape), dir,
                             synthetic_pieces(layout, world_rank(), true), checkpoint::Metadata{});
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -262,9 +236,9 @@ RunConfig matrix_config(const Layout& layout) {
   return testing::tiny_gpt_config(o);
 }
 
-std::unique_ptr<Engine> make_engine(const RunConfig& config, MPI_Comm comm) {
+std::unique_ptr<Engine> make_engine(const RunConfig& config, const comm::ProcessGroupPtr& group) {
   modules::register_builtin_models();
-  return std::make_unique<Engine>(config, comm,
+  return std::make_unique<Engine>(config, group,
                                   [](const RunConfig& c) { return data::make_source(c); });
 }
 
@@ -302,14 +276,14 @@ TEST(CheckpointMatrix, SaveUnderALoadUnderB) {
     const Layout& a = *layouts[k];
     saved[k].root = shared_tmpdir("matrix");
     int64_t count = 0;
-    SubComm sa(a.ranks);
+    SubGroup sa(a.ranks);
     if (sa.member()) {
-      auto engine = make_engine(matrix_config(a), sa.comm);
+      auto engine = make_engine(matrix_config(a), sa.group);
       for (int64_t s = 0; s < kSaveAt; ++s) engine->step();
-      checkpoint::Checkpointer ckpt(sa.comm, {saved[k].root, 0, false});
+      checkpoint::Checkpointer ckpt(sa.group, {saved[k].root, 0, false});
       ckpt.save(engine->state());
       saved[k].state = gathered_state(*engine);
-      saved[k].straight = make_engine(matrix_config(a), sa.comm)->train().losses;
+      saved[k].straight = make_engine(matrix_config(a), sa.group)->train().losses;
     }
     count = static_cast<int64_t>(saved[k].state.size());
     MPI_Bcast(&count, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
@@ -322,10 +296,10 @@ TEST(CheckpointMatrix, SaveUnderALoadUnderB) {
       const Layout& b = *layouts[kb];
       const std::string what = "save under " + a.name + ", load under " + b.name;
       // B: load; every global tensor equal bit for bit; train on.
-      SubComm sb(b.ranks);
+      SubGroup sb(b.ranks);
       if (sb.member()) {
-        auto engine = make_engine(matrix_config(b), sb.comm);
-        checkpoint::Checkpointer ckpt(sb.comm, {saved[ka].root, 0, false});
+        auto engine = make_engine(matrix_config(b), sb.group);
+        checkpoint::Checkpointer ckpt(sb.group, {saved[ka].root, 0, false});
         load_into(*engine, ckpt, saved[ka].root);
         EXPECT_EQ(engine->steps_done(), kSaveAt) << what;
         EXPECT_EQ(engine->state().optimizer_steps, kSaveAt) << what;
@@ -363,14 +337,14 @@ TEST(CheckpointMatrix, SaveUnderALoadUnderB) {
 void resume_bit_exact(bool async) {
   const std::string root = shared_tmpdir(async ? "resume-async" : "resume");
   const RunConfig config = testing::tiny_gpt_config({"train.steps=20"});
-  auto straight = make_engine(config, MPI_COMM_WORLD);
+  auto straight = make_engine(config, testing::world_group());
   const std::vector<double> losses20 = straight->train().losses;
   const auto params20 = straight->gathered_parameters();
 
   std::vector<double> losses;
   {
-    auto first = make_engine(config, MPI_COMM_WORLD);
-    checkpoint::Checkpointer ckpt(MPI_COMM_WORLD, {root, 2, async});
+    auto first = make_engine(config, testing::world_group());
+    checkpoint::Checkpointer ckpt(testing::world_group(), {root, 2, async});
     for (int s = 0; s < 10; ++s) {
       losses.push_back(first->step().loss);
       if (s % 3 == 2) ckpt.save(first->state());  // steps 3, 6, 9: keep_last = 2 prunes step 3
@@ -384,8 +358,8 @@ void resume_bit_exact(bool async) {
     EXPECT_FALSE(fs::exists(root + "/step-00000006"));
     EXPECT_TRUE(fs::exists(root + "/step-00000009"));
   }
-  auto second = make_engine(config, MPI_COMM_WORLD);
-  checkpoint::Checkpointer ckpt(MPI_COMM_WORLD, {root, 2, async});
+  auto second = make_engine(config, testing::world_group());
+  checkpoint::Checkpointer ckpt(testing::world_group(), {root, 2, async});
   EXPECT_EQ(load_into(*second, ckpt, root), root + "/step-00000010");
   for (double l : second->train().losses) losses.push_back(l);
   ASSERT_EQ(losses.size(), losses20.size());
@@ -406,14 +380,14 @@ TEST(CheckpointResume, AsynchronousSavesToo) { resume_bit_exact(true); }
 // (copied into its own tensors) continues as the first one does.
 TEST(TrainingStateTest, LoadStateCopiesAnotherEnginesState) {
   const RunConfig config = testing::tiny_gpt_config({"train.steps=8"});
-  auto first = make_engine(config, MPI_COMM_WORLD);
+  auto first = make_engine(config, testing::world_group());
   for (int s = 0; s < 4; ++s) first->step();
   const TrainingState state = first->state();
   EXPECT_EQ(state.step, 4);
   EXPECT_EQ(state.optimizer_steps, 4);
   EXPECT_EQ(state.data_position, 4 * config.train.global_batch);
   EXPECT_FALSE(state.rng_cpu.empty());
-  auto second = make_engine(config, MPI_COMM_WORLD);
+  auto second = make_engine(config, testing::world_group());
   second->load_state(state);
   EXPECT_EQ(second->steps_done(), 4);
   const auto a = first->gathered_parameters();

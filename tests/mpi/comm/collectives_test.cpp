@@ -201,6 +201,7 @@ TEST(CommBase, UnimplementedOpsFailByName) {
   expect_comm_error([&] { group.send(t, 0); }, with("send"));
   expect_comm_error([&] { group.recv(t, 0); }, with("recv"));
   expect_comm_error([&] { group.barrier(); }, with("barrier"));
+  expect_comm_error([&] { group.split(0, 0, "sub"); }, with("split"));
 }
 
 // ---- reductions, every dtype x every op ---------------------------------------
@@ -569,6 +570,51 @@ TEST_F(CommTest, TwoGroupsOverTheSameRanksRunIndependently) {
   expect_equal(y, at::full({1 << 10}, static_cast<double>(n_ - 1), at::kDouble), "other");
 }
 
+// ---- split ---------------------------------------------------------------------
+
+TEST_F(CommTest, SplitGroupsRanksByColorAndOrdersThemByKey) {
+  // Even and odd world ranks; within each, ordered by descending world rank.
+  ProcessGroupPtr half = pg_->split(rank_ % 2, -rank_, "parity");
+  ASSERT_NE(half, nullptr);
+  const int members = (n_ - rank_ % 2 + 1) / 2;
+  EXPECT_EQ(half->size(), members);
+  EXPECT_EQ(half->name(), "parity");
+  // Higher world ranks come first: rank r is preceded by the members above it.
+  EXPECT_EQ(half->rank(), (n_ - 1 - rank_) / 2);
+  at::Tensor sum = at::full({3}, static_cast<double>(rank_), at::kDouble);
+  half->all_reduce(sum)->wait();
+  double expected = 0;
+  for (int r = rank_ % 2; r < n_; r += 2) expected += r;
+  expect_equal(sum, at::full({3}, expected, at::kDouble), "sum over the split group");
+  // The split did not enter the parent's operation counters.
+  EXPECT_EQ(pg_->stats().calls[static_cast<int>(OpType::kBarrier)], 0u);
+}
+
+TEST_F(CommTest, SplitWithNegativeColorLeavesTheRankOut) {
+  ProcessGroupPtr first = pg_->split(rank_ == 0 ? 0 : -1, rank_, "first");
+  if (rank_ == 0) {
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->size(), 1);
+  } else {
+    EXPECT_EQ(first, nullptr);
+  }
+}
+
+TEST_F(CommTest, SplitWaitsForTheGroupsQueuedOperations) {
+  // A large all-reduce goes to the group's thread; the split issued right
+  // after it must not run MPI on the same communicator at the same time, and
+  // the reduction still completes with the right result.
+  at::Tensor x = at::ones({1 << 20});
+  WorkPtr pending = pg_->all_reduce(x);
+  ProcessGroupPtr copy = pg_->split(0, rank_, "copy");
+  ASSERT_NE(copy, nullptr);
+  pending->wait();
+  expect_equal(x, at::full({1 << 20}, static_cast<float>(n_)), "reduction queued before split");
+  at::Tensor y = at::full({2}, static_cast<float>(rank_ + 1));
+  copy->all_reduce(y, ReduceOp::kMax)->wait();
+  expect_equal(y, at::full({2}, static_cast<float>(n_)), "reduction on the split group");
+}
+
 TEST(CommLifetime, DestroyingAGroupCancelsAPendingRecv) {
   ProcessGroupPtr self = make_mpi_process_group(MPI_COMM_SELF, "lonely");
   at::Tensor t = at::zeros({8});
@@ -716,6 +762,23 @@ TEST_F(CommTest, SmallCollectiveOnAnIdleGroupCompletesWithinTheCall) {
   at::Tensor u = contribution(1024, rank_, at::kFloat);
   pg_->all_reduce(u)->wait();
   expect_equal(u, expected_reduction(1024, n_, ReduceOp::kSum, at::kFloat), "thread all_reduce");
+}
+
+TEST_F(CommTest, SmallCollectiveAfterWaitingForTheThreadRunsInline) {
+  // The thread marks the group idle before it completes an operation's
+  // Work, so a small collective issued once wait() has returned (the norm
+  // after a gradient bucket) finds the group idle and runs inline, instead
+  // of queueing behind an operation that has already finished.
+  for (int i = 0; i < 20; ++i) {
+    at::Tensor big = contribution(1 << 18, rank_, at::kFloat, i);  // 1 MiB: the thread's
+    pg_->all_reduce(big)->wait();
+    at::Tensor small = contribution(1024, rank_, at::kFloat, i);
+    WorkPtr w = pg_->all_reduce(small);
+    EXPECT_TRUE(w->is_completed()) << "iteration " << i;
+    w->wait();
+    expect_equal(small, expected_reduction(1024, n_, ReduceOp::kSum, at::kFloat, i),
+                 "small all_reduce after a large one");
+  }
 }
 
 TEST_F(CommTest, SmallCollectivesNeverOvertakeQueuedOnes) {

@@ -31,7 +31,8 @@ TEST_P(BucketOverlap, SomeBucketCompletesBeforeFinishBackward) {
       {"model.layers=8", "model.hidden=64", "parallel.bucket_kb=16", "train.steps=8",
        "train.micro_batch=8", "train.global_batch=" + std::to_string(8 * n),
        "parallel.zero.stage=" + std::to_string(stage)});
-  Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& c) { return data::make_source(c); });
+  Engine engine(config, testing::world_group(),
+                [](const RunConfig& c) { return data::make_source(c); });
   ASSERT_EQ(engine.accumulation(), 1);
   int64_t most_completed = 0, fewest_reductions = INT64_MAX;
   double least_overlap = 1.0;

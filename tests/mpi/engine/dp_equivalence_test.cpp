@@ -41,7 +41,8 @@ TEST(DataParallel, ReducesOncePerStepWithTheRingVolume) {
   RunConfig config =
       testing::tiny_gpt_config({"train.global_batch=" + std::to_string(8 * n),
                                 "train.micro_batch=2", "parallel.bucket_kb=8", "train.steps=3"});
-  Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& c) { return data::make_source(c); });
+  Engine engine(config, testing::world_group(),
+                [](const RunConfig& c) { return data::make_source(c); });
   ASSERT_EQ(engine.accumulation(), 4);
   const auto& group = engine.mesh().group(AxisSet{Axis::kDP, Axis::kSP});
   // The first step also agrees on the buckets' ready order (one broadcast);
@@ -72,7 +73,8 @@ TEST(DataParallel, ReducesOncePerStepWithTheRingVolume) {
 TEST(DataParallel, ParametersStayIdenticalAcrossRanks) {
   modules::register_builtin_models();
   RunConfig config = testing::tiny_gpt_config({"train.steps=3"});
-  Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& c) { return data::make_source(c); });
+  Engine engine(config, testing::world_group(),
+                [](const RunConfig& c) { return data::make_source(c); });
   engine.train();
   for (const auto& p : engine.model().placed_parameters()) {
     at::Tensor mine = p.tensor.detach().clone();

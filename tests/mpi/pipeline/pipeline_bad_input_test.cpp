@@ -25,7 +25,8 @@ std::string engine_error(std::vector<std::string> overrides) {
   modules::register_builtin_models();
   try {
     RunConfig config = testing::tiny_gpt_config(overrides);
-    Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& c) { return data::make_source(c); });
+    Engine engine(config, testing::world_group(),
+                  [](const RunConfig& c) { return data::make_source(c); });
   } catch (const Error& e) {
     return e.what();
   }

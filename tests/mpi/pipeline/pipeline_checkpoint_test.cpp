@@ -23,29 +23,10 @@ namespace {
 namespace fs = std::filesystem;
 constexpr int64_t kSaveAt = 4, kSteps = 8;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::world_rank;
+using testing::world_size;
 
-std::string shared_tmpdir() {
-  std::string dir;
-  if (world_rank() == 0) {
-    std::string pattern = (fs::temp_directory_path() / "kolos-pp-ckpt-XXXXXX").string();
-    dir = mkdtemp(pattern.data());
-  }
-  int n = static_cast<int>(dir.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  dir.resize(n);
-  MPI_Bcast(dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return dir;
-}
+std::string shared_tmpdir() { return testing::shared_tmpdir("pp-ckpt"); }
 
 RunConfig config_of(std::vector<std::string> overrides) {
   overrides.push_back("train.steps=" + std::to_string(kSteps));
@@ -57,15 +38,15 @@ RunConfig pipelined(int zero_stage) {
                     "parallel.zero.stage=" + std::to_string(zero_stage)});
 }
 
-std::unique_ptr<Engine> make_engine(const RunConfig& config, MPI_Comm comm) {
+std::unique_ptr<Engine> make_engine(const RunConfig& config, const comm::ProcessGroupPtr& group) {
   modules::register_builtin_models();
-  return std::make_unique<Engine>(config, comm,
+  return std::make_unique<Engine>(config, group,
                                   [](const RunConfig& c) { return data::make_source(c); });
 }
 
 // A checkpoint into an engine, as `kolos train --resume` does it.
-void load_into(Engine& engine, MPI_Comm comm, const std::string& root) {
-  checkpoint::Checkpointer ckpt(comm, {root, 0, false});
+void load_into(Engine& engine, const comm::ProcessGroupPtr& group, const std::string& root) {
+  checkpoint::Checkpointer ckpt(group, {root, 0, false});
   TrainingState state = engine.state();
   ckpt.load(root, state);
   engine.load_state(state);
@@ -94,10 +75,10 @@ class PipelineCheckpoint : public ::testing::TestWithParam<int> {};
 
 TEST_P(PipelineCheckpoint, SavedUnderPipelineLoadsUnderSerial) {
   const std::string root = shared_tmpdir();
-  auto engine = make_engine(pipelined(GetParam()), MPI_COMM_WORLD);
+  auto engine = make_engine(pipelined(GetParam()), testing::world_group());
   for (int64_t s = 0; s < kSaveAt; ++s) engine->step();
   {
-    checkpoint::Checkpointer ckpt(MPI_COMM_WORLD, {root, 0, false});
+    checkpoint::Checkpointer ckpt(testing::world_group(), {root, 0, false});
     ckpt.save(engine->state());
   }
   const auto saved = engine->gathered_parameters();
@@ -117,12 +98,12 @@ TEST_P(PipelineCheckpoint, SavedUnderPipelineLoadsUnderSerial) {
     EXPECT_EQ(found, 1);
   }
   // Every rank loads it on its own, serially.
-  auto loaded = make_engine(serial(), MPI_COMM_SELF);
-  load_into(*loaded, MPI_COMM_SELF, root);
+  auto loaded = make_engine(serial(), testing::self_group());
+  load_into(*loaded, testing::self_group(), root);
   EXPECT_EQ(loaded->steps_done(), kSaveAt);
   expect_same_parameters(saved, loaded->gathered_parameters(), "pipeline -> serial");
   const auto resumed = loaded->train().losses;
-  const auto straight = make_engine(serial(), MPI_COMM_SELF)->train().losses;
+  const auto straight = make_engine(serial(), testing::self_group())->train().losses;
   expect_losses_close(resumed, straight, "pipeline -> serial");
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) fs::remove_all(root);
@@ -132,19 +113,19 @@ TEST_P(PipelineCheckpoint, SavedUnderSerialLoadsUnderPipeline) {
   const std::string root = shared_tmpdir();
   std::vector<double> straight;
   {
-    auto reference = make_engine(serial(), MPI_COMM_SELF);
+    auto reference = make_engine(serial(), testing::self_group());
     for (int64_t s = 0; s < kSaveAt; ++s) reference->step();
     if (world_rank() == 0) {
-      checkpoint::Checkpointer ckpt(MPI_COMM_SELF, {root, 0, false});
+      checkpoint::Checkpointer ckpt(testing::self_group(), {root, 0, false});
       ckpt.save(reference->state());
     }
-    straight = make_engine(serial(), MPI_COMM_SELF)->train().losses;
+    straight = make_engine(serial(), testing::self_group())->train().losses;
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  auto serial_state = make_engine(serial(), MPI_COMM_SELF);
-  load_into(*serial_state, MPI_COMM_SELF, root);
-  auto engine = make_engine(pipelined(GetParam()), MPI_COMM_WORLD);
-  load_into(*engine, MPI_COMM_WORLD, root);
+  auto serial_state = make_engine(serial(), testing::self_group());
+  load_into(*serial_state, testing::self_group(), root);
+  auto engine = make_engine(pipelined(GetParam()), testing::world_group());
+  load_into(*engine, testing::world_group(), root);
   EXPECT_EQ(engine->steps_done(), kSaveAt);
   EXPECT_EQ(engine->state().optimizer_steps, kSaveAt);
   expect_same_parameters(serial_state->gathered_parameters(), engine->gathered_parameters(),

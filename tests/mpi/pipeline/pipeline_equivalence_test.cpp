@@ -141,9 +141,10 @@ TEST(PipelineByTensor, InterleavedWithTp1d) { expect_pipeline_by_tensor("interle
 double worst_parameter_gap(const char* fault) {
   setenv("KOLOS_PIPELINE_INJECT", fault, 1);
   const int P = 2;
-  testing::RunRecord reference = testing::run_and_record(serial(shape(2, 4, 1)), MPI_COMM_SELF);
-  testing::RunRecord broken =
-      testing::run_and_record(pipelined(shape(2, 4, world_size() / P), P, "1f1b"), MPI_COMM_WORLD);
+  testing::RunRecord reference =
+      testing::run_and_record(serial(shape(2, 4, 1)), testing::self_group());
+  testing::RunRecord broken = testing::run_and_record(
+      pipelined(shape(2, 4, world_size() / P), P, "1f1b"), testing::world_group());
   unsetenv("KOLOS_PIPELINE_INJECT");
   double worst = 0.0;
   for (size_t i = 0; i < reference.parameters.size(); ++i) {
@@ -162,9 +163,10 @@ TEST(PipelineFaults, MissingTiedGradientSumIsCaught) {
 
 // AdamW with clipping is (almost) blind to a uniform gradient scale, so a
 // missing 1/M shows in the gradient norm, which must match serial per step.
-std::vector<double> grad_norms(const RunConfig& config, MPI_Comm comm, int steps) {
+std::vector<double> grad_norms(const RunConfig& config, const comm::ProcessGroupPtr& group,
+                               int steps) {
   modules::register_builtin_models();
-  Engine engine(config, comm, [](const RunConfig& c) { return data::make_source(c); });
+  Engine engine(config, group, [](const RunConfig& c) { return data::make_source(c); });
   std::vector<double> norms;
   for (int i = 0; i < steps; ++i) norms.push_back(engine.step().grad_norm);
   return norms;
@@ -176,16 +178,17 @@ TEST(PipelineFaults, GradNormMatchesSerialAndCatchesAMissingLossScale) {
     SCOPED_TRACE(schedule);
     const int chunks = std::string(schedule) == "interleaved" ? 2 : 1;
     const int layers = chunks == 2 && P == 4 ? 6 : 2;
-    const auto reference = grad_norms(serial(shape(layers, 2 * P, 1)), MPI_COMM_SELF, 3);
-    const auto mine =
-        grad_norms(pipelined(shape(layers, 2 * P, 1), P, schedule, chunks), MPI_COMM_WORLD, 3);
+    const auto reference = grad_norms(serial(shape(layers, 2 * P, 1)), testing::self_group(), 3);
+    const auto mine = grad_norms(pipelined(shape(layers, 2 * P, 1), P, schedule, chunks),
+                                 testing::world_group(), 3);
     for (size_t i = 0; i < reference.size(); ++i) {
       EXPECT_NEAR(mine[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
     }
   }
   setenv("KOLOS_PIPELINE_INJECT", "no-loss-scale", 1);
-  const auto reference = grad_norms(serial(shape(2, 2 * P, 1)), MPI_COMM_SELF, 1);
-  const auto broken = grad_norms(pipelined(shape(2, 2 * P, 1), P, "1f1b"), MPI_COMM_WORLD, 1);
+  const auto reference = grad_norms(serial(shape(2, 2 * P, 1)), testing::self_group(), 1);
+  const auto broken =
+      grad_norms(pipelined(shape(2, 2 * P, 1), P, "1f1b"), testing::world_group(), 1);
   unsetenv("KOLOS_PIPELINE_INJECT");
   EXPECT_GT(broken[0], 1.5 * reference[0])  // M = 2P times the true norm
       << "was the fault-injecting plugin (libkolos_pipeline_faults) loaded?";
@@ -194,17 +197,8 @@ TEST(PipelineFaults, GradNormMatchesSerialAndCatchesAMissingLossScale) {
 // [log] trace = true: one Chrome trace per rank with forward, backward and
 // idle events; the metrics carry a measured idle fraction in (0, 1).
 TEST(PipelineTrace, WritesOneTracePerRankAndMeasuresIdle) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::string dir;
-  if (rank == 0) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "kolos-trace-XXXXXX").string();
-    dir = mkdtemp(pattern.data());
-  }
-  int n = static_cast<int>(dir.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  dir.resize(n);
-  MPI_Bcast(dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  const int rank = testing::world_rank();
+  const std::string dir = testing::shared_tmpdir("trace");
   const int P = world_size();
   std::vector<std::string> o = shape(2, 2 * P, 1);
   o.push_back("log.trace=true");
@@ -212,7 +206,7 @@ TEST(PipelineTrace, WritesOneTracePerRankAndMeasuresIdle) {
   o.push_back("train.steps=3");
   {
     modules::register_builtin_models();
-    Engine engine(pipelined(o, P, "zb"), MPI_COMM_WORLD,
+    Engine engine(pipelined(o, P, "zb"), testing::world_group(),
                   [](const RunConfig& c) { return data::make_source(c); });
     for (int i = 0; i < 3; ++i) {
       const StepMetrics m = engine.step();

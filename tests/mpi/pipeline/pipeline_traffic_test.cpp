@@ -51,7 +51,8 @@ TEST_P(PipelineTraffic, BytesPerStepEqualTheAnalyticVolume) {
        "parallel.pipeline.schedule=\"" + c.schedule + "\"",
        "parallel.pipeline.chunks=" + std::to_string(V), "train.steps=2"});
   modules::register_builtin_models();
-  Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& r) { return data::make_source(r); });
+  Engine engine(config, testing::world_group(),
+                [](const RunConfig& r) { return data::make_source(r); });
   ASSERT_EQ(engine.accumulation(), M);
   engine.step();
   testing::reset_observed_traffic();

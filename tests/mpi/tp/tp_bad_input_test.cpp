@@ -10,7 +10,7 @@
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
 #include "kolos/core/mesh.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 
@@ -23,7 +23,7 @@ using testing::config_error;
 std::string engine_error(const std::vector<std::string>& overrides) {
   modules::register_builtin_models();
   try {
-    Engine engine(testing::tiny_gpt_config(overrides), MPI_COMM_WORLD,
+    Engine engine(testing::tiny_gpt_config(overrides), testing::world_group(),
                   [](const RunConfig& c) { return data::make_source(c); });
   } catch (const Error& e) {  // agreed across ranks: every rank gets it
     EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
@@ -77,7 +77,7 @@ TEST(TpBadInput, ReplicatedLinearHasNoGridLayout) {
   if (testing::world_size() != 4) GTEST_SKIP() << "runs at 4 ranks";
   RunConfig config =
       testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=2d"});
-  DeviceMesh mesh(MPI_COMM_WORLD, resolve_mesh_shape(config, 4));
+  DeviceMesh mesh(testing::world_group(), resolve_mesh_shape(config, 4));
   auto factory = plan_run(config, 4).layers;
   ASSERT_EQ(factory->name(), "tp2d");
   factory->setup(mesh, config);
@@ -90,7 +90,7 @@ TEST(TpBadInput, ReplicatedLinearHasNoGridLayout) {
   // tp1d keeps such a layer whole on every rank.
   RunConfig one_d = testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=1d"});
   auto tp1d = plan_run(one_d, 4).layers;
-  DeviceMesh mesh1(MPI_COMM_WORLD, resolve_mesh_shape(one_d, 4));
+  DeviceMesh mesh1(testing::world_group(), resolve_mesh_shape(one_d, 4));
   tp1d->setup(mesh1, one_d);
   EXPECT_NO_THROW(tp1d->linear(LinearSpec{32, 32, true, LinearRole::kReplicated}));
 }

@@ -50,7 +50,8 @@ TEST_P(TpVolume, BytesPerStepEqualTheAnalyticVolume) {
   if (c.mode == "2.5d") overrides.push_back("parallel.tensor.depth=" + std::to_string(c.depth));
   RunConfig config = testing::tiny_gpt_config(overrides);
   modules::register_builtin_models();
-  Engine engine(config, MPI_COMM_WORLD, [](const RunConfig& r) { return data::make_source(r); });
+  Engine engine(config, testing::world_group(),
+                [](const RunConfig& r) { return data::make_source(r); });
   const testing::TpShape shape = testing::tp_shape(config, engine.accumulation());
   const uint64_t expected = static_cast<uint64_t>(testing::tp_bytes_per_step(shape));
   for (int step = 0; step < 2; ++step) {

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "equivalence.h"
-#include "kolos/core/layers.h"
+#include "kolos/core/layer_factory.h"
 #include "kolos/core/mesh.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace kolos {
 namespace {
@@ -63,7 +63,8 @@ class TpLayers : public ::testing::TestWithParam<Mode> {
                                           "parallel.tensor.mode=" + m.name};
     if (m.name == "2.5d") overrides.push_back("parallel.tensor.depth=" + std::to_string(m.depth));
     config_ = testing::tiny_gpt_config(overrides);
-    mesh_ = std::make_unique<DeviceMesh>(MPI_COMM_WORLD, resolve_mesh_shape(config_, m.size));
+    mesh_ =
+        std::make_unique<DeviceMesh>(testing::world_group(), resolve_mesh_shape(config_, m.size));
     factory_ = plan_run(config_, m.size).layers;  // loaded and configured
     factory_->setup(*mesh_, config_);
     dense_ = make_serial_layer_factory();

@@ -8,7 +8,7 @@
 #include "equivalence.h"
 #include "kolos/core/error.h"
 #include "kolos/core/mesh.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 
@@ -60,7 +60,7 @@ TEST(ZeroBadInput, DataSizeOneWarnsAndTrains) {
     ::testing::internal::CaptureStderr();
     std::unique_ptr<Engine> engine;
     try {
-      engine = std::make_unique<Engine>(config, MPI_COMM_SELF,
+      engine = std::make_unique<Engine>(config, testing::self_group(),
                                         [](const RunConfig& c) { return data::make_source(c); });
     } catch (...) {
       ::testing::internal::GetCapturedStderr();
@@ -82,7 +82,7 @@ TEST(ZeroBadInput, EveryStageAcceptsPipelineParallelism) {
   // against the serial run); the strategy's set-up accepts a pipeline size.
   modules::register_builtin_models();
   RunConfig config = testing::tiny_gpt_config({"parallel.pipeline.size=2"});
-  DeviceMesh mesh(MPI_COMM_SELF, MeshShape{});
+  DeviceMesh mesh(testing::self_group(), MeshShape{});
   auto factory = make_serial_layer_factory();
   factory->setup(mesh, config);
   PluginRegistry registry;

@@ -27,7 +27,7 @@ using testing::world_size;
 
 std::unique_ptr<Engine> make_engine(const std::vector<std::string>& overrides) {
   modules::register_builtin_models();
-  return std::make_unique<Engine>(testing::tiny_gpt_config(overrides), MPI_COMM_WORLD,
+  return std::make_unique<Engine>(testing::tiny_gpt_config(overrides), testing::world_group(),
                                   [](const RunConfig& c) { return data::make_source(c); });
 }
 

@@ -12,11 +12,18 @@
 
 #include "../../../checkpoint/src/crc32c.h"
 #include "kolos/checkpoint/checkpoint.h"
+#include "kolos/core/comm/mpi.h"
 
 namespace fs = std::filesystem;
 
 namespace kolos {
+
+// A group over MPI_COMM_SELF: made in main(), released before MPI_Finalize.
+comm::ProcessGroupPtr g_self;
+
 namespace {
+
+comm::ProcessGroup& self() { return *g_self; }
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -33,8 +40,7 @@ class Faults : public ::testing::Test {
     bias_ = torch::linspace(-1, 1, 16, torch::kDouble);
     checkpoint::Metadata meta;
     meta.step = 5;
-    checkpoint::save_pieces(MPI_COMM_SELF, MeshLayout(MeshShape{}), dir_, pieces(weight_, bias_),
-                            meta);
+    checkpoint::save_pieces(self(), MeshLayout(MeshShape{}), dir_, pieces(weight_, bias_), meta);
     shard_ = dir_ + "/shard-0.h5";
   }
   void TearDown() override { fs::remove_all(root_); }
@@ -50,7 +56,7 @@ class Faults : public ::testing::Test {
     at::Tensor w = torch::full(wshape, -3.0f);
     at::Tensor b = torch::full({16}, -3.0, torch::kDouble);
     try {
-      checkpoint::load_pieces(MPI_COMM_SELF, dir_, pieces(w, b));
+      checkpoint::load_pieces(self(), dir_, pieces(w, b));
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kCheckpoint);
       EXPECT_TRUE(torch::all(w == -3.0f).item<bool>()) << "tensor written by a failed load";
@@ -86,7 +92,7 @@ TEST_F(Faults, ASoundCheckpointLoadsAndVerifies) {
   EXPECT_TRUE(checkpoint::verify(dir_).empty());
   at::Tensor w = torch::zeros({16, 16});
   at::Tensor b = torch::zeros({16}, torch::kDouble);
-  EXPECT_EQ(checkpoint::load_pieces(MPI_COMM_SELF, dir_, pieces(w, b)).step, 5);
+  EXPECT_EQ(checkpoint::load_pieces(self(), dir_, pieces(w, b)).step, 5);
   EXPECT_TRUE(torch::equal(w, weight_));
   EXPECT_TRUE(torch::equal(b, bias_));
 }
@@ -139,7 +145,7 @@ TEST_F(Faults, AnotherModelsTensorsAreNamed) {
                                           {"model/extra", torch::zeros({3}),
                                            Placement::replicated({3})}};
   try {
-    checkpoint::load_pieces(MPI_COMM_SELF, dir_, other);
+    checkpoint::load_pieces(self(), dir_, other);
     FAIL() << "loaded a checkpoint of another model";
   } catch (const Error& e) {
     EXPECT_TRUE(has(e.what(), "missing dataset /model/extra") &&
@@ -184,7 +190,7 @@ TEST_F(Faults, ADeadSaveLeavesThePreviousCheckpointAndLatest) {
   EXPECT_EQ(checkpoint::resolve(root_), dir_);
   EXPECT_TRUE(checkpoint::verify(root_).empty());
   // The next save of that step clears the leftover and commits.
-  checkpoint::save_pieces(MPI_COMM_SELF, MeshLayout(MeshShape{}), root_ + "/step-00000010",
+  checkpoint::save_pieces(self(), MeshLayout(MeshShape{}), root_ + "/step-00000010",
                           pieces(weight_, bias_), checkpoint::Metadata{});
   EXPECT_FALSE(fs::exists(root_ + "/.tmp-step-00000010"));
   EXPECT_TRUE(checkpoint::verify(root_ + "/step-00000010").empty());
@@ -203,7 +209,9 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   ::testing::InitGoogleTest(&argc, argv);
+  kolos::g_self = kolos::comm::make_mpi_process_group(MPI_COMM_SELF, "self");
   const int rc = RUN_ALL_TESTS();
+  kolos::g_self.reset();
   MPI_Finalize();
   return rc;
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -222,10 +223,30 @@ TEST(RunConfigErrors, MalformedTomlPassesToml11LocationThrough) {
   EXPECT_TRUE(has_all(parse_error("[model\n"), {"run.toml:1:", "malformed TOML"}));
 }
 
+TEST(RunConfigErrors, DeepNestingIsRefusedBeforeTheParserRecurses) {
+  // 200,000 levels crashed the recursive parser (stack overflow).
+  const std::string deep(200000, '[');
+  EXPECT_TRUE(has_all(parse_error("# a comment\n[model]\nlayers = " + deep + "\n"),
+                      {"run.toml:3:", "nested more than 64 deep"}));
+  EXPECT_TRUE(has_all(parse_error("[model]\nx = { a = " + std::string(100, '{') + "\n"),
+                      {"run.toml:2:", "nested more than 64 deep"}));
+  EXPECT_TRUE(has_all(parse_error("[model]\n", {"model.layers=" + deep}),
+                      {"--set model.layers=[[[", "nested more than 64 deep"}));
+  // Brackets in strings and comments do not count; 64 levels are read.
+  const std::string text = "[model]\nname = \"" + deep.substr(0, 500) + "\" # " + deep.substr(0, 500) +
+                           "\n[data]\nkind = '''" + deep.substr(0, 500) + "'''\n";
+  const std::string strings = parse_error(text);  // refused for the values, not their brackets
+  EXPECT_EQ(strings.find("nested"), std::string::npos) << strings;
+  std::string nested64 = std::string(64, '[') + "1" + std::string(64, ']');
+  const std::string at64 = parse_error("[model]\nlayers = " + nested64 + "\n");
+  EXPECT_TRUE(has_all(at64, {"model.layers"})) << "64 levels parse; the value's type is wrong";
+  EXPECT_EQ(at64.find("nested"), std::string::npos) << at64;
+}
+
 TEST(RunConfigErrors, UnknownSectionListsSectionsAndSuggests) {
   const std::string msg = parse_error("[model]\nlayers = 2\n\n[modle]\nhidden = 8\n");
   EXPECT_TRUE(has_all(msg, {"run.toml:4:", "unknown section `modle`", "valid sections",
-                            "model, data, optim, train, parallel, log, checkpoint, plugins",
+                            "model, data, optim, train, parallel, log, checkpoint, runtime, plugins",
                             "Did you mean `model`?"}));
   // No suggestion for something unrelated.
   const std::string far = parse_error("[snapshots]\ndir = \"ckpt\"\n");
@@ -608,6 +629,59 @@ TEST(MeshShape, SizesThatDoNotDivideTheWorld) {
   const std::string small = error_of([] { resolve_mesh_shape(mesh_config(0, 2, 1, 4), 4); });
   EXPECT_TRUE(has_all(small, {"= 8 does not divide the world size 4", "e.g. 8)"}));
   EXPECT_TRUE(has_all(error_of([] { resolve_mesh_shape(RunConfig{}, 0); }), {"world size"}));
+}
+
+// Sizes whose product passes 2^63 used to wrap to 0 and divide by it (SIGFPE).
+TEST(MeshShape, ProductsThatOverflowAreRefused) {
+  const int64_t big = int64_t{1} << 32;
+  EXPECT_TRUE(has_all(error_of([&] { resolve_mesh_shape(mesh_config(0, big, 1, big), 4); }),
+                      {"pipeline 4294967296 x sequence 1 x tensor 4294967296", "2^63"}));
+  EXPECT_TRUE(has_all(error_of([&] { resolve_mesh_shape(mesh_config(big * 4, 1, 1, big), 4); }),
+                      {"= more than 2^63", "world size is 4"}));
+  EXPECT_TRUE(has_all(parse_error("[parallel]\npipeline = 4294967296\ntensor = 4294967296\n"),
+                      {"run.toml:2:12:", "needs more than 2147483647 ranks"}));
+  EXPECT_TRUE(has_all(parse_error("[parallel]\ndata = 65536\ntensor = 65536\n"),
+                      {"run.toml:3:10:", "needs more than 2147483647 ranks"}));
+}
+
+// Bytes that are not UTF-8 are refused before toml11 sees them: its error
+// path for one in a literal string read out of bounds.
+TEST(RunConfigErrors, BytesThatAreNotUtf8AreRefused) {
+  EXPECT_TRUE(has_all(parse_error("[model]\nname = 'g\xbapt'\n"),
+                      {"run.toml:2:10: a byte (0xba) that is not UTF-8"}));
+  EXPECT_TRUE(has_all(parse_error("# \xc0\xaf overlong\n"), {"run.toml:1:3: a byte (0xc0)"}));
+  EXPECT_TRUE(has_all(parse_error("# \xed\xa0\x80 surrogate\n"), {"run.toml:1:3:"}));
+  EXPECT_TRUE(has_all(parse_error("", {"model.name='\xff'"}), {"--set model.name=", "not UTF-8"}));
+  EXPECT_EQ(parse_run_config("# caf\xc3\xa9 \xf0\x9f\x98\x80\n[model]\nname = \"gpt\"\n", kName)
+                .model.name,
+            "gpt");
+}
+
+// toml11 reads an integer literal past 64 bits as INT64_MAX (or wraps it).
+TEST(RunConfigErrors, IntegersPast64BitsAreRefused) {
+  for (const char* literal : {"99999999999999999999", "9223372036854775808", "0x8000000000000000",
+                              "0o1000000000000000000000"}) {
+    EXPECT_TRUE(has_all(parse_error(std::string("[model]\nlayers = ") + literal + "\n"),
+                        {"run.toml:2:10:", "does not fit 64 bits"}))
+        << literal;
+  }
+  // toml11's binary parser overflows from the 63rd digit: refused before it runs.
+  const std::string binary = "0b" + std::string(63, '1');
+  EXPECT_TRUE(has_all(parse_error("[model]\nlayers = " + binary + "\n"),
+                      {"run.toml:2:10: a binary integer of 63 digits; kolos reads at most 62"}));
+  EXPECT_EQ(parse_run_config("[model]\nlayers = 0b" + std::string(62, '1') + "\n", kName)
+                .model.layers,
+            (int64_t{1} << 62) - 1);
+  EXPECT_EQ(parse_run_config("[train]\nseed = 9_223_372_036_854_775_807\n", kName).train.seed,
+            std::numeric_limits<int64_t>::max());
+  EXPECT_TRUE(has_all(parse_error("[optim]\nwarmup_steps = -9223372036854775809\n"),
+                      {"run.toml:2:16:", "does not fit 64 bits"}));
+  EXPECT_TRUE(has_all(parse_error("", {"model.layers=99999999999999999999"}),
+                      {"run.toml: --set model.layers=99999999999999999999:", "does not fit"}));
+  // A hint past INT64_MAX is left out rather than wrapped to a negative size.
+  const std::string hint = parse_error("[model]\nhidden = 9223372036854775807\nheads = 2\n");
+  EXPECT_TRUE(has_all(hint, {"e.g. hidden = 9223372036854775806)"}));
+  EXPECT_EQ(hint.find("-9223372036854775808"), std::string::npos) << hint;
 }
 
 TEST(ClosestMatch, SuggestsOnlyCloseUnambiguousCandidates) {

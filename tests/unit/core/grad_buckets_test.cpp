@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kolos/core/grad_buckets.h"
-#include "kolos/core/layers.h"
+#include "kolos/core/layer_factory.h"
 #include "kolos/modules/gpt.h"
 
 namespace kolos {

@@ -2,6 +2,8 @@
 // CMakeLists.txt next door): what scan() reports, what create() makes, and
 // every error message a user can meet on the way.
 #include <dlfcn.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,7 +23,7 @@
 #include "greeter.h"
 #include "kolos/config.h"
 #include "kolos/core/error.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace kolos {
 namespace {
@@ -248,6 +250,75 @@ TEST_F(PluginRegistryTest, HonoursKolosPluginPath) {
   EXPECT_EQ(path[1], kGoodDir);
   for (const std::string& dir : path) EXPECT_FALSE(dir.empty());
   EXPECT_EQ(registry.create<Greeter>("gradients", "testgood")->hello(), "hello from testgood");
+}
+
+// A private copy of the good plugin in a fresh directory, whose modes the
+// trust tests change.
+class UntrustedPluginTest : public PluginRegistryTest {
+ protected:
+  void SetUp() override {
+    PluginRegistryTest::SetUp();
+    unsetenv("KOLOS_ALLOW_INSECURE_PLUGINS");
+    std::string pattern = (fs::temp_directory_path() / "kolos-trust-XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    file_ = dir_ + "/libkolos_testgood.so";
+    fs::copy_file(good_plugin(), file_);
+    fs::permissions(file_, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
+  }
+  void TearDown() override {
+    unsetenv("KOLOS_ALLOW_INSECURE_PLUGINS");
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+    PluginRegistryTest::TearDown();
+  }
+  std::string dir_, file_;
+};
+
+TEST_F(UntrustedPluginTest, ATrustedCopyLoads) {
+  PluginRegistry registry({dir_});
+  EXPECT_EQ(registry.create<Greeter>("gradients", "testgood")->hello(), "hello from testgood");
+}
+
+TEST_F(UntrustedPluginTest, WorldWritableDirectoryIsRefusedWithoutLoadingItsFiles) {
+  fs::permissions(dir_, fs::perms::all);  // 0777
+  PluginRegistry registry({dir_});
+  const std::string message = create_error(registry, "gradients", "testgood");
+  EXPECT_THAT(message, HasSubstr(dir_ + " is world-writable (mode 0777)"));
+  EXPECT_THAT(message, HasSubstr("KOLOS_ALLOW_INSECURE_PLUGINS=1"));
+  EXPECT_FALSE(is_loaded(file_));
+}
+
+TEST_F(UntrustedPluginTest, WorldWritableFileIsRefused) {
+  fs::permissions(file_, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read |
+                             fs::perms::others_write);
+  PluginRegistry registry({dir_});
+  const auto infos = scan_by_file(registry);
+  ASSERT_EQ(infos.count("libkolos_testgood.so"), 1u);
+  const PluginInfo& info = infos.at("libkolos_testgood.so");
+  EXPECT_FALSE(info.usable);
+  EXPECT_THAT(info.refusal, HasSubstr(file_ + " is world-writable (mode 0746)"));
+  EXPECT_FALSE(is_loaded(file_));
+}
+
+TEST_F(UntrustedPluginTest, FileOwnedByAnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "changing a file's owner needs root";
+  ASSERT_EQ(chown(file_.c_str(), 4242, 4242), 0);
+  PluginRegistry registry({dir_});
+  EXPECT_THAT(create_error(registry, "gradients", "testgood"),
+              HasSubstr(file_ + " is owned by uid 4242, neither root nor this user"));
+}
+
+TEST_F(UntrustedPluginTest, OverrideAcceptsAndSaysSo) {
+  fs::permissions(dir_, fs::perms::all);
+  setenv("KOLOS_ALLOW_INSECURE_PLUGINS", "1", 1);
+  PluginRegistry registry({dir_});
+  testing::internal::CaptureStderr();
+  const std::string hello = registry.create<Greeter>("gradients", "testgood")->hello();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(hello, "hello from testgood");
+  EXPECT_THAT(err, HasSubstr("warning: " + dir_ + " is world-writable (mode 0777)"));
+  EXPECT_THAT(err, HasSubstr("accepted because KOLOS_ALLOW_INSECURE_PLUGINS=1"));
 }
 
 TEST_F(PluginRegistryTest, SearchOrderIsConfigThenEnvironmentThenInstallThenBuild) {

@@ -39,8 +39,6 @@
 // Engine::state()) and applies what it loads (Engine::load_state()).
 #pragma once
 
-#include <mpi.h>
-
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -50,6 +48,7 @@
 #include <vector>
 
 #include "kolos/checkpoint/error.h"
+#include "kolos/core/comm/process_group.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/placement.h"
 #include "kolos/core/training_state.h"
@@ -78,18 +77,19 @@ struct Metadata {
 
 // ---- collective layer (Placement level) -----------------------------------
 
-// Collective over `comm` (whose ranks are the mesh `layout`'s, in order):
+// Collective over `group` (whose ranks are the mesh `layout`'s, in order):
 // writes `pieces` and `meta` as the checkpoint directory `dir` atomically
 // (temporary directory, fsync, rename). Does not touch `latest`.
-void save_pieces(MPI_Comm comm, const MeshLayout& layout, const std::string& dir,
+void save_pieces(comm::ProcessGroup& group, const MeshLayout& layout, const std::string& dir,
                  const std::vector<Piece>& pieces, const Metadata& meta);
 
-// Collective over `comm`: verifies the checkpoint `dir` (each source dataset
+// Collective over `group`: verifies the checkpoint `dir` (each source dataset
 // by one rank), then reads into each piece's tensor the hyperslab its
 // placement names. Throws CheckpointError (the same on every rank) naming the
 // file and dataset on a missing tensor, a shape mismatch or damage; nothing
 // is written into any tensor then. Returns the checkpoint's metadata.
-Metadata load_pieces(MPI_Comm comm, const std::string& dir, const std::vector<Piece>& pieces);
+Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir,
+                     const std::vector<Piece>& pieces);
 
 // ---- directories ------------------------------------------------------------
 
@@ -110,12 +110,13 @@ struct Options {
 };
 
 // Saves and loads TrainingStates as <root>/step-N, with `latest` and
-// pruning. Construction is collective over `comm` (duplicated: saves run on
-// the duplicate, so a background save never interleaves with the caller's
-// collectives); its ranks are the ranks of the states' mesh, in layout order.
+// pruning. Construction is collective over `group`: the checkpointer splits
+// a group of its own from it, so a background save never queues behind or
+// interleaves with the caller's operations. The group's ranks are the ranks
+// of the states' mesh, in layout order.
 class Checkpointer {
  public:
-  Checkpointer(MPI_Comm comm, Options options);
+  Checkpointer(const comm::ProcessGroupPtr& group, Options options);
   ~Checkpointer();  // waits for a pending save; never throws
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -144,7 +145,7 @@ class Checkpointer {
  private:
   struct Pending;
   Options options_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  comm::ProcessGroupPtr group_;
   std::unique_ptr<Pending> pending_;
   int64_t last_saved_step_ = -1;
 };

@@ -9,8 +9,6 @@
 // the lowest failing rank raised), so a bad run ends on all ranks at once.
 #pragma once
 
-#include <mpi.h>
-
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,7 +16,7 @@
 #include <vector>
 
 #include "kolos/core/data_source.h"
-#include "kolos/core/gradients.h"
+#include "kolos/core/gradient_strategy.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/model.h"
 #include "kolos/core/roles.h"
@@ -77,7 +75,7 @@ class Engine {
 
   // `make_data`: opens the run's data (kolos::data::make_source from the
   // modules library in `kolos train`).
-  Engine(RunConfig config, MPI_Comm world, DataFactory make_data);
+  Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_data);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -118,7 +116,7 @@ class Engine {
   std::vector<MicroBatch> next_micro_batches();
 
   RunConfig config_;
-  MPI_Comm world_;
+  comm::ProcessGroupPtr world_;
   RoleChoice roles_;
   std::unique_ptr<DeviceMesh> mesh_;
   std::shared_ptr<LayerFactory> factory_;

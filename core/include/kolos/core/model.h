@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "kolos/core/layers.h"
+#include "kolos/core/layer_factory.h"
 
 namespace kolos {
 

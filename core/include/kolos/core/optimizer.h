@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kolos/core/gradients.h"
+#include "kolos/core/gradient_strategy.h"
 
 namespace kolos {
 

@@ -5,8 +5,9 @@
  * the descriptor's ABI, kolos and LibTorch versions with its own before it
  * calls anything else, and refuses a mismatch with a message naming both
  * sides; the LibTorch version it reads from the file's build stamp (below)
- * before it even loads the file. `create` never lets an exception out: it returns NULL and writes
- * the message into `error` (KOLOS_DEFINE_PLUGIN in plugin.h does this).
+ * before it even loads the file. `create` never lets an exception out: it
+ * returns NULL and writes the message into `error` (KOLOS_DEFINE_PLUGIN in
+ * plugin_registry.h does this).
  *
  * The object `create` returns is the plugin's implementation of the role's
  * C++ interface (e.g. kolos::GradientStrategy for role "gradients"), cast to
@@ -49,7 +50,7 @@ typedef const kolos_plugin_descriptor* (*kolos_plugin_entry_fn)(void);
  * inside dlopen, and the reverse with SIGSEGV), so the descriptor's check
  * alone would come too late. A file without the section is loaded and its
  * descriptor checked as before. The text: "kolos=<version> torch=<version>".
- * KOLOS_DEFINE_PLUGIN (plugin.h) stamps every plugin. */
+ * KOLOS_DEFINE_PLUGIN (plugin_registry.h) stamps every plugin. */
 #define KOLOS_PLUGIN_STAMP_SECTION ".kolos_plugin_stamp"
 #define KOLOS_PLUGIN_STAMP(KOLOS_VERSION_TEXT, TORCH_VERSION_TEXT)                               \
   __attribute__((used,                                                                           \

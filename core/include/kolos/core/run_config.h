@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kolos/core/mesh_layout.h"
 #include "kolos/core/settings.h"
 
 namespace kolos {
@@ -106,6 +107,13 @@ struct CheckpointConfig {
   bool async = false;     // write in a background thread after a host copy
 };
 
+struct RuntimeConfig {
+  // Deadline of every collective and point-to-point operation, in seconds;
+  // 0: KOLOS_COMM_TIMEOUT_S, else 600. When one passes the watchdog ends the
+  // whole job (docs/reliability.md).
+  double comm_timeout_s = 0;
+};
+
 struct PluginsConfig {
   std::vector<std::string> path;               // searched first
   std::map<std::string, std::string> by_role;  // role -> plugin name override
@@ -123,6 +131,7 @@ struct RunConfig {
   ParallelConfig parallel;
   LogConfig log;
   CheckpointConfig checkpoint;
+  RuntimeConfig runtime;
   PluginsConfig plugins;
 
   // The table at dotted `path` of the document ("parallel.pipeline"); an
@@ -141,10 +150,6 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& name
 // Mesh sizes implied by a config for `world_size` ranks, in mesh order
 // pp, dp, sp, tp. Throws ConfigError naming the sizes when they do not divide
 // the world (with the nearest valid world sizes / data sizes).
-struct MeshShape {
-  int64_t pp = 1, dp = 1, sp = 1, tp = 1;
-  int64_t size() const { return pp * dp * sp * tp; }
-};
 MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size);
 
 // Renders the effective configuration as TOML (for logs and checkpoints):

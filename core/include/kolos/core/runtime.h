@@ -9,14 +9,17 @@
 // an inner scope.
 #pragma once
 
-#include <mpi.h>
-
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "kolos/core/error.h"
 
 namespace kolos {
+
+namespace comm {
+class ProcessGroup;
+}  // namespace comm
 
 struct RankInfo {
   int rank = 0;
@@ -36,7 +39,9 @@ class Runtime {
   const RankInfo& info() const { return info_; }
   int rank() const { return info_.rank; }
   int size() const { return info_.size; }
-  MPI_Comm world() const { return MPI_COMM_WORLD; }
+  // The group of all ranks of the job (engines and checkpointers split
+  // theirs from it). Released before MPI_Finalize.
+  const std::shared_ptr<comm::ProcessGroup>& world() const { return world_; }
   // Threads this rank gives LibTorch/BLAS (cores of the node / local ranks,
   // or KOLOS_THREADS).
   int threads() const { return threads_; }
@@ -49,6 +54,7 @@ class Runtime {
   int threads_ = 1;
   int device_ = -1;
   bool finalize_ = false;
+  std::shared_ptr<comm::ProcessGroup> world_;
 };
 
 // An error that every rank of a communicator agreed on (see
@@ -74,10 +80,15 @@ class AgreedError : public Error {
 int run_guarded(const Runtime& runtime, const std::function<int()>& body);
 
 namespace detail {
-// Agreement step, collective over `comm`: each rank passes its own error
+// Agreement step, collective over `group`: each rank passes its own error
 // message ("" when it succeeded). If any rank failed, every rank throws an
 // AgreedError carrying the message and kind of the lowest failing rank.
-void agree_on_error(MPI_Comm comm, const std::string& error_or_empty, int error_kind);
+void agree_on_error(comm::ProcessGroup& group, const std::string& error_or_empty, int error_kind);
+
+// Prints "kolos: <kind> on rank R (host) <when>: message" once, from this
+// rank, and ends the whole job (MPI_Abort): for an error the other ranks
+// cannot learn of because they may be waiting in a collective.
+[[noreturn]] void abort_job(const std::exception& error, const char* when);
 }  // namespace detail
 
 // Prints "kolos: <kind>[ on rank R (host)]: message" to stderr.

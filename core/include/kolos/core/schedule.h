@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kolos/core/gradients.h"
+#include "kolos/core/gradient_strategy.h"
 #include "kolos/core/model.h"
 #include "kolos/core/roles.h"
 

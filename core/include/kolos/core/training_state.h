@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "kolos/core/gradients.h"
-#include "kolos/core/mesh.h"  // MeshShape
+#include "kolos/core/gradient_strategy.h"
+#include "kolos/core/mesh_layout.h"  // MeshShape
 
 namespace kolos {
 

@@ -30,7 +30,7 @@
 // collective runs, MPI's progress engine advances the posted transfers too.
 //
 // Small collectives run inline. A collective of at most
-// detail::kDefaultInlineMaxBytes (32 KiB) issued while the group has nothing
+// detail::kDefaultInlineMaxBytes (64 KiB) issued while the group has nothing
 // queued or running executes in the caller's thread, and the call returns
 // with its Work complete: the hand-off to the thread and back (two wake-ups)
 // would cost more than the transfer. A flag (`busy_`) makes the operation
@@ -60,10 +60,14 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
+#include <future>
 #include <thread>
 #include <utility>
 
 #include "kolos/core/comm/mpi.h"
+#include "kolos/core/comm/watchdog.h"
+#include "kolos/core/dtype.h"
 #include "kolos/core/error.h"
 
 namespace kolos::comm {
@@ -90,51 +94,24 @@ bool mpi_finalized() {
   return finalized != 0;
 }
 
-const char* dtype_name(at::ScalarType type) {
+// The MPI datatype of each dtype, from the dtype table (kolos/core/dtype.h);
+// MPI_DATATYPE_NULL for the 16-bit floats, which travel as HalfTypes::type().
+MPI_Datatype table_datatype(at::ScalarType type) {
+#define KOLOS_MPI_DATATYPE(name, scalar, size, safetensors, mpi, h5_file, h5_memory) \
+  case scalar:                                                                       \
+    return mpi;
   switch (type) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kInt:
-      return "int32";
-    case at::kLong:
-      return "int64";
-    case at::kByte:
-      return "uint8";
-    case at::kChar:
-      return "int8";
-    case at::kBool:
-      return "bool";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kHalf:
-      return "float16";
+    KOLOS_DTYPES(KOLOS_MPI_DATATYPE)
     default:
-      return c10::toString(type);
+      break;
   }
+#undef KOLOS_MPI_DATATYPE
+  return MPI_DATATYPE_NULL;
 }
 
-bool is_supported(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kInt:
-    case at::kLong:
-    case at::kByte:
-    case at::kChar:
-    case at::kBool:
-    case at::kBFloat16:
-    case at::kHalf:
-      return true;
-    default:
-      return false;
-  }
+std::string supported_dtypes() {
+  return dtype_names() + " (bool for broadcast, gathers, all_to_all and send/recv only)";
 }
-
-constexpr const char* kSupportedDtypes =
-    "float32, float64, int32, int64, uint8, int8, bfloat16, float16 and bool (bool for "
-    "broadcast, gathers, all_to_all and send/recv only)";
 
 // ---- 16-bit floating point ------------------------------------------------
 // MPI has no bfloat16/float16 type. They travel as a 2-byte contiguous type,
@@ -246,6 +223,20 @@ class MpiWork final : public Work {
   bool is_completed() const override { return done_.load(std::memory_order_acquire); }
 
   void wait(std::chrono::milliseconds timeout) override {
+    // Already complete (always so for a collective run inline): no lock, no
+    // clock. The acquire load pairs with finish()'s release store, so
+    // error_, written before it, is visible.
+    // Otherwise sleep on the condition variable at once, without spinning
+    // first: ranks share cores with their communication threads. Tried with
+    // a temporary patch, a caller spinning up to 50 us for the thread's
+    // result made 64 KiB all-reduces through the thread 2.3x slower in
+    // bench_allreduce (0.36 instead of 0.82 of raw MPI, 2 ranks on 2 cores,
+    // load ~3): it took the core the thread needed. The thread does not spin
+    // for new work either (a 30 us spin before sleeping cost 15-30% there).
+    if (done_.load(std::memory_order_acquire)) {
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     const auto ready = [this] { return done_.load(std::memory_order_acquire); };
     // Beyond a year is "forever"; it also keeps now() + timeout from overflowing.
@@ -306,6 +297,7 @@ struct Op {
   std::shared_ptr<MpiWork> work;
   OpType type = OpType::kBarrier;
   uint64_t bytes = 0;  // added to the byte counter on success
+  bool counted = true;  // false: not an operation on tensors (split), not in stats()
   // Collectives: the whole blocking operation; the Work describes it in errors.
   std::function<void(const MpiWork&)> run;
   at::Tensor tensor;  // send/recv
@@ -316,6 +308,7 @@ struct Op {
 // A posted send or recv, split into chunks of at most max_count() elements.
 struct PendingTransfer {
   std::shared_ptr<MpiWork> work;
+  uint64_t watch = 0;  // watchdog registration, from posting to completion
   OpType type = OpType::kSend;
   uint64_t bytes = 0;
   MPI_Datatype datatype = MPI_DATATYPE_NULL;
@@ -323,6 +316,26 @@ struct PendingTransfer {
   std::vector<int> expected;  // element count per chunk
   std::string error;          // first failure; reported when all chunks are done
 };
+
+// The MPI_COMM_WORLD ranks of `comm`'s members in its rank order: "0,2,4";
+// long lists are cut ("0,1,2,...,255 (256 ranks)").
+std::string describe_world_ranks(MPI_Comm comm, int size) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> local(size), global(size, MPI_UNDEFINED);
+  for (int i = 0; i < size; ++i) local[i] = i;
+  MPI_Group_translate_ranks(group, size, local.data(), world, global.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  constexpr int kShown = 16;
+  std::string out;
+  for (int i = 0; i < size && i < kShown; ++i) {
+    out += (i ? "," : "") + (global[i] == MPI_UNDEFINED ? std::string("?") : std::to_string(global[i]));
+  }
+  if (size > kShown) out += ",... (" + std::to_string(size) + " ranks)";
+  return out;
+}
 
 // Pointer arithmetic on contiguous tensors.
 char* bytes_of(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
@@ -407,6 +420,7 @@ class ProcessGroupMPI final : public ProcessGroup {
       tag_ub_ = found ? *static_cast<int*>(value) : 32767;  // 32767: the standard's minimum
       half_types_ = HalfTypes::acquire();
       id_ = std::make_shared<const GroupIdentity>(GroupIdentity{name_, rank_, size_});
+      world_ranks_ = describe_world_ranks(comm_, size_);
     } catch (...) {
       MPI_Comm_free(&comm_);
       throw;
@@ -426,7 +440,28 @@ class ProcessGroupMPI final : public ProcessGroup {
         stop_ = true;
       }
       cv_.notify_all();
-      if (thread_.joinable()) thread_.join();
+      if (thread_.joinable()) {
+        // A thread inside a blocking collective whose peers never arrive
+        // cannot be stopped, and waiting for it would keep this rank from
+        // reporting its error and ending the job. Pending transfers get
+        // their cancel grace (10 s) first.
+        bool in_mpi = false;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          in_mpi = busy_;
+        }
+        const auto limit = in_mpi ? std::chrono::seconds(2) : std::chrono::seconds(15);
+        if (exited_.get_future().wait_for(limit) == std::future_status::ready) {
+          thread_.join();
+        } else {
+          std::fprintf(stderr,
+                       "kolos: process group '%s' destroyed while an operation is still inside "
+                       "MPI; its thread and communicator are abandoned\n",
+                       name_.c_str());
+          thread_.detach();
+          comm_ = MPI_COMM_NULL;  // still in use by that thread: not freed
+        }
+      }
     } catch (...) {
       std::fprintf(stderr, "kolos: error while stopping the thread of process group '%s'\n",
                    name_.c_str());
@@ -742,6 +777,39 @@ class ProcessGroupMPI final : public ProcessGroup {
     return enqueue_collective(OpType::kBarrier, std::move(what), {}, 0, 0, std::move(run));
   }
 
+  // MPI_Comm_split runs in the group's order like any collective (inline
+  // when the group is idle, else on its thread), so it never overlaps
+  // another call on this communicator; the new group then takes its own
+  // duplicate of the result.
+  ProcessGroupPtr split(int64_t color, int64_t key, const std::string& name) override {
+    KOLOS_CHECK_KIND(kComm, color <= INT_MAX && key >= INT_MIN && key <= INT_MAX, describe("split"),
+                     ": color ", color, " or key ", key, " does not fit MPI's int");
+    auto result = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    Op op;
+    op.work = std::make_shared<MpiWork>(
+        [id = id_, name] { return describe_on(*id, concat("split into '", name, "'")); },
+        std::vector<at::Tensor>{});
+    op.type = OpType::kBarrier;
+    op.counted = false;
+    op.run = [this, result, color, key](const MpiWork& work) {
+      check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : static_cast<int>(color),
+                           static_cast<int>(key), result.get()),
+            "MPI_Comm_split", work);
+    };
+    WorkPtr work = op.work;
+    if (!run_inline(op)) work = push(std::move(op));
+    work->wait();
+    if (*result == MPI_COMM_NULL) return nullptr;
+    try {
+      auto group = std::make_shared<ProcessGroupMPI>(*result, name);
+      MPI_Comm_free(result.get());
+      return group;
+    } catch (...) {
+      MPI_Comm_free(result.get());
+      throw;
+    }
+  }
+
   // ---- point-to-point -------------------------------------------------------
 
   WorkPtr send(const at::Tensor& tensor, int dst, int tag) override {
@@ -764,8 +832,9 @@ class ProcessGroupMPI final : public ProcessGroup {
     KOLOS_CHECK_KIND(kComm, t.is_contiguous(), describe(op), ": ", label,
                      " is not contiguous (sizes ", t.sizes(), ", strides ", t.strides(),
                      "); pass tensor.contiguous() and copy the result back");
-    KOLOS_CHECK_KIND(kComm, is_supported(t.scalar_type()), describe(op), ": ", label, " has dtype ",
-                     dtype_name(t.scalar_type()), "; supported: ", kSupportedDtypes);
+    KOLOS_CHECK_KIND(kComm, find_dtype(t.scalar_type()) != nullptr, describe(op), ": ", label,
+                     " has dtype ", dtype_name(t.scalar_type()),
+                     "; supported: ", supported_dtypes());
   }
 
   void check_same_dtype(const char* op, const at::Tensor& a, const char* a_label,
@@ -831,28 +900,11 @@ class ProcessGroupMPI final : public ProcessGroup {
   // ---- MPI helpers ------------------------------------------------------------
 
   MPI_Datatype datatype(const at::Tensor& t) const {
-    switch (t.scalar_type()) {
-      case at::kFloat:
-        return MPI_FLOAT;
-      case at::kDouble:
-        return MPI_DOUBLE;
-      case at::kInt:
-        return MPI_INT32_T;
-      case at::kLong:
-        return MPI_INT64_T;
-      case at::kByte:
-        return MPI_UINT8_T;
-      case at::kChar:
-        return MPI_INT8_T;
-      case at::kBool:
-        return MPI_C_BOOL;
-      case at::kBFloat16:
-      case at::kHalf:
-        return half_types_->type();
-      default:
-        break;
-    }
-    throw CommError(describe(concat("unsupported dtype ", dtype_name(t.scalar_type()))));
+    const at::ScalarType type = t.scalar_type();
+    if (type == at::kBFloat16 || type == at::kHalf) return half_types_->type();
+    const MPI_Datatype mpi = table_datatype(type);
+    if (mpi != MPI_DATATYPE_NULL) return mpi;
+    throw CommError(describe(concat("unsupported dtype ", dtype_name(type))));
   }
 
   // kAvg reduces with a sum; finish_average divides afterwards.
@@ -938,7 +990,7 @@ class ProcessGroupMPI final : public ProcessGroup {
       if (busy_ || !queue_.empty()) return false;
       busy_ = true;
     }
-    execute(op);
+    std::exception_ptr error = execute(op);
     bool queued = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -946,6 +998,7 @@ class ProcessGroupMPI final : public ProcessGroup {
       queued = !queue_.empty();
     }
     if (queued) cv_.notify_one();
+    finish(op, std::move(error));
     return true;
   }
 
@@ -998,11 +1051,18 @@ class ProcessGroupMPI final : public ProcessGroup {
         queue_.pop_front();
         busy_ = true;
         lock.unlock();
-        execute(op);
+        std::exception_ptr error = execute(op);
+        // The group is idle again before the caller learns that its
+        // operation completed, so that a small collective it issues next
+        // (e.g. after waiting for a gradient bucket) finds the group idle
+        // and runs inline instead of queueing behind a finished operation.
+        lock.lock();
+        busy_ = false;
+        lock.unlock();
+        finish(op, std::move(error));
         progress_transfers();
         backoff = microseconds(0);
         lock.lock();
-        busy_ = false;
         continue;
       }
       if (stop_ && queue_.empty()) break;
@@ -1031,19 +1091,27 @@ class ProcessGroupMPI final : public ProcessGroup {
     }
     lock.unlock();
     cancel_transfers();
+    exited_.set_value();
   }
 
-  void execute(Op& op) {
+  // Runs a collective (or posts a transfer, whose Work completes later in
+  // progress_transfers()) and returns its error, if any; finish() then
+  // completes the Work.
+  std::exception_ptr execute(Op& op) {
     if (!op.run) {
       post_transfer(op);
-      return;
+      return nullptr;
     }
     std::exception_ptr error;
+    const uint64_t watch = watchdog_begin(
+        [work = op.work, ranks = world_ranks_] { return work->what() + " (world ranks " + ranks + ")"; });
     try {
       op.run(*op.work);
-      const int index = static_cast<int>(op.type);
-      bytes_[index].fetch_add(op.bytes, std::memory_order_relaxed);
-      calls_[index].fetch_add(1, std::memory_order_relaxed);
+      if (op.counted) {
+        const int index = static_cast<int>(op.type);
+        bytes_[index].fetch_add(op.bytes, std::memory_order_relaxed);
+        calls_[index].fetch_add(1, std::memory_order_relaxed);
+      }
     } catch (const CommError&) {
       error = std::current_exception();
     } catch (const std::exception& e) {
@@ -1051,8 +1119,16 @@ class ProcessGroupMPI final : public ProcessGroup {
     } catch (...) {
       error = std::make_exception_ptr(CommError(concat(op.work->what(), " failed")));
     }
-    op.work->finish(error);
+    watchdog_end(watch);
     op.run = nullptr;  // drop its tensor references now; the Work keeps its own
+    return error;
+  }
+
+  // Completes a collective's Work; a posted transfer's completes when MPI
+  // says so.
+  static void finish(Op& op, std::exception_ptr error) {
+    if (op.type == OpType::kSend || op.type == OpType::kRecv) return;
+    op.work->finish(std::move(error));
   }
 
   void post_transfer(Op& op) {
@@ -1061,6 +1137,8 @@ class ProcessGroupMPI final : public ProcessGroup {
     transfer.type = op.type;
     transfer.bytes = op.bytes;
     transfer.datatype = datatype(op.tensor);
+    transfer.watch = watchdog_begin(
+        [work = op.work, ranks = world_ranks_] { return work->what() + " (world ranks " + ranks + ")"; });
     char* data = bytes_of(op.tensor);
     const int64_t element = op.tensor.element_size();
     for (const auto& [offset, count] : chunks(op.tensor.numel())) {
@@ -1132,6 +1210,7 @@ class ProcessGroupMPI final : public ProcessGroup {
         ++it;
         continue;
       }
+      watchdog_end(transfer.watch);
       if (transfer.error.empty()) {
         const int index = static_cast<int>(transfer.type);
         bytes_[index].fetch_add(transfer.bytes, std::memory_order_relaxed);
@@ -1192,6 +1271,7 @@ class ProcessGroupMPI final : public ProcessGroup {
                  "cancelled (a send no peer receives?); abandoning them\n",
                  name_.c_str(), pending_.size());
     for (auto& transfer : pending_) {
+      watchdog_end(transfer.watch);
       transfer.work->finish(std::make_exception_ptr(
           CommError(concat(transfer.work->what(),
                            " abandoned: the process group was destroyed while it was pending "
@@ -1201,6 +1281,7 @@ class ProcessGroupMPI final : public ProcessGroup {
   }
 
   std::string name_;
+  std::string world_ranks_;  // "0,2,4" (MPI_COMM_WORLD ranks of the members), for messages
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
@@ -1217,6 +1298,7 @@ class ProcessGroupMPI final : public ProcessGroup {
   bool busy_ = false;  // a collective or a posting runs (inline or on the thread)
   bool stop_ = false;
   std::thread thread_;
+  std::promise<void> exited_;  // set by the thread as it returns
 
   std::vector<PendingTransfer> pending_;  // communication thread only
 };

@@ -2,7 +2,7 @@
 // in plugins_good and, with another greeting, in plugins_shadow, to show
 // which of two same-named plugins the search order picks.
 #include "greeter.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 #include <stdexcept>
 
 #include "greeter.h"
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
 
 namespace {
 

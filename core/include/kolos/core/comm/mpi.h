@@ -37,11 +37,18 @@ int64_t set_max_mpi_count(int64_t count);
 // already complete. Larger ones, and any issued while the group is busy, go
 // to the communication thread. -1 sends everything to the thread. Returns
 // the previous limit. Tests and benchmarks use it to compare both paths.
-// 32 KiB: with OpenMPI's default ob1 transport, 64 KiB all-reduces run
-// inline were several times slower than the same call on the thread (and
-// than raw MPI) in bench_allreduce, for reasons not found yet; up to 32 KiB
-// (the shared-memory transport's eager range) inline wins on ob1 and UCX.
-constexpr int64_t kDefaultInlineMaxBytes = 32 << 10;
+// 64 KiB: measured with bench_allreduce on 2 ranks (docs/performance.md,
+// "ProcessGroup all_reduce vs raw MPI_Allreduce", for the commands), inline
+// calls cost about 1 us more than raw MPI_Allreduce at every size from 4 to
+// 64 KiB, with ob1 and with UCX, while the hand-off to the thread and back
+// costs 5-10 us (64 KiB through the thread: 0.4-0.85 of raw). An inline
+// call blocks its caller only as long as the MPI call itself (~20-40 us at
+// 64 KiB here), so nothing worth overlapping is lost. An earlier finding
+// that 64 KiB inline was several times slower than raw with ob1 was the
+// benchmark's doing: it always timed kolos right after raw MPI, and on a
+// loaded machine the second of two blocks of busy-polling ranks is the one
+// the scheduler preempts for milliseconds.
+constexpr int64_t kDefaultInlineMaxBytes = 64 << 10;
 int64_t set_inline_max_bytes(int64_t bytes);
 }  // namespace detail
 

@@ -6,7 +6,7 @@
 //   enqueued, on one communication thread per group, so every rank must enqueue
 //   the collectives of a group in the same order (as with MPI itself).
 //   A backend may run a small collective in the caller's thread when the
-//   group is idle (the MPI backend does, up to 32 KiB; see comm/mpi.h): the
+//   group is idle (the MPI backend does, up to 64 KiB; see comm/mpi.h): the
 //   call then returns with the Work complete, having waited for the group's
 //   other ranks to issue it, and still never overtakes queued operations.
 // - Tensors must be contiguous and must stay alive and untouched until the Work
@@ -109,6 +109,13 @@ class ProcessGroup {
   virtual WorkPtr send(const at::Tensor& tensor, int dst, int tag = 0);
   virtual WorkPtr recv(const at::Tensor& tensor, int src, int tag = 0);
   virtual WorkPtr barrier();
+
+  // A new group of this group's ranks that pass the same `color`, ordered by
+  // `key` (ties: by rank here), named `name`. Collective: every rank of this
+  // group calls it, in the same order relative to its other collectives, and
+  // waits for it; ranks that pass a negative color get nullptr. The new group
+  // is independent: its operations never queue behind this group's.
+  virtual std::shared_ptr<ProcessGroup> split(int64_t color, int64_t key, const std::string& name);
 
   virtual CommStats stats() const = 0;
   virtual void reset_stats() = 0;

@@ -1,6 +1,10 @@
-#include "kolos/core/plugin.h"
+#include "kolos/core/plugin_registry.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -125,6 +129,40 @@ bool is_directory(const std::string& dir) {
   return fs::is_directory(dir, error);
 }
 
+// Why `path` (a plugin file or a search directory) is not trusted: "" when
+// it is, else "<path> is world-writable (mode 0777)" or "<path> is owned by
+// uid 1000, neither root nor this user (uid 0)". Loading a plugin runs its
+// code in every rank, so anyone who can replace the file, or add one to the
+// directory, could run code in the job. KOLOS_ALLOW_INSECURE_PLUGINS=1
+// accepts such paths; each accepted one is reported on stderr once.
+std::string distrust(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";  // missing: reported elsewhere
+  std::ostringstream why;
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  if (st.st_mode & S_IWOTH) {
+    why << path << " is world-writable (mode " << mode << ")";
+  } else if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
+    why << path << " is owned by uid " << st.st_uid << ", neither root nor this user (uid "
+        << ::geteuid() << ")";
+  } else {
+    return "";
+  }
+  const char* allow = std::getenv("KOLOS_ALLOW_INSECURE_PLUGINS");
+  if (allow == nullptr || std::string(allow) != "1") {
+    return why.str() + "; refused (set KOLOS_ALLOW_INSECURE_PLUGINS=1 to accept it)";
+  }
+  static std::mutex mutex;
+  static std::set<std::string> reported;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (reported.insert(path).second) {
+    std::fprintf(stderr, "kolos: warning: %s; accepted because KOLOS_ALLOW_INSECURE_PLUGINS=1\n",
+                 why.str().c_str());
+  }
+  return "";
+}
+
 // Every libkolos_*.so in `dir` (regular files, symlinks followed), sorted so
 // that the choice between same-named plugins does not depend on the file
 // system's listing order.
@@ -160,10 +198,13 @@ void fill_from_descriptor(const kolos_plugin_descriptor& descriptor, PluginInfo&
 
 // Opens `path` (or takes it from the cache) and fills in what its descriptor
 // says; `loaded` is set only when the descriptor is acceptable.
-Candidate inspect(const std::string& path, std::mutex& mutex,
+Candidate inspect(const std::string& path, const std::string& dir_distrust, std::mutex& mutex,
                   std::map<std::string, LoadedPlugin>& cache) {
   Candidate candidate;
   candidate.info.path = path;
+  // Neither opened nor kept: dlopen() already runs the library's constructors.
+  candidate.info.refusal = dir_distrust.empty() ? distrust(path) : dir_distrust;
+  if (!candidate.info.refusal.empty()) return candidate;
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto hit = cache.find(path);
@@ -333,8 +374,9 @@ std::vector<Candidate> scan_candidates(const std::vector<std::string>& search_pa
   std::map<std::string, std::string> first_path_by_name;
   for (const std::string& dir : search_path) {
     if (!is_directory(dir)) continue;
+    const std::string dir_distrust = distrust(dir);
     for (const std::string& path : plugin_files(dir)) {
-      Candidate candidate = inspect(path, mutex, cache);
+      Candidate candidate = inspect(path, dir_distrust, mutex, cache);
       if (candidate.info.usable) {
         auto [first, inserted] = first_path_by_name.emplace(candidate.info.name, path);
         if (inserted) {
