@@ -18,7 +18,7 @@
 # ScheduleInterleaved1F1B (2 stages per rank) and ScheduleInterleavedZeroBubble
 # (1 stage per rank, ZB-H1) on the same GPT shape, the same stage cut, the
 # same samples and micro-batches, and prints each schedule's step time next
-# to kolos's and their ratio. The shape below is passed to both (--set
+# to kolos's and their ratio. The shape (layers=... below) is passed to both (--set
 # model.* / train.* changes kolos only: use the variables' defaults).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
