@@ -6,6 +6,7 @@
 #                         [--vocab 2048] [--global-batch 8] [--micro-batch 4]
 #                         [--steps 30] [--warmup 5] [--threads-1rank 1]
 #                         [--threads-2rank 1] [--bucket-mb 25] [--build build]
+#                         [--peer system|torch2]
 #
 # Builds nothing: it needs build/bin/kolos, build/bin/bench_plain_loop and
 # plugins (ninja -C build kolos bench_plain_loop), OpenMPI's mpirun and
@@ -24,11 +25,16 @@
 # sets kolos's parallel.bucket_mb and DDP's bucket_cap_mb alike. All four
 # train on the same samples (the DDP peer reimplements kolos's synthetic
 # source bit for bit); DDP's initial weights differ.
+# --peer picks the PyTorch of the DDP peer: `system` (default), Debian's
+# 1.13 in /usr/bin/python3 (or $PYTHON); `torch2`, the torch 2.x of the
+# virtual environment scripts/install-venv.sh makes ($KOLOS_VENV, default
+# .cache/torch-venv). The same peer script runs under either.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 python=${PYTHON:-/usr/bin/python3}
+peer=system
 
 layers=4 hidden=256 heads=8 seq_len=64 vocab=2048
 global_batch=8 micro_batch=4 steps=30 warmup=5
@@ -49,7 +55,8 @@ while [[ $# -gt 0 ]]; do
     --threads-2rank) threads2=$2 ;;
     --bucket-mb) bucket_mb=$2 ;;
     --build) build=$2 ;;
-    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --peer) peer=$2 ;;
+    -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_dp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -57,6 +64,13 @@ done
 if (( warmup >= steps )); then
   echo "run_dp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
 fi
+
+case "$peer" in
+  system) ;;
+  torch2) python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
+    [[ -x $python ]] || { echo "run_dp_bench.sh: $python missing (scripts/install-venv.sh)" >&2; exit 1; } ;;
+  *) echo "run_dp_bench.sh: --peer is system or torch2, not '$peer'" >&2; exit 2 ;;
+esac
 
 cd "$root"
 kolos=$build/bin/kolos
@@ -107,6 +121,7 @@ shape="layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vo
 echo "shape: $shape"
 echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
 echo "BLAS: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
+echo "peer: $python, torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); kolos: $("$kolos" version 2>/dev/null | tr -s ' \n' ' ')"
 
 echo "[1/4] kolos-1: $kolos train (1 rank, $threads1 thread)" >&2
 KOLOS_THREADS=$threads1 OMP_NUM_THREADS=$threads1 OPENBLAS_NUM_THREADS=$threads1 \

@@ -6,6 +6,7 @@
 #                         [--vocab 4096] [--global-batch 8] [--micro-batch 8]
 #                         [--steps 10] [--warmup 3] [--threads 1] [--threads-serial 1]
 #                         [--no-1d8] [--build build]
+#                         [--peer torch2 [--peer-ranks 2] [--peer-only]]
 #
 # Builds nothing: it needs build/bin/tp_bench and the plugins tp1d, tp2d,
 # tp2p5d, tp3d (kb tp_bench kolos_tp1d kolos_tp2d kolos_tp2p5d kolos_tp3d) and
@@ -23,6 +24,15 @@
 # steps after the first --warmup), and that time over the serial run's.
 # More ranks than cores share the cores: the step-time ratios then measure
 # the overheads of tensor parallelism, not a speed-up.
+#
+# --peer torch2 adds PyTorch 2.x's DTensor tensor parallelism
+# (parallelize_module with ColwiseParallel/RowwiseParallel laid out as tp1d,
+# bench/peers/gpt_dtensor_tp.py, gloo) on --peer-ranks ranks, run by the
+# virtual environment of scripts/install-venv.sh ($KOLOS_VENV, default
+# .cache/torch-venv) with the same shape, samples, batch and threads, and a
+# kolos 1d run on as many ranks if the list lacks one; it prints kolos
+# 1d / DTensor step time. --peer-only leaves out every run but serial,
+# that 1d and the peer.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -30,7 +40,7 @@ root=$(cd "$here/.." && pwd)
 
 layers=4 hidden=256 heads=8 seq_len=64 vocab=4096
 global_batch=8 micro_batch=8 steps=10 warmup=3 threads=1 threads_serial=1 with_1d8=1
-build=build
+build=build peer=none peer_ranks=2 peer_only=0
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -47,7 +57,10 @@ while [[ $# -gt 0 ]]; do
     --threads-serial) threads_serial=$2 ;;
     --build) build=$2 ;;
     --no-1d8) with_1d8=0; shift; continue ;;
-    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --peer) peer=$2 ;;
+    --peer-ranks) peer_ranks=$2 ;;
+    --peer-only) peer_only=1; shift; continue ;;
+    -h|--help) sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_tp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -55,6 +68,13 @@ done
 if (( warmup >= steps )); then
   echo "run_tp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
 fi
+
+case "$peer" in
+  none) (( ! peer_only )) || { echo "run_tp_bench.sh: --peer-only needs --peer torch2" >&2; exit 2; } ;;
+  torch2) python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
+    [[ -x $python ]] || { echo "run_tp_bench.sh: $python missing (scripts/install-venv.sh)" >&2; exit 1; } ;;
+  *) echo "run_tp_bench.sh: --peer is torch2, not '$peer'" >&2; exit 2 ;;
+esac
 
 cd "$root"
 bench=$build/bin/tp_bench
@@ -77,6 +97,12 @@ echo "machine: $cores cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2
 # name ranks mode depth
 runs=("serial 1 serial 1" "1d 4 1d 1" "2d 4 2d 1" "2.5d 8 2.5d 2" "3d 8 3d 1")
 (( with_1d8 )) && runs+=("1d 8 1d 1")
+if [[ $peer == torch2 ]]; then
+  (( peer_only )) && runs=("serial 1 serial 1")
+  have=0
+  for run in "${runs[@]}"; do [[ $run == "1d $peer_ranks 1d 1" ]] && have=1; done
+  (( have )) || runs+=("1d $peer_ranks 1d 1")
+fi
 
 i=0
 for run in "${runs[@]}"; do
@@ -95,6 +121,14 @@ for run in "${runs[@]}"; do
     { cat "$log" >&2; exit 1; }
   grep '^result ' "$log" | sed 's/^result //' >> "$tmp/results"
 done
+if [[ $peer == torch2 ]]; then
+  echo "[peer] DTensor parallelize_module (colwise/rowwise) on $peer_ranks ranks ($python)" >&2
+  "$python" "$here/peers/gpt_dtensor_tp.py" --ranks "$peer_ranks" --threads "$threads" \
+    --layers "$layers" --hidden "$hidden" --heads "$heads" --seq-len "$seq_len" \
+    --vocab "$vocab" --global-batch "$global_batch" --micro-batch "$micro_batch" \
+    --steps "$steps" --warmup "$warmup" > "$tmp/peer.json" 2> "$tmp/peer.log" ||
+    { cat "$tmp/peer.log" >&2; exit 1; }
+fi
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo
@@ -124,3 +158,19 @@ awk -v cores="$cores" '
     printf "  the serial run'"'"'s, > 1 is slower) measures the overheads of tensor parallelism\n"
     printf "  (collectives, waits, smaller matmuls, oversubscription), not a speed-up.\n"
   }' "$tmp/results"
+if [[ $peer == torch2 ]]; then
+  kolos_ms=$(awk -v n="$peer_ranks" '{ m = ""; r = ""; t = ""
+      for (i = 1; i <= NF; ++i) { split($i, kv, "="); if (kv[1] == "mode") m = kv[2]
+        if (kv[1] == "ranks") r = kv[2]; if (kv[1] == "step_ms") t = kv[2] }
+      if (m == "1d" && r == n) print t }' "$tmp/results" | tail -1)
+  "$python" - "$tmp/peer.json" "$kolos_ms" "$peer_ranks" <<'PY'
+import json, sys
+peer = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+kolos_ms, n = float(sys.argv[2]), sys.argv[3]
+torch_ms = peer["step_time_s_median"] * 1e3
+print(f"\nkolos tp1d vs DTensor parallelize_module (torch {peer['torch']}, gloo), {n} ranks, "
+      f"{peer['threads']} thread(s) per rank, {peer['parameters']} parameters")
+print(f"kolos 1d {kolos_ms:.1f} ms, DTensor {torch_ms:.1f} ms (loss {peer['first_loss']:.4f} -> "
+      f"{peer['final_loss']:.4f}); kolos tp1d / DTensor (step time): {kolos_ms / torch_ms:.3f}")
+PY
+fi

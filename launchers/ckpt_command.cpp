@@ -1,12 +1,17 @@
 // `kolos ckpt inspect|verify|export`: look into a checkpoint without MPI or a
 // model. DIR is a checkpoint directory (step-N) or a checkpoint root, whose
-// `latest` file names one.
+// `latest` file names one. `export --format hf` converts a gpt's weights to
+// Hugging Face GPT-2's names and layouts (kolos/modules/gpt_hf.h).
 #include "ckpt_command.h"
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "kolos/checkpoint/checkpoint.h"
 #include "kolos/core/error.h"
+#include "kolos/core/run_config.h"
+#include "kolos/modules/gpt_hf.h"
 
 namespace kolos::cli {
 
@@ -17,6 +22,8 @@ constexpr const char* kCkptUsage = R"(usage: kolos ckpt <inspect|verify|export> 
   inspect DIR                                  tensors, shapes, dtypes, step, the writing mesh
   verify DIR                                   every checksum, shard and piece; exit 1 if damaged
   export DIR --format safetensors -o FILE      the global model weights as one safetensors file
+  export DIR --format hf -o OUTDIR             a gpt model as Hugging Face GPT-2 (GPT2LMHeadModel):
+                                               OUTDIR/model.safetensors and OUTDIR/config.json
 
 DIR is a checkpoint (a step-N directory) or a checkpoint root (its `latest`).
 )";
@@ -68,13 +75,36 @@ int ckpt_command(const std::vector<std::string>& args) {
     return 0;
   }
   if (sub == "export") {
-    if (format != "safetensors") {
+    if (format != "safetensors" && format != "hf") {
       throw UsageError("kolos ckpt export: unknown --format `" + format +
-                       "`; valid: safetensors");
+                       "`; valid: safetensors, hf");
     }
-    if (out.empty()) throw UsageError("kolos ckpt export: missing -o FILE");
-    const int64_t n = checkpoint::export_safetensors(dir, out);
-    std::cout << "kolos: wrote " << n << " tensors to " << out << "\n";
+    if (out.empty()) {
+      throw UsageError(std::string("kolos ckpt export: missing -o ") +
+                       (format == "hf" ? "OUTDIR" : "FILE"));
+    }
+    if (format == "safetensors") {
+      const int64_t n = checkpoint::export_safetensors(dir, out);
+      std::cout << "kolos: wrote " << n << " tensors to " << out << "\n";
+      return 0;
+    }
+    // The model's shape comes from the configuration the checkpoint recorded.
+    const checkpoint::ModelWeights weights = checkpoint::read_model_weights(dir);
+    const RunConfig config =
+        parse_run_config(weights.meta.config_toml, checkpoint::resolve(dir) + "/index.h5 (config)");
+    const modules::HfModel hf = modules::gpt_to_hf_gpt2(config.model, weights.tensors);
+    std::filesystem::create_directories(out);
+    checkpoint::write_safetensors(out + "/model.safetensors", hf.tensors,
+                                  {{"format", "pt"},
+                                   {"kolos.step", std::to_string(weights.meta.step)},
+                                   {"kolos.version", weights.meta.kolos_version}});
+    std::ofstream json(out + "/config.json", std::ios::trunc);
+    json << hf.config_json;
+    json.close();
+    if (!json) throw Error("cannot write " + out + "/config.json");
+    std::cout << "kolos: wrote GPT-2 (" << hf.tensors.size() << " tensors, step "
+              << weights.meta.step << ") to " << out
+              << "/ (transformers: GPT2LMHeadModel.from_pretrained)\n";
     return 0;
   }
   throw UsageError("kolos ckpt: unknown subcommand `" + sub + "`; valid: inspect, verify, export");

@@ -11,6 +11,9 @@ packages=(
   libboost-program-options-dev libtoml11-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-h5py python3-numpy
+  # scripts/install-venv.sh: the virtual environment with LibTorch 2.x (the
+  # torch wheel) and the interop packages, never installed system-wide
+  python3-venv
   # fuzz targets (tests/fuzz): clang++ with libFuzzer and the sanitizers
   clang libclang-rt-14-dev
   # launch tests (tests/launch, k8s, spack, docker): a real Slurm, the MPIJob

@@ -40,8 +40,9 @@ import sys
 import time
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def make_parser(description=None):
+    """The options every GPT peer shares (bench/peers/gpt_*.py add theirs)."""
+    p = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch/BLAS threads per rank")
     p.add_argument("--layers", type=int, default=4)
@@ -65,12 +66,23 @@ def parse_args(argv=None):
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=1234)
-    a = p.parse_args(argv)
+    return p
+
+
+def check_args(p, a, data_ranks):
+    """Errors out (argparse's way) on a shape the model cannot take or a batch
+    that does not split over `data_ranks` data-parallel ranks."""
     if a.hidden % a.heads:
         p.error("--hidden must be a multiple of --heads")
-    if a.global_batch % (a.micro_batch * a.ranks):
-        p.error("--global-batch must be a multiple of --micro-batch x --ranks")
+    if a.global_batch % (a.micro_batch * data_ranks):
+        p.error("--global-batch must be a multiple of --micro-batch x the data-parallel ranks")
     return a
+
+
+def parse_args(argv=None):
+    p = make_parser()
+    a = p.parse_args(argv)
+    return check_args(p, a, a.ranks)
 
 
 def build_model(a):
@@ -99,14 +111,16 @@ def build_model(a):
             b, t, _ = x.shape
 
             def split(z):
-                return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+                # -1: the heads this rank holds (all of them but under tensor
+                # parallelism, bench/peers/gpt_dtensor_tp.py).
+                return z.view(b, t, -1, self.head_dim).transpose(1, 2)
 
             q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
             scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
             mask = torch.ones(t, t, dtype=torch.bool).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
             y = torch.matmul(torch.softmax(scores, -1), v)
-            return self.o_proj(y.transpose(1, 2).reshape(b, t, a.hidden))
+            return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
     class Mlp(nn.Module):
         def __init__(self):
@@ -251,19 +265,45 @@ def free_port():
         return s.getsockname()[1]
 
 
-def main():
-    a = parse_args()
-    # Threads are sized before torch loads (OpenBLAS reads this at load time).
+def set_threads(a):
+    """Sizes torch/BLAS threads before torch loads (OpenBLAS reads them at
+    load time) and keeps gloo on the loopback interface."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(a.threads)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    import torch
+
+
+def spawn(worker, a, nprocs):
+    """Runs worker(rank, a, port, queue) on `nprocs` processes (gloo over
+    127.0.0.1) and returns what rank 0 put on the queue."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.spawn(worker, args=(a, free_port(), queue), nprocs=a.ranks, join=True)
-    times, losses, parameters = queue.get()
+    mp.spawn(worker, args=(a, free_port(), queue), nprocs=nprocs, join=True)
+    return queue.get()
+
+
+def max_over_ranks(torch, dist, values, group=None):
+    """Per-step maxima over the ranks of `group` (float64 list)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+def peak_rss_bytes():
+    """This process's peak resident set (Linux ru_maxrss is in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def main():
+    a = parse_args()
+    set_threads(a)
+    import torch
+
+    times, losses, parameters = spawn(worker, a, a.ranks)
     skip = min(a.warmup, max(0, len(times) - 1))
     med = statistics.median(times[skip:])
     print(json.dumps({

@@ -8,7 +8,8 @@ sample indices), bucket size (--bucket-mb: DDP's bucket_cap_mb), schedule
 and timing as bench/peers/gpt_ddp.py (whose model and helpers it imports),
 with the optimizer replaced by
 ZeroRedundancyOptimizer(AdamW): gradients all-reduced by DDP, each rank
-steps the parameters it owns, then they are broadcast (PyTorch 1.13). That
+steps the parameters it owns, then they are broadcast (PyTorch 1.13 and
+2.x alike; run_zero_bench.sh --peer picks which). That
 is ZeRO stage 1, as kolos's zero1 (which all-gathers shards instead).
 Prints one JSON line like gpt_ddp.py, plus the peak RSS of the slowest rank.
 """

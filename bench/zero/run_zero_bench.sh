@@ -10,33 +10,52 @@
 #      the same model shape (the parameter counts are printed side by side),
 #      the same data (kolos's synthetic samples, bit for bit, at the same
 #      sample indices), the same bucket size (DDP's bucket_cap_mb =
-#      --bucket-mb = kolos's parallel.bucket_mb) and the same ranks.
+#      --bucket-mb = kolos's parallel.bucket_mb) and the same ranks;
+#   4. with --peer torch2 (PyTorch 2.x): also kolos zero3 vs FSDP2
+#      (fully_shard, bench/peers/gpt_fsdp2.py) on the same shape, data and
+#      ranks: median step time and peak RSS (max over ranks), and their
+#      ratios.
 #
 #   bench/zero/run_zero_bench.sh [--layers 8] [--hidden 512] [--heads 8] [--seq-len 64]
 #       [--vocab 2048] [--global-batch 8] [--micro-batch 2] [--steps 8] [--warmup 3]
-#       [--bucket-mb 4] [--ranks-time 2] [--build build]
+#       [--bucket-mb 4] [--ranks-time 2] [--sizes "2 4"] [--build build]
+#       [--peer system|torch2]
 #
 # Builds nothing: needs build/bin/kolos and the dp, zero1, zero2, zero3
 # plugins (kb kolos kolos_dp kolos_zero1 kolos_zero2 kolos_zero3), mpirun and
-# /usr/bin/python3 with torch. One thread per rank everywhere.
+# a Python with torch: --peer system (default) is /usr/bin/python3 (or
+# $PYTHON) with Debian's 1.13; --peer torch2 the virtual environment of
+# scripts/install-venv.sh ($KOLOS_VENV, default .cache/torch-venv), which
+# also runs the FSDP2 peer. --sizes: the rank counts of parts 1 and 2 (must
+# hold --ranks-time). One thread per rank everywhere.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 python=${PYTHON:-/usr/bin/python3}
 layers=8 hidden=512 heads=8 seq_len=64 vocab=2048 global_batch=8 micro_batch=2
-steps=8 warmup=3 bucket_mb=4 ranks_time=2 build=build
+steps=8 warmup=3 bucket_mb=4 ranks_time=2 build=build peer=system sizes="2 4"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --layers) layers=$2 ;; --hidden) hidden=$2 ;; --heads) heads=$2 ;;
     --seq-len) seq_len=$2 ;; --vocab) vocab=$2 ;; --global-batch) global_batch=$2 ;;
     --micro-batch) micro_batch=$2 ;; --steps) steps=$2 ;; --warmup) warmup=$2 ;;
     --bucket-mb) bucket_mb=$2 ;; --ranks-time) ranks_time=$2 ;; --build) build=$2 ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --peer) peer=$2 ;; --sizes) sizes=$2 ;;
+    -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_zero_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
 done
+
+case "$peer" in
+  system) ;;
+  torch2) python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
+    [[ -x $python ]] || { echo "run_zero_bench.sh: $python missing (scripts/install-venv.sh)" >&2; exit 1; } ;;
+  *) echo "run_zero_bench.sh: --peer is system or torch2, not '$peer'" >&2; exit 2 ;;
+esac
+[[ " $sizes " == *" $ranks_time "* ]] ||
+  { echo "run_zero_bench.sh: --sizes '$sizes' must hold --ranks-time $ranks_time" >&2; exit 2; }
 
 cd "$root"
 kolos=$build/bin/kolos
@@ -74,8 +93,9 @@ progress = "off"
 TOML
 echo "shape: layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab, global_batch $global_batch, micro_batch $micro_batch, bucket_mb $bucket_mb, $steps steps (median of the last $((steps - warmup)))"
 echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load $(cut -d' ' -f1-3 /proc/loadavg) at start"
+echo "peer: $python, torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); kolos: $("$kolos" version 2>/dev/null | tr -s ' \n' ' ')"
 
-for n in 2 4; do
+for n in $sizes; do
   for stage in 0 1 2 3; do
     name=s${stage}n$n
     echo "[kolos] zero stage $stage on $n ranks" >&2
@@ -90,20 +110,29 @@ echo "[peer] ZeroRedundancyOptimizer on $ranks_time ranks" >&2
   --global-batch "$global_batch" --micro-batch "$micro_batch" --steps "$steps" \
   --warmup "$warmup" --bucket-mb "$bucket_mb" > "$tmp/peer.json" 2> "$tmp/peer.log" ||
   { cat "$tmp/peer.log" >&2; exit 1; }
+if [[ $peer == torch2 ]]; then
+  echo "[peer] FSDP2 (fully_shard) on $ranks_time ranks" >&2
+  "$python" "$root/bench/peers/gpt_fsdp2.py" --ranks "$ranks_time" --threads 1 --layers "$layers" \
+    --hidden "$hidden" --heads "$heads" --seq-len "$seq_len" --vocab "$vocab" \
+    --global-batch "$global_batch" --micro-batch "$micro_batch" --steps "$steps" \
+    --warmup "$warmup" > "$tmp/fsdp2.json" 2> "$tmp/fsdp2.log" ||
+    { cat "$tmp/fsdp2.log" >&2; exit 1; }
+fi
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$python" - "$tmp" "$warmup" "$ranks_time" "$bucket_mb" <<'PY'
-import json, statistics, sys
+"$python" - "$tmp" "$warmup" "$ranks_time" "$bucket_mb" "$sizes" <<'PY'
+import json, os, statistics, sys
 tmp, warmup, rt, bucket_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+sizes = [int(n) for n in sys.argv[5].split()]
 def rows(name):
     return [json.loads(l) for l in open(f"{tmp}/{name}.jsonl") if l.strip()]
-P = rows("s0n2")[-1]["param_bytes"] // 4  # dp holds every parameter whole, fp32
+P = rows(f"s0n{sizes[0]}")[-1]["param_bytes"] // 4  # dp holds every parameter whole, fp32
 print(f"\nP = {P} parameters ({P / 1e6:.2f} M); fp32 AdamW ideal per rank = 16*P/N bytes")
 print(f"{'run':<7} {'N':>2} {'params MiB':>10} {'grads MiB':>9} {'optim MiB':>9} {'states MiB':>10} "
       f"{'16P/N MiB':>9} {'states/ideal':>12} {'peak RSS MiB':>12} {'median step s':>13}")
 MiB = 2.0 ** 20
 med = {}
-for n in (2, 4):
+for n in sizes:
     for s in (0, 1, 2, 3):
         r = rows(f"s{s}n{n}")
         last = r[-1]
@@ -129,9 +158,25 @@ print(f"parameters: kolos {P}, peer {peer['parameters']}"
       + f"; buckets: kolos bucket_mb {bucket_mb}, peer bucket_cap_mb {peer['bucket_cap_mb']:g}")
 print(f"kolos zero1 / ZeroRedundancyOptimizer (step time, {rt} ranks): "
       f"{med[(1, rt)] / peer['step_time_s_median']:.3f}")
-for n in (2, 4):
+for n in sizes:
     print(f"N={n}: zero3 states / 16P/N = "
           f"{(lambda l: (l['param_bytes'] + l['grad_bytes'] + l['optimizer_bytes']) / (16 * P / n))(rows(f's3n{n}')[-1]):.3f}; "
           f"peak RSS zero3 / dp = {rows(f's3n{n}')[-1]['peak_rss_bytes'] / rows(f's0n{n}')[-1]['peak_rss_bytes']:.3f}; "
           f"step time zero1/2/3 / dp = " + ", ".join(f"{med[(s, n)] / med[(0, n)]:.2f}" for s in (1, 2, 3)))
+if os.path.exists(f"{tmp}/fsdp2.json"):
+    f = json.loads(open(f"{tmp}/fsdp2.json").read().strip().splitlines()[-1])
+    z3 = rows(f"s3n{rt}")
+    z3_rss = max(x["peak_rss_bytes"] for x in z3)
+    print()
+    print(f"PyTorch FSDP2 (fully_shard, torch {f['torch']}, gloo) on {rt} ranks: median step "
+          f"{f['step_time_s_median']:.3f} s, peak RSS {f['peak_rss_bytes'] / MiB:.1f} MiB "
+          f"(of which {f['baseline_rss_bytes'] / MiB:.1f} MiB before the model: Python + torch), "
+          f"loss {f['first_loss']:.4f} -> {f['final_loss']:.4f}, parameters {f['parameters']}"
+          + ("" if P == f["parameters"] else "  ** DIFFERENT MODEL SHAPES **"))
+    print(f"kolos zero3 on {rt} ranks: median step {med[(3, rt)]:.3f} s, peak RSS "
+          f"{z3_rss / MiB:.1f} MiB, loss {z3[0]['loss']:.4f} -> {z3[-1]['loss']:.4f}")
+    print(f"kolos zero3 / FSDP2 (step time, {rt} ranks): {med[(3, rt)] / f['step_time_s_median']:.3f}")
+    print(f"kolos zero3 / FSDP2 (peak RSS, {rt} ranks):  {z3_rss / f['peak_rss_bytes']:.3f}"
+          f"   (peak RSS above the pre-model baseline: FSDP2 "
+          f"{(f['peak_rss_bytes'] - f['baseline_rss_bytes']) / MiB:.1f} MiB)")
 PY

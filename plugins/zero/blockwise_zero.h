@@ -24,11 +24,8 @@
 #include <memory>
 #include <vector>
 
+#include "kolos/core/grad_hooks.h"  // GradAccumulatorPtr
 #include "zero.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace kolos::zero {
 
@@ -80,7 +77,7 @@ class BlockwiseZero : public ZeroStrategy {
   std::vector<Block> blocks_;
   size_t next_launch_ = 0;  // groups launch last to first: group size-1-next_launch_
   std::deque<Reduction> in_flight_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<GradAccumulatorPtr> accumulators_;
   bool backward_open_ = false;
   std::vector<std::vector<size_t>> uses_;  // groups each block reads
 

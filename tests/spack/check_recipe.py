@@ -432,7 +432,9 @@ def main():
     cmake_files = []
     for folder, _, files in os.walk(root, followlinks=True):
         rel = folder[len(root):]
-        if rel.startswith(("/build", "/.git", "/install")) or "/spack-build" in rel:
+        # Build trees, and .cache (the torch wheel's environment, whose
+        # LibTorch CMake files are not kolos's) stay out.
+        if rel.startswith(("/build", "/.git", "/install", "/.cache")) or "/spack-build" in rel:
             continue
         cmake_files += [os.path.join(folder, f) for f in files if f == "CMakeLists.txt" or f.endswith(".cmake")]
     cmake_source = "".join(open(f, errors="replace").read() for f in cmake_files)

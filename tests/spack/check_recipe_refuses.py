@@ -62,7 +62,7 @@ def make_tree(root, top, copied):
     """A tree in `top` whose entries link to `root`'s, except spack/ and the
     files in `copied`, which are copies that may be changed."""
     for entry in os.listdir(root):
-        if entry in ("spack", ".git", "build") or entry.startswith("build-"):
+        if entry in ("spack", ".git", "build", ".cache") or entry.startswith("build-"):
             continue
         if not any(c.split("/")[0] == entry for c in copied):
             os.symlink(os.path.join(root, entry), os.path.join(top, entry))

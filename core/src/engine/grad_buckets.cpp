@@ -58,7 +58,7 @@ struct GradBuckets::Impl {
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;
   std::vector<int64_t> offset_of;  // the parameter's offset in its bucket
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<GradAccumulatorPtr> accumulators;
   std::deque<Reduction> in_flight;
   size_t next_launch = 0;
   bool sync = true;

@@ -17,6 +17,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/run_config.h"  // closest_match
 #include "plugin_library.h"
+#include "plugin_stamp.h"
 
 namespace kolos {
 
@@ -52,6 +53,10 @@ struct Candidate {
 };
 
 std::string or_empty(const char* text) { return text != nullptr ? text : ""; }
+
+std::string torch_refusal(const std::string& plugin_torch) {
+  return "built for LibTorch " + plugin_torch + ", this kolos uses LibTorch " KOLOS_TORCH_VERSION;
+}
 
 bool is_known_role(const std::string& role) {
   return std::any_of(role_specs().begin(), role_specs().end(),
@@ -210,6 +215,20 @@ Candidate inspect(const std::string& path, const std::string& dir_distrust, std:
       return candidate;
     }
   }
+  // Built against another LibTorch: refused unopened (plugin_abi.h says why).
+  const std::map<std::string, std::string> stamp = read_plugin_stamp(path);
+  const auto torch = stamp.find("torch");
+  if (torch != stamp.end() && torch->second != KOLOS_TORCH_VERSION) {
+    // Unloaded, its descriptor is unread: the name is the file's
+    // (libkolos_<name>.so), so that asking for it by name says why.
+    const std::string file = fs::path(path).filename().string();
+    candidate.info.name =
+        file.substr(kFilePrefix.size(), file.size() - kFilePrefix.size() - kFileSuffix.size());
+    candidate.info.torch_version = torch->second;
+    if (stamp.count("kolos")) candidate.info.kolos_version = stamp.at("kolos");
+    candidate.info.refusal = torch_refusal(torch->second) + " (not loaded)";
+    return candidate;
+  }
   std::shared_ptr<PluginLibrary> library;
   try {
     library = PluginLibrary::open(path);
@@ -331,9 +350,7 @@ std::string PluginRegistry::check_descriptor(const kolos_plugin_descriptor& desc
     return out.str();
   }
   if (std::string(descriptor.torch_version) != KOLOS_TORCH_VERSION) {
-    out << "built for LibTorch " << descriptor.torch_version << ", this kolos uses LibTorch "
-        << KOLOS_TORCH_VERSION;
-    return out.str();
+    return torch_refusal(descriptor.torch_version);
   }
   if (descriptor.name[0] == '\0') return "descriptor has an empty name";
   const std::string role = descriptor.role;

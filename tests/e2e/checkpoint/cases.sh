@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # End-to-end checkpoint cases with the real `kolos`, mpirun, h5dump, h5py:
 #   cases.sh CASE       (environment: KOLOS, KOLOS_SOURCE_DIR, MPIEXEC,
-#                        KOLOS_FAULT_LIB_DIR: the test copy of libkolos_checkpoint)
+#                        KOLOS_FAULT_LIB_DIR: the test copy of libkolos_checkpoint;
+#                        interop_pip, hf_gpt2: KOLOS_VENV, GPT_LOGITS)
 set -uo pipefail
 case_name=$1
 # shellcheck source=../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 PY=/usr/bin/python3   # Debian's python3-h5py / numpy
+if [[ $case_name == interop_pip || $case_name == hf_gpt2 ]]; then
+  # pip's h5py, safetensors, transformers, torch (scripts/install-venv.sh)
+  PY=${KOLOS_VENV:-}/bin/python
+  "$PY" -c "import h5py, safetensors, transformers, torch" 2>/dev/null ||
+    fail "no usable Python environment at '${KOLOS_VENV:-}' (h5py, safetensors, transformers, torch): run scripts/install-venv.sh (make test does)"
+fi
 
 cat >run.toml <<'TOML'
 [model]
@@ -59,9 +66,11 @@ PYEOF
 }
 
 case "$case_name" in
-  interop)
+  interop|interop_pip)
     # h5dump and h5py read global tensors by name; the safetensors export
     # holds the same values; `inspect` and `verify` describe the checkpoint.
+    # interop: Debian's h5py (HDF5 1.10, as kolos writes); interop_pip: pip's
+    # h5py (its own, newer HDF5) and the safetensors package, both required.
     train 2 >log.txt 2>&1 || { cat log.txt; fail "training failed"; }
     ckpt=ckpt/step-00000012
     [[ $(cat ckpt/latest) == step-00000012 ]] || fail "latest is $(cat ckpt/latest)"
@@ -74,10 +83,13 @@ case "$case_name" in
     # h5dump from another directory (relative VDS sources resolve next to index.h5).
     (cd / && h5dump -d /model/h.0.attn.q_proj.weight -w 0 "$work/$ckpt/index.h5") >dump.txt ||
       fail "h5dump failed"
-    $PY - "$ckpt" <<'PYEOF' || fail "interop values differ"
+    $PY - "$ckpt" "$case_name" <<'PYEOF' || fail "interop values differ"
 import json, re, struct, sys
 import h5py, numpy as np
-ckpt = sys.argv[1]
+ckpt, case = sys.argv[1:3]
+print("h5py", h5py.__version__, "with HDF5", h5py.version.hdf5_version, "from", h5py.__file__)
+if case == "interop_pip":
+    assert "dist-packages" not in h5py.__file__, "this is not pip's h5py"
 name = "h.0.attn.q_proj.weight"
 idx = h5py.File(ckpt + "/index.h5", "r")
 w = idx["model/" + name][()]
@@ -106,13 +118,87 @@ for k in params:
     t = np.frombuffer(body[b:end], dtype="<f4").reshape(e["shape"])
     assert t.tobytes() == idx["model/" + k][()].tobytes(), k
 try:
+    import safetensors
+    from safetensors import safe_open
     from safetensors.numpy import load_file
     st = load_file("model.safetensors")
+    assert sorted(st) == sorted(params), (sorted(st), sorted(params))
     assert all(st[k].tobytes() == idx["model/" + k][()].tobytes() for k in params)
-    print("safetensors.numpy read it too")
+    with safe_open("model.safetensors", framework="np") as f:
+        assert f.metadata()["kolos.step"] == "12", f.metadata()
+    print("safetensors", safetensors.__version__, "read it too")
 except ImportError:
+    if case == "interop_pip":
+        raise
     print("(python safetensors not installed; the format is checked by the reader above)")
 print("h5dump, h5py, shard and safetensors agree on", len(params), "tensors")
+PYEOF
+    ;;
+  hf_gpt2)
+    # A GPT-2-shaped kolos model, trained on 2 ranks with tensor parallelism
+    # (so the export gathers sharded pieces), exported with --format hf and
+    # loaded by transformers' GPT2LMHeadModel: the same logits as kolos's own
+    # forward (gpt_logits) within 1e-5, in both attention implementations.
+    cat >gpt2.toml <<'TOML'
+[model]
+name = "gpt"
+layers = 3
+hidden = 64
+heads = 4
+seq_len = 32
+vocab = 96
+[data]
+kind = "synthetic"
+[optim]
+lr = 1e-2
+warmup_steps = 2
+[train]
+global_batch = 8
+micro_batch = 4
+steps = 10
+seed = 11
+[parallel]
+tensor = 2
+[log]
+progress = "off"
+[checkpoint]
+dir = "ckpt"
+TOML
+    timeout 300 "$MPIEXEC" -np 2 --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none \
+      "$KOLOS" train gpt2.toml >log.txt 2>&1 || { cat log.txt; fail "training failed"; }
+    "$KOLOS" ckpt export ckpt --format hf -o hf || fail "export --format hf failed"
+    [[ -s hf/model.safetensors && -s hf/config.json ]] || fail "export wrote no model.safetensors/config.json"
+    # 2 rows of 32 tokens: the whole context, every position.
+    # shellcheck disable=SC2046
+    "$GPT_LOGITS" ckpt kolos.safetensors 2 $($PY -c "
+import random; r = random.Random(5); print(*[r.randrange(96) for _ in range(64)])") ||
+      fail "gpt_logits failed"
+    $PY - <<'PYEOF' || fail "transformers' GPT-2 disagrees with kolos"
+import json, warnings
+warnings.filterwarnings("ignore")
+import torch, transformers
+from safetensors.torch import load_file
+from transformers import GPT2LMHeadModel
+ref = load_file("kolos.safetensors")
+tokens, expected = ref["tokens"], ref["logits"]
+assert tuple(expected.shape) == (2, 32, 96), expected.shape
+worst = 0.0
+for attn in ("eager", "sdpa"):
+    model, info = GPT2LMHeadModel.from_pretrained("hf", output_loading_info=True, attn_implementation=attn)
+    model.eval()
+    bad = {k: v for k, v in info.items() if v}
+    assert not bad, f"loading reported {bad}"
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(), "head not tied"
+    # Trained, so every layout mistake would show: norms and biases moved.
+    h0 = model.transformer.h[0]
+    assert (h0.ln_1.weight - 1).abs().max() > 1e-3 and h0.attn.c_attn.bias.abs().max() > 1e-3
+    with torch.no_grad():
+        logits = model(tokens).logits
+    diff = (logits - expected).abs().max().item()
+    worst = max(worst, diff)
+    print(f"transformers {transformers.__version__} ({attn}): max |logits - kolos| = {diff:.3g}, "
+          f"logits span {expected.min().item():.3f}..{expected.max().item():.3f}")
+assert worst < 1e-5, worst
 PYEOF
     ;;
   resume_after_stop)

@@ -9,7 +9,11 @@
 // without AVX2) round twice: there the bound is 1 ulp per step on the
 // moments, which the test allows as 1e-6 * max(|p|, 1) after its 10 steps
 // (p near zero loses its relative precision to cancellation), and
-// kolos::AdamW does not use the kernel (it probes LibTorch once).
+// kolos::AdamW does not use the kernel (it probes LibTorch once). The same
+// bound holds where LibTorch's sqrt is not correctly rounded: the PyPI
+// wheels (LibTorch 2.x, built with MKL) take large float tensors through
+// MKL's vsSqrt, 1 ulp off on about 0.7% of inputs; the kernel's sqrt is
+// exact, so AdamW's denominators differ now and then by an ulp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -31,6 +35,25 @@ namespace {
 bool aten_default_kernels() {
   const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
   return (cap != nullptr && std::string(cap) == "default") || detected_isa() == Isa::kScalar;
+}
+
+// Whether LibTorch's sqrt of a large float tensor is correctly rounded.
+bool libtorch_sqrt_exact() {
+  torch::manual_seed(3);
+  at::Tensor x = torch::rand({100000});
+  at::Tensor r = x.sqrt();
+  const float* in = x.data_ptr<float>();
+  const float* out = r.data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (std::sqrt(in[i]) != out[i]) return false;
+  }
+  return true;
+}
+
+// 0: the same bits; else the bound of the comment above.
+double adamw_rtol() {
+  static const double rtol = aten_default_kernels() || !libtorch_sqrt_exact() ? 1e-6 : 0;
+  return rtol;
 }
 
 // Same bits (NaN == NaN), or within rtol when ATen's default kernels run.
@@ -55,7 +78,7 @@ class TorchIsaTest : public ::testing::Test {
 };
 
 TEST_F(TorchIsaTest, FusedAdamWMatchesTorchOptimAdamW) {
-  const double rtol = aten_default_kernels() ? 1e-6 : 0;
+  const double rtol = adamw_rtol();
   for (int i = 0; i <= static_cast<int>(detected_isa()); ++i) {
     const Isa isa = static_cast<Isa>(i);
     force_isa(isa);
@@ -95,7 +118,7 @@ TEST_F(TorchIsaTest, FusedAdamWMatchesTorchOptimAdamW) {
 }
 
 TEST_F(TorchIsaTest, KolosAdamWFusedEqualsItsLibTorchPath) {
-  const double rtol = aten_default_kernels() ? 1e-6 : 0;
+  const double rtol = adamw_rtol();
   for (int i = 0; i <= static_cast<int>(detected_isa()); ++i) {
     force_isa(static_cast<Isa>(i));
     torch::manual_seed(4);

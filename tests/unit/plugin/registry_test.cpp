@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -87,7 +89,7 @@ TEST_F(PluginRegistryTest, ScanReportsEveryLibraryWithItsRefusal) {
   PluginRegistry registry({kGoodDir, kBadDir});
   const std::vector<PluginInfo> infos = registry.scan();
   // Search order first, then file names sorted within a directory.
-  ASSERT_GE(infos.size(), 12u);  // 2 good, 10 bad (more if real plugins are built)
+  ASSERT_GE(infos.size(), 13u);  // 2 good, 11 bad (more if real plugins are built)
   EXPECT_EQ(infos[0].path, kGoodDir + "/libkolos_testgood.so");
   EXPECT_EQ(infos[1].path, kGoodDir + "/libkolos_testhandmade.so");
   EXPECT_EQ(infos[2].path, kBadDir + "/libkolos_emptyname.so");
@@ -126,7 +128,14 @@ TEST_F(PluginRegistryTest, ScanReportsEveryLibraryWithItsRefusal) {
   EXPECT_EQ(by_file.at("libkolos_testabi.so").name, "");  // not read past a foreign ABI
   EXPECT_EQ(refusal("libkolos_testoldkolos.so"),
             "built for kolos 0.0.9, this is kolos " KOLOS_VERSION);
+  // Another LibTorch: from the build stamp, before loading (the library
+  // aborts the process when loaded); from the descriptor when unstamped.
   EXPECT_EQ(refusal("libkolos_testoldtorch.so"),
+            "built for LibTorch 1.12.0, this kolos uses LibTorch " KOLOS_TORCH_VERSION
+            " (not loaded)");
+  EXPECT_EQ(by_file.at("libkolos_testoldtorch.so").name, "testoldtorch");
+  EXPECT_EQ(by_file.at("libkolos_testoldtorch.so").torch_version, "1.12.0");
+  EXPECT_EQ(refusal("libkolos_testoldtorchunstamped.so"),
             "built for LibTorch 1.12.0, this kolos uses LibTorch " KOLOS_TORCH_VERSION);
   EXPECT_THAT(refusal("libkolos_testrole.so"), HasSubstr("unknown role `gradient`"));
   EXPECT_THAT(refusal("libkolos_testrole.so"), HasSubstr("did you mean `gradients`?"));
@@ -378,6 +387,15 @@ TEST_F(PluginRegistryTest, CreatesFromSeveralThreadsAtOnce) {
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(greetings.load(), 40);
+}
+
+// KOLOS_DEFINE_PLUGIN stamps the file with this build's versions, in the
+// section the registry reads before loading a plugin.
+TEST(PluginStamp, DefinePluginStampsTheFile) {
+  std::ifstream in(good_plugin(), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(bytes.find(KOLOS_PLUGIN_STAMP_SECTION), std::string::npos);
+  EXPECT_NE(bytes.find("kolos=" KOLOS_VERSION " torch=" KOLOS_TORCH_VERSION), std::string::npos);
 }
 
 // ---- check_descriptor -------------------------------------------------------

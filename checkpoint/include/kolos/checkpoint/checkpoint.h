@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kolos/checkpoint/error.h"
@@ -145,6 +146,22 @@ std::string format_inspection(const Inspection& inspection);
 // Writes the global model weights (/model/*) as one safetensors file.
 // Returns the number of tensors written.
 int64_t export_safetensors(const std::string& path, const std::string& out_file);
+
+// The global model weights (/model/*) of a checkpoint, whole, in memory, in
+// the order they were saved, named without "model/"; and its metadata. The
+// checkpoint is verified first (CheckpointError naming the first problem).
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+struct ModelWeights {
+  Metadata meta;
+  NamedTensors tensors;
+};
+ModelWeights read_model_weights(const std::string& path);
+
+// Writes `tensors` (CPU, any layout) as one safetensors file, in that order,
+// with `metadata` as the header's __metadata__; atomically (temporary file,
+// fsync, rename).
+void write_safetensors(const std::string& file, const NamedTensors& tensors,
+                       const std::vector<std::pair<std::string, std::string>>& metadata);
 
 // Test hook (fault injection), only in the test build of the library
 // (compiled with KOLOS_FAULT_INJECTION into lib/faults of the build tree,

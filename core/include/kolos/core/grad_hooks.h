@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kolos/core/error.h"
 
@@ -36,8 +37,15 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
 };
 }  // namespace detail
 
-inline std::shared_ptr<torch::autograd::Node> on_grad_accumulated(
-    const at::Tensor& param, const std::string& name, std::function<void()> on_ready) {
+// The owning pointer autograd hands out for a gradient accumulator:
+// std::shared_ptr<Node> in LibTorch 1.x, c10::intrusive_ptr<Node> in 2.x
+// (graph nodes became intrusively counted). Spelled through decltype so that
+// both compile without a version check.
+using GradAccumulatorPtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+inline GradAccumulatorPtr on_grad_accumulated(const at::Tensor& param, const std::string& name,
+                                              std::function<void()> on_ready) {
   auto accumulator = torch::autograd::impl::grad_accumulator(param);
   KOLOS_CHECK(accumulator != nullptr, "parameter ", name,
               " has no gradient accumulator (is it a leaf that requires grad?)");

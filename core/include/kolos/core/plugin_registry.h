@@ -108,6 +108,7 @@ inline void copy_error(char* buffer, size_t length, const char* message) {
     return nullptr;                                                                            \
   }                                                                                            \
   void kolos_plugin_destroy(void* object) noexcept { delete static_cast<Interface*>(object); } \
+  KOLOS_PLUGIN_STAMP(KOLOS_VERSION, KOLOS_TORCH_VERSION)                                       \
   const kolos_plugin_descriptor kolos_plugin_descriptor_{                                      \
       KOLOS_PLUGIN_ABI_VERSION, NAME,           ROLE,        KOLOS_VERSION,                    \
       KOLOS_TORCH_VERSION,      KOLOS_COMPILER, DESCRIPTION, &kolos_plugin_create,             \

@@ -1,6 +1,11 @@
 // A descriptor written by hand, so that the build can make one field wrong
 // on purpose (-DTEST_ABI=2, -DTEST_KOLOS="0.0.9", ...). Its create() returns
-// NULL without a message: a plugin bug the core must still report.
+// NULL without a message: a plugin bug the core must still report. The
+// build stamp says the same versions (-DTEST_NO_STAMP: none);
+// -DTEST_ABORT_IF_LOADED makes loading the library end the process, for a
+// plugin the core must refuse from its stamp without loading it.
+#include <cstdlib>
+
 #include "kolos/config.h"
 #include "kolos/core/plugin_abi.h"
 
@@ -21,6 +26,14 @@
 #endif
 
 namespace {
+
+#ifndef TEST_NO_STAMP
+KOLOS_PLUGIN_STAMP(TEST_KOLOS, TEST_TORCH)
+#endif
+
+#ifdef TEST_ABORT_IF_LOADED
+__attribute__((constructor)) void abort_if_loaded() { std::abort(); }
+#endif
 
 void* create_nothing(char*, size_t) { return nullptr; }
 void destroy_nothing(void*) {}

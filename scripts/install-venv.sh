@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Creates (or completes) the Python virtual environment with LibTorch 2.x
+# from the PyPI torch wheel. Never touches the system Python.
+#
+#   scripts/install-venv.sh [build|python]
+#
+#   build   what `make build TORCH=wheel` needs: the torch wheel installed
+#           with --no-deps, its pure-Python requirements, and the two CUDA
+#           runtime wheels that libtorch_cpu.so needs to load
+#           (nvidia-cuda-runtime, nvidia-cuda-cupti: libcudart.so.13 and
+#           libcupti.so.13, about 70 MB; see cmake/KolosTorch.cmake).
+#   python  (default) build, plus a working `import torch` and the
+#           interoperability packages: torch's remaining requirements (the
+#           CUDA libraries that libtorch_python.so links through
+#           libtorch_cuda.so, several GB), safetensors, transformers, h5py,
+#           numpy. The interop tests and the Python peers in bench/ use it.
+#
+# Environment: KOLOS_VENV (default <repo>/.cache/torch-venv; point several
+# checkouts at one), KOLOS_PYTHON (the interpreter that creates it; default
+# python3, 3.10 or newer). Idempotent: prints nothing when the environment
+# already has what was asked for.
+set -euo pipefail
+
+level=${1:-python}
+[[ $level == build || $level == python ]] || { echo "usage: $0 [build|python]" >&2; exit 2; }
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${KOLOS_VENV:-$root/.cache/torch-venv}
+python=${KOLOS_PYTHON:-python3}
+
+# The newest 2.x on PyPI when this was written; change together with the
+# docs (docs/building.md) and rerun the suite.
+torch_version=2.15.0
+interop=(safetensors==0.8.0 transformers==5.24.0 h5py==3.16.0 numpy==2.4.6)
+
+stamp=$venv/.kolos-$level-torch-$torch_version
+[[ -f $stamp ]] && exit 0
+
+say() { echo "kolos: venv: $*"; }
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+start=$SECONDS
+
+if [[ ! -x $venv/bin/python ]]; then
+  say "creating $venv with $($python --version 2>&1)"
+  mkdir -p "$(dirname "$venv")"
+  "$python" -m venv "$venv" || {
+    echo "kolos: '$python -m venv' failed; on Debian install python3-venv (scripts/install-deps.sh does)" >&2
+    exit 1
+  }
+fi
+
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [[ ! -f $venv/.kolos-build-torch-$torch_version ]]; then
+  say "torch $torch_version (--no-deps, CPU libraries for LibTorch)"
+  pip install --no-deps "torch==$torch_version"
+  # Its requirements without an environment marker are the pure-Python ones
+  # (filelock, sympy, ...); the marked ones are the CUDA libraries and triton.
+  mapfile -t pure < <("$venv/bin/python" - <<'PY'
+import importlib.metadata as m
+for r in m.requires("torch") or []:
+    if ";" not in r:
+        print(r)
+PY
+)
+  # libtorch_cpu.so's DT_NEEDED libcudart.so.13 and libcupti.so.13, from the
+  # CUDA release the wheel was built with (torch/version.py: cuda = '13.2').
+  cuda=$(sed -n "s/^cuda: Optional\[str\] = '\([0-9]*\.[0-9]*\)'$/\1/p" "$site/torch/version.py")
+  [[ -n $cuda ]] || { echo "kolos: cannot read the CUDA version of $site/torch/version.py" >&2; exit 1; }
+  # --no-warn-conflicts: torch's CUDA requirements are left out on purpose.
+  pip install --no-warn-conflicts "${pure[@]}" "nvidia-cuda-runtime==$cuda.*" \
+    "nvidia-cuda-cupti==$cuda.*"
+  touch "$venv/.kolos-build-torch-$torch_version"
+fi
+
+if [[ $level == python ]]; then
+  say "torch's CUDA runtime libraries (for import torch) and ${interop[*]}"
+  # pip completes the requirements of the installed torch; it keeps the wheel.
+  pip install "torch==$torch_version" "${interop[@]}"
+  "$venv/bin/python" - <<'PY'
+import warnings
+warnings.filterwarnings("ignore")
+import h5py, numpy, safetensors, torch, transformers
+assert torch._C._GLIBCXX_USE_CXX11_ABI, "kolos builds with the C++11 ABI; this torch does not use it"
+print(f"kolos: venv: torch {torch.__version__} (C++11 ABI), safetensors {safetensors.__version__}, "
+      f"transformers {transformers.__version__}, h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version})")
+PY
+fi
+touch "$stamp"
+say "ready in $((SECONDS - start)) s: $venv"
