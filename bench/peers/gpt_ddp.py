@@ -203,10 +203,12 @@ def synthetic_batch(torch, a, first_index, count):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def train_loop(torch, model, opt, a, rank):
+def train_loop(torch, model, opt, a, rank, no_sync=True):
     """Runs a.steps steps of `model` (wrapped in DDP) with `opt`; returns this
     rank's step times and mean losses. Gradients are synchronised only on a
-    step's last micro-batch (no_sync on the others), as kolos does."""
+    step's last micro-batch (no_sync on the others), as kolos does; with
+    no_sync=False (FSDP2, which reduce-scatters every micro-batch's
+    gradients, as kolos's zero3) on every one."""
     accumulation = a.global_batch // (a.micro_batch * a.ranks)
     times, losses = [], []
     for step in range(a.steps):
@@ -216,7 +218,7 @@ def train_loop(torch, model, opt, a, rank):
         for m in range(accumulation):
             first = step * a.global_batch + (m * a.ranks + rank) * a.micro_batch
             inputs, targets = synthetic_batch(torch, a, first, a.micro_batch)
-            if m + 1 < accumulation:
+            if no_sync and m + 1 < accumulation:
                 with model.no_sync():
                     loss = model(inputs, targets)
                     (loss / accumulation).backward()
@@ -234,14 +236,46 @@ def train_loop(torch, model, opt, a, rank):
     return times, losses
 
 
+def init_gloo(torch, dist, a, rank, port):
+    """What every peer's worker starts with: its threads and the gloo group."""
+    torch.set_num_threads(a.threads)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+
+
+def scale_and_step(params, opt, a, step, coef):
+    """Scales the gradients by `coef` when it clips (< 1), sets the step's
+    learning rate and steps the optimizer, as kolos does after its norm."""
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    for group in opt.param_groups:
+        group["lr"] = lr_at(a, step)
+    opt.step()
+
+
+def report(torch, a, bench, times, losses, parameters, **extra):
+    """The JSON line each peer prints: median step after the warm-up, the
+    run's shape, first and last loss, every step's time."""
+    skip = min(a.warmup, max(0, len(times) - 1))
+    med = statistics.median(times[skip:])
+    out = {"bench": bench, "torch": torch.__version__, "backend": "gloo", "ranks": a.ranks,
+           "threads": a.threads, "parameters": parameters}
+    out.update(extra)
+    out.update({"steps": len(times), "warmup": skip, "global_batch": a.global_batch,
+                "micro_batch": a.micro_batch, "seq_len": a.seq_len, "step_time_s_median": med,
+                "tokens_per_s": a.global_batch * a.seq_len / med, "first_loss": losses[0],
+                "final_loss": losses[-1], "step_times_s": [round(x, 6) for x in times]})
+    return json.dumps(out)
+
+
 def worker(rank, a, port, queue):
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(a.threads)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    init_gloo(torch, dist, a, rank, port)
     torch.manual_seed(a.seed)  # the same initial weights on every rank
     model = DDP(build_model(a), bucket_cap_mb=a.bucket_mb)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
@@ -304,18 +338,7 @@ def main():
     import torch
 
     times, losses, parameters = spawn(worker, a, a.ranks)
-    skip = min(a.warmup, max(0, len(times) - 1))
-    med = statistics.median(times[skip:])
-    print(json.dumps({
-        "bench": "pytorch_ddp", "torch": torch.__version__, "backend": "gloo",
-        "ranks": a.ranks, "threads": a.threads, "parameters": parameters,
-        "bucket_cap_mb": a.bucket_mb, "steps": len(times), "warmup": skip,
-        "global_batch": a.global_batch, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
-        "step_time_s_median": med, "tokens_per_s": a.global_batch * a.seq_len / med,
-        "first_loss": losses[0], "final_loss": losses[-1],
-        "step_times_s": [round(x, 6) for x in times],
-    }))
-
+    print(report(torch, a, "pytorch_ddp", times, losses, parameters, bucket_cap_mb=a.bucket_mb))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,10 +26,8 @@ squares summed over the ranks, replicated ones counted once), AdamW
 (single-tensor, as torch's CPU default). Prints one JSON line like
 gpt_ddp.py.
 """
-import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -46,9 +44,7 @@ def worker(rank, a, port, queue):
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    loss_parallel, parallelize_module)
 
-    torch.set_num_threads(a.threads)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    gpt_ddp.init_gloo(torch, dist, a, rank, port)
     mesh = init_device_mesh("cpu", (a.ranks,))
     torch.manual_seed(a.seed)
     model = gpt_ddp.build_model(a)
@@ -96,6 +92,7 @@ def worker(rank, a, port, queue):
             with loss_parallel():
                 (loss / accumulation).backward()
             loss_sum += value.item()
+        coef = 1.0
         if a.grad_clip > 0:
             sharded = torch.zeros(1)
             whole = torch.zeros(1)
@@ -111,13 +108,7 @@ def worker(rank, a, port, queue):
                     whole += g.pow(2).sum()
             dist.all_reduce(sharded)
             coef = a.grad_clip / (math.sqrt(float(sharded + whole)) + 1e-6)
-            if coef < 1.0:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
-        for group in opt.param_groups:
-            group["lr"] = gpt_ddp.lr_at(a, step)
-        opt.step()
+        gpt_ddp.scale_and_step(params, opt, a, step, coef)
         times.append(time.perf_counter() - t0)
         losses.append(loss_sum / accumulation)
     t = gpt_ddp.max_over_ranks(torch, dist, times)
@@ -139,17 +130,7 @@ def main():
     import torch
 
     times, losses, parameters = gpt_ddp.spawn(worker, a, a.ranks)
-    skip = min(a.warmup, max(0, len(times) - 1))
-    med = statistics.median(times[skip:])
-    print(json.dumps({
-        "bench": "pytorch_dtensor_tp", "torch": torch.__version__, "backend": "gloo",
-        "ranks": a.ranks, "threads": a.threads, "parameters": parameters,
-        "steps": len(times), "warmup": skip, "global_batch": a.global_batch,
-        "micro_batch": a.micro_batch, "seq_len": a.seq_len, "step_time_s_median": med,
-        "tokens_per_s": a.global_batch * a.seq_len / med, "first_loss": losses[0],
-        "final_loss": losses[-1], "step_times_s": [round(x, 6) for x in times],
-    }))
-
+    print(gpt_ddp.report(torch, a, "pytorch_dtensor_tp", times, losses, parameters))
 
 if __name__ == "__main__":
     sys.exit(main())

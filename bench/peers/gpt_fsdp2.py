@@ -22,40 +22,11 @@ Prints one JSON line like gpt_ddp.py, plus the peak RSS of the rank with the
 largest one (ru_maxrss), the RSS before the model was built (the Python and
 torch baseline) and this rank's sharded parameter bytes.
 """
-import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_ddp  # noqa: E402
-
-
-def train_loop(torch, model, opt, a, rank):
-    """gpt_ddp.train_loop without no_sync: FSDP2 reduce-scatters each
-    micro-batch's gradients (set_requires_gradient_sync stays True)."""
-    import time
-
-    accumulation = a.global_batch // (a.micro_batch * a.ranks)
-    times, losses = [], []
-    for step in range(a.steps):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        loss_sum = 0.0
-        for m in range(accumulation):
-            first = step * a.global_batch + (m * a.ranks + rank) * a.micro_batch
-            inputs, targets = gpt_ddp.synthetic_batch(torch, a, first, a.micro_batch)
-            loss = model(inputs, targets)
-            (loss / accumulation).backward()
-            loss_sum += loss.item()
-        if a.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
-        for group in opt.param_groups:
-            group["lr"] = gpt_ddp.lr_at(a, step)
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss_sum / accumulation)
-    return times, losses
 
 
 def worker(rank, a, port, queue):
@@ -64,9 +35,7 @@ def worker(rank, a, port, queue):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    torch.set_num_threads(a.threads)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    gpt_ddp.init_gloo(torch, dist, a, rank, port)
     baseline = gpt_ddp.peak_rss_bytes()
     mesh = init_device_mesh("cpu", (a.ranks,))
     torch.manual_seed(a.seed)
@@ -78,7 +47,7 @@ def worker(rank, a, port, queue):
     shard_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
                             weight_decay=a.weight_decay)
-    times, losses = train_loop(torch, model, opt, a, rank)
+    times, losses = gpt_ddp.train_loop(torch, model, opt, a, rank, no_sync=False)
     t = gpt_ddp.max_over_ranks(torch, dist, times)
     l = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(l, op=dist.ReduceOp.SUM)
@@ -95,18 +64,9 @@ def main():
     import torch
 
     times, losses, (rss, baseline, shard_bytes), parameters = gpt_ddp.spawn(worker, a, a.ranks)
-    skip = min(a.warmup, max(0, len(times) - 1))
-    med = statistics.median(times[skip:])
-    print(json.dumps({
-        "bench": "pytorch_fsdp2", "torch": torch.__version__, "backend": "gloo",
-        "ranks": a.ranks, "threads": a.threads, "parameters": parameters,
-        "steps": len(times), "warmup": skip, "global_batch": a.global_batch,
-        "micro_batch": a.micro_batch, "seq_len": a.seq_len, "step_time_s_median": med,
-        "tokens_per_s": a.global_batch * a.seq_len / med, "first_loss": losses[0],
-        "final_loss": losses[-1], "peak_rss_bytes": rss, "baseline_rss_bytes": baseline,
-        "param_shard_bytes": shard_bytes, "step_times_s": [round(x, 6) for x in times],
-    }))
-
+    print(gpt_ddp.report(torch, a, "pytorch_fsdp2", times, losses, parameters,
+                         peak_rss_bytes=rss, baseline_rss_bytes=baseline,
+                         param_shard_bytes=shard_bytes))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -163,6 +163,7 @@ def run_schedule(torch, dist, a, rank, name, chunks):
             schedule.step(target=targets, losses=out)
         else:
             schedule.step()
+        coef = 1.0
         if a.grad_clip > 0:
             sq = torch.zeros(1, dtype=torch.float32)
             for p in params:
@@ -170,13 +171,7 @@ def run_schedule(torch, dist, a, rank, name, chunks):
                     sq += p.grad.pow(2).sum()
             dist.all_reduce(sq)
             coef = a.grad_clip / (float(sq.sqrt()) + 1e-6)
-            if coef < 1.0:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
-        for group in opt.param_groups:
-            group["lr"] = gpt_ddp.lr_at(a, step)
-        opt.step()
+        gpt_ddp.scale_and_step(params, opt, a, step, coef)
         times.append(time.perf_counter() - t0)
         losses.append(float(sum(x.item() for x in out) / len(out)) if out else 0.0)
     t = gpt_ddp.max_over_ranks(torch, dist, times)
@@ -193,9 +188,7 @@ def worker(rank, a, port, queue):
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(a.threads)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    gpt_ddp.init_gloo(torch, dist, a, rank, port)
     results = []
     for name, chunks in SCHEDULES:
         if a.schedules and name not in a.schedules:
