@@ -61,12 +61,24 @@ stopped_rank() {
     sleep 0.1
   done
   [[ -s $metrics ]] || { kill -9 $pid; cat err.txt; fail "n=$n: the run wrote no metrics"; }
-  for p in $(pgrep -f "train.seed=$marker"); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim"; then
-      vpid=$p
-    fi
+  # The victim, by its rank in the launcher's environment (a few tries: a
+  # loaded machine may show the process before /proc has its environment).
+  for _ in $(seq 1 50); do
+    for p in $(pgrep -f "train.seed=$marker"); do
+      if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim"; then
+        vpid=$p
+      fi
+    done
+    [[ -n $vpid ]] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
   done
-  [[ -n $vpid ]] || { kill -9 $pid; fail "n=$n: rank $victim not found"; }
+  if [[ -z $vpid ]]; then
+    kill -9 $pid 2>/dev/null
+    echo "--- the job's processes:"; pgrep -af "train.seed=$marker"
+    echo "--- its metrics:"; cat "$metrics"; echo "--- its output:"; cat out.txt err.txt
+    fail "n=$n: rank $victim not found"
+  fi
   kill -STOP "$vpid"
   local start=$SECONDS
   if ! timeout 40 tail --pid=$pid -f /dev/null; then
