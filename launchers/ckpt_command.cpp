@@ -1,32 +1,80 @@
-// `kolos ckpt inspect|verify|export`: look into a checkpoint without MPI or a
-// model. DIR is a checkpoint directory (step-N) or a checkpoint root, whose
-// `latest` file names one. `export --format hf` converts a gpt's weights to
-// Hugging Face GPT-2's names and layouts (kolos/modules/gpt_hf.h).
+// `kolos ckpt inspect|verify|export|import`: look into a checkpoint without
+// MPI or a model. DIR is a checkpoint directory (step-N) or a checkpoint
+// root, whose `latest` file names one. `export --format hf` converts a gpt's
+// or llama's weights to Hugging Face GPT-2's or LLaMA's names and layouts,
+// `import --format hf` the other way (kolos/modules/hf.h).
 #include "ckpt_command.h"
 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
+#include <sstream>
 
 #include "kolos/checkpoint/checkpoint.h"
 #include "kolos/core/error.h"
 #include "kolos/core/run_config.h"
-#include "kolos/modules/gpt_hf.h"
+#include "kolos/modules/hf.h"
 
 namespace kolos::cli {
 
 namespace {
 
-constexpr const char* kCkptUsage = R"(usage: kolos ckpt <inspect|verify|export> DIR [options]
+constexpr const char* kCkptUsage = R"(usage: kolos ckpt <inspect|verify|export|import> DIR [options]
 
   inspect DIR                                  tensors, shapes, dtypes, step, the writing mesh
   verify DIR                                   every checksum, shard and piece; exit 1 if damaged
   export DIR --format safetensors -o FILE      the global model weights as one safetensors file
-  export DIR --format hf -o OUTDIR             a gpt model as Hugging Face GPT-2 (GPT2LMHeadModel):
+  export DIR --format hf -o OUTDIR             a gpt or llama model as Hugging Face GPT-2 or LLaMA
+                                               (GPT2LMHeadModel, LlamaForCausalLM):
                                                OUTDIR/model.safetensors and OUTDIR/config.json
+  import HFDIR --format hf -o ROOT             a Hugging Face GPT-2 or LLaMA directory (config.json
+                                               and model.safetensors, or the shards that
+                                               model.safetensors.index.json names) as a step-0
+                                               checkpoint in ROOT (zero optimizer state) that
+                                               `kolos train CONFIG --resume ROOT` starts from;
+                                               prints the [model] table CONFIG needs
 
 DIR is a checkpoint (a step-N directory) or a checkpoint root (its `latest`).
 )";
+
+// The [model] table of `toml` (to_toml's rendering), for the user's config.
+std::string model_table(const std::string& toml) {
+  std::istringstream in(toml);
+  std::string line, table;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] == '[') inside = line == "[model]";
+    if (inside && !line.empty()) table += line + "\n";
+  }
+  return table;
+}
+
+int import_hf(const std::string& dir, const std::string& format, const std::string& out) {
+  if (format != "hf") {
+    throw UsageError("kolos ckpt import: unknown --format `" + format + "`; valid: hf");
+  }
+  if (out.empty()) throw UsageError("kolos ckpt import: missing -o ROOT (the checkpoint root)");
+  std::ifstream config_file(dir + "/config.json");
+  if (!config_file) throw Error(dir + "/config.json: cannot be read", ErrorKind::kCheckpoint);
+  const std::string config_json((std::istreambuf_iterator<char>(config_file)),
+                                std::istreambuf_iterator<char>());
+  const modules::ImportedModel imported =
+      modules::from_hf(config_json, checkpoint::read_safetensors_dir(dir), dir);
+  RunConfig config;
+  config.model = imported.model;
+  // The recorded configuration must read back as this model (run_config's checks).
+  const std::string toml = to_toml(config);
+  parse_run_config(toml, dir + " (imported config)");
+  const std::string written = checkpoint::write_initial_checkpoint(out, imported.weights, toml);
+  for (const std::string& note : imported.notes) std::cerr << "kolos: note: " << note << "\n";
+  std::cout << "kolos: imported " << imported.architecture << " from " << dir << " ("
+            << imported.weights.size() << " tensors) as " << written << "\n"
+            << "kolos: start from it with `kolos train CONFIG --resume " << out
+            << "` (any mesh), CONFIG having this [model]:\n\n"
+            << model_table(toml);
+  return 0;
+}
 
 }  // namespace
 
@@ -74,6 +122,7 @@ int ckpt_command(const std::vector<std::string>& args) {
     std::cout << "kolos: " << resolved << ": ok (every checksum, shard and piece)\n";
     return 0;
   }
+  if (sub == "import") return import_hf(dir, format, out);
   if (sub == "export") {
     if (format != "safetensors" && format != "hf") {
       throw UsageError("kolos ckpt export: unknown --format `" + format +
@@ -92,7 +141,7 @@ int ckpt_command(const std::vector<std::string>& args) {
     const checkpoint::ModelWeights weights = checkpoint::read_model_weights(dir);
     const RunConfig config =
         parse_run_config(weights.meta.config_toml, checkpoint::resolve(dir) + "/index.h5 (config)");
-    const modules::HfModel hf = modules::gpt_to_hf_gpt2(config.model, weights.tensors);
+    const modules::HfModel hf = modules::to_hf(config.model, weights.tensors);
     std::filesystem::create_directories(out);
     checkpoint::write_safetensors(out + "/model.safetensors", hf.tensors,
                                   {{"format", "pt"},
@@ -102,12 +151,14 @@ int ckpt_command(const std::vector<std::string>& args) {
     json << hf.config_json;
     json.close();
     if (!json) throw Error("cannot write " + out + "/config.json");
-    std::cout << "kolos: wrote GPT-2 (" << hf.tensors.size() << " tensors, step "
-              << weights.meta.step << ") to " << out
-              << "/ (transformers: GPT2LMHeadModel.from_pretrained)\n";
+    const bool llama = config.model.name == "llama";
+    std::cout << "kolos: wrote " << (llama ? "LLaMA" : "GPT-2") << " (" << hf.tensors.size()
+              << " tensors, step " << weights.meta.step << ") to " << out << "/ (transformers: "
+              << (llama ? "LlamaForCausalLM" : "GPT2LMHeadModel") << ".from_pretrained)\n";
     return 0;
   }
-  throw UsageError("kolos ckpt: unknown subcommand `" + sub + "`; valid: inspect, verify, export");
+  throw UsageError("kolos ckpt: unknown subcommand `" + sub +
+                   "`; valid: inspect, verify, export, import");
 }
 
 }  // namespace kolos::cli

@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin libucx-dev
   libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev libtoml11-dev libhwloc-dev
+  nlohmann-json3-dev  # safetensors headers and Hugging Face config.json (ckpt import)
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-h5py python3-numpy
   # scripts/install-venv.sh: the virtual environment with LibTorch 2.x (the

@@ -62,6 +62,7 @@ KNOWN_PACKAGES = {
     "hdf5": {"mpi", "cxx", "fortran", "hl", "shared", "threadsafe", "api"},
     "boost": {"program_options", "filesystem", "system", "shared", "mpi", "cxxstd"},
     "toml11": set(),
+    "nlohmann-json": {"multiple_headers"},
     "cmake": set(),
     "ninja": set(),
     "pkgconfig": set(),
@@ -69,7 +70,7 @@ KNOWN_PACKAGES = {
     "hwloc": {"cuda", "nvml"},
 }
 # What kolos cannot build without (root-level, unconditional).
-REQUIRED = {"mpi", "boost", "toml11", "cmake", "py-torch"}
+REQUIRED = {"mpi", "boost", "toml11", "nlohmann-json", "cmake", "py-torch"}
 # Build tools that are only worth depending on when a CMake file uses them.
 TOOL_USE = {"pkgconfig": r"find_package\(\s*PkgConfig|pkg_check_modules|pkg_search_module"}
 # Dependencies whose APIs kolos uses, with the highest version the recipe may

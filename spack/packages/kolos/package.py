@@ -78,6 +78,8 @@ class Kolos(CMakePackage, CudaPackage):
     depends_on("boost@1.74: +program_options")
     # toml11 4.x removed toml::string (run_config.cpp reads `as_string().str`).
     depends_on("toml11@3.7:3")
+    # safetensors headers and Hugging Face config.json (`kolos ckpt import`).
+    depends_on("nlohmann-json@3.2:")
 
     # googletest (with gmock): in the graph whenever the tests are built,
     # that is with +tests, and with `spack install --test=root` (type="test").

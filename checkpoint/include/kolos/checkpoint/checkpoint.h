@@ -163,6 +163,27 @@ ModelWeights read_model_weights(const std::string& path);
 void write_safetensors(const std::string& file, const NamedTensors& tensors,
                        const std::vector<std::pair<std::string, std::string>>& metadata);
 
+// Reads one safetensors file whole: every tensor, in the header's offset
+// order, as a CPU tensor of its dtype. Every size is checked against the
+// file before anything is allocated; CheckpointError naming the file and
+// tensor on a malformed header, an unknown dtype, overlapping or
+// out-of-bounds data, or a short file.
+NamedTensors read_safetensors(const std::string& file);
+// The weights of a Hugging Face model directory: `model.safetensors`, or
+// the shards `model.safetensors.index.json`'s weight_map names (every shard
+// read; a tensor missing from the shard the map names, a tensor in two
+// shards, or one the map does not name is an error naming both).
+NamedTensors read_safetensors_dir(const std::string& dir);
+
+// Writes `weights` (global fp32 tensors, named as the model's parameters) as
+// a one-rank checkpoint at step 0 under `root` (<root>/step-00000000 and
+// `latest`), with zeroed AdamW moments: what a run that resumes from `root`
+// on any mesh starts from, as if the weights were its initialisation.
+// `config_toml` is recorded as the checkpoint's configuration. Returns the
+// checkpoint directory.
+std::string write_initial_checkpoint(const std::string& root, const NamedTensors& weights,
+                                     const std::string& config_toml);
+
 // Test hook (fault injection), only in the test build of the library
 // (compiled with KOLOS_FAULT_INJECTION into lib/faults of the build tree,
 // never installed): when the environment variables

@@ -1,0 +1,100 @@
+#include <torch/torch.h>
+
+#include "hf_detail.h"
+#include "kolos/core/error.h"
+
+namespace kolos::modules {
+namespace hf_detail {
+
+Tensors::Tensors(const NamedTensors& tensors, std::string what) : what_(std::move(what)) {
+  for (const auto& [name, tensor] : tensors) {
+    KOLOS_CHECK_KIND(kCheckpoint, left_.emplace(name, tensor).second, what_,
+                     " holds tensor `", name, "` twice");
+  }
+}
+
+at::Tensor Tensors::take(const std::string& name, const std::vector<int64_t>& shape) {
+  auto it = left_.find(name);
+  KOLOS_CHECK_KIND(kCheckpoint, it != left_.end(), what_, " has no tensor `", name,
+                   "`, which the configuration's model has");
+  KOLOS_CHECK_KIND(kCheckpoint, it->second.sizes().vec() == shape, what_, ": tensor `", name,
+                   "` has shape ", it->second.sizes(), ", the configuration's model needs ",
+                   c10::IntArrayRef(shape));
+  at::Tensor t = it->second;
+  left_.erase(it);
+  return t;
+}
+
+void Tensors::expect_empty(const std::string& counterpart, const std::string& hint) const {
+  KOLOS_CHECK_KIND(kCheckpoint, left_.empty(), what_, ": tensor `",
+                   left_.empty() ? "" : left_.begin()->first, "` has no ", counterpart,
+                   " counterpart (", left_.size(), " left over); ", hint);
+}
+
+void Config::refuse(const std::string& key, const std::string& why) const {
+  const std::string value = json_.contains(key) ? json_[key].dump() : std::string("(absent)");
+  throw Error(where_ + ": `" + key + "` = " + value + ": " + why, ErrorKind::kCheckpoint);
+}
+
+int64_t Config::integer(const std::string& key) const {
+  if (!has(key)) refuse(key, "needed, and missing");
+  if (!json_[key].is_number_integer()) refuse(key, "not an integer");
+  return json_[key].get<int64_t>();
+}
+
+int64_t Config::integer(const std::string& key, int64_t fallback) const {
+  return has(key) ? integer(key) : fallback;
+}
+
+double Config::number(const std::string& key, double fallback) const {
+  if (!has(key)) return fallback;
+  if (!json_[key].is_number()) refuse(key, "not a number");
+  return json_[key].get<double>();
+}
+
+std::string Config::string(const std::string& key, const std::string& fallback) const {
+  if (!has(key)) return fallback;
+  if (!json_[key].is_string()) refuse(key, "not a string");
+  return json_[key].get<std::string>();
+}
+
+bool Config::boolean(const std::string& key, bool fallback) const {
+  if (!has(key)) return fallback;
+  if (!json_[key].is_boolean()) refuse(key, "not true or false");
+  return json_[key].get<bool>();
+}
+
+}  // namespace hf_detail
+
+HfModel to_hf(const ModelConfig& model, const NamedTensors& weights) {
+  if (model.name == "gpt") return gpt_to_hf_gpt2(model, weights);
+#ifdef KOLOS_HAVE_LLAMA
+  if (model.name == "llama") return llama_to_hf_llama(model, weights);
+#endif
+  throw ConfigError("model `" + model.name +
+                    "` has no Hugging Face counterpart; --format hf converts `gpt` (GPT-2) and "
+                    "`llama` (LLaMA)");
+}
+
+ImportedModel from_hf(const std::string& config_json, const NamedTensors& tensors,
+                      const std::string& where) {
+  const std::string file = where + "/config.json";
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(config_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(file + " is not JSON: " + e.what(), ErrorKind::kCheckpoint);
+  }
+  KOLOS_CHECK_KIND(kCheckpoint, json.is_object(), file, " is not a JSON object");
+  const hf_detail::Config config(json, file);
+  const std::string type = config.string("model_type", "");
+  if (type == "gpt2") return hf_detail::gpt2_from_hf(config, tensors);
+#ifdef KOLOS_HAVE_LLAMA
+  if (type == "llama") return hf_detail::llama_from_hf(config, tensors);
+#endif
+  config.refuse("model_type",
+                "kolos imports \"gpt2\" (GPT2LMHeadModel, as model `gpt`) and \"llama\" "
+                "(LlamaForCausalLM, as model `llama`)");
+}
+
+}  // namespace kolos::modules

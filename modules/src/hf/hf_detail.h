@@ -1,0 +1,55 @@
+// What the Hugging Face conversions share: taking named tensors with their
+// shapes checked, and reading config.json's keys with the key named in
+// every error.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kolos/modules/hf.h"
+
+namespace kolos::modules::hf_detail {
+
+// Tensors by name, each taken once; what is left at the end is an error.
+class Tensors {
+ public:
+  // `what` names the source in messages ("the checkpoint", "gpt2/model.safetensors").
+  Tensors(const NamedTensors& tensors, std::string what);
+  // The tensor `name`, with shape `shape`; removed from what is left.
+  at::Tensor take(const std::string& name, const std::vector<int64_t>& shape);
+  bool has(const std::string& name) const { return left_.count(name) > 0; }
+  // Drops `name` if present (buffers that are not weights).
+  void drop(const std::string& name) { left_.erase(name); }
+  // Throws naming one tensor left over (`hint`: what the model was taken to be).
+  void expect_empty(const std::string& counterpart, const std::string& hint) const;
+
+ private:
+  std::map<std::string, at::Tensor> left_;
+  std::string what_;
+};
+
+// config.json's keys, read with the key and file named in every error.
+class Config {
+ public:
+  Config(const nlohmann::json& json, std::string where) : json_(json), where_(std::move(where)) {}
+  bool has(const std::string& key) const { return json_.contains(key) && !json_[key].is_null(); }
+  int64_t integer(const std::string& key) const;
+  int64_t integer(const std::string& key, int64_t fallback) const;
+  double number(const std::string& key, double fallback) const;
+  std::string string(const std::string& key, const std::string& fallback) const;
+  bool boolean(const std::string& key, bool fallback) const;
+  // Throws: config.json's `key` = <value>: `why`.
+  [[noreturn]] void refuse(const std::string& key, const std::string& why) const;
+  const std::string& where() const { return where_; }
+
+ private:
+  const nlohmann::json& json_;
+  std::string where_;
+};
+
+ImportedModel gpt2_from_hf(const Config& config, const NamedTensors& tensors);
+ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors);
+
+}  // namespace kolos::modules::hf_detail

@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# `kolos ckpt import --format hf` against the real transformers:
+#   hf_import.sh CASE   (environment: KOLOS, MPIEXEC, KOLOS_VENV, GPT_LOGITS)
+# gpt2:  a random tiny GPT2LMHeadModel saved by save_pretrained, as one file
+#        and sharded (model.safetensors.index.json), and as the Hub stores
+#        GPT-2 (no "transformer." prefix, the causal-mask buffers present);
+#        each imported, kolos's forward (gpt_logits) against transformers'
+#        logits within 1e-5; then training resumes from the import on 2 ranks
+#        under tensor parallelism, and its export loads back into transformers.
+# llama: the same for LlamaForCausalLM with grouped-query attention, a tied
+#        and an untied head.
+# bad:   a missing tensor, an extra tensor, a shard the index misplaces, a
+#        truncated file, unsupported config.json keys: each refused, naming it.
+set -uo pipefail
+case_name=$1
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+PY=${KOLOS_VENV:-}/bin/python
+"$PY" -c "import safetensors, transformers, torch" 2>/dev/null ||
+  fail "no usable Python environment at '${KOLOS_VENV:-}' (safetensors, transformers, torch): run scripts/install-venv.sh (make test does)"
+
+TOKENS=$($PY -c "import random; r = random.Random(3); print(*[r.randrange(96) for _ in range(48)])")
+
+# make_model KIND DIR PYTHON: PYTHON runs on `model` before saving (`shard`:
+# save_pretrained's max_shard_size):
+# a random tiny transformers model (vocab 96), saved one-file, plus its
+# logits for TOKENS (2 rows) in DIR.logits.safetensors.
+make_model() {
+  "$PY" - "$@" "$TOKENS" <<'PYEOF' || fail "making the transformers model failed"
+import sys, warnings
+warnings.filterwarnings("ignore")
+import torch, transformers
+from safetensors.torch import save_file
+kind, out, extra, tokens = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+torch.manual_seed(0)
+if kind == "gpt2":
+    cfg = transformers.GPT2Config(vocab_size=96, n_positions=24, n_embd=48, n_layer=2, n_head=4,
+                                  resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    model = transformers.GPT2LMHeadModel(cfg)
+else:
+    tied = kind == "llama_tied"
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=64, rope_theta=500000.0, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=tied)
+    model = transformers.LlamaForCausalLM(cfg)
+# Random norms and biases too, so a layout mistake cannot hide behind ones and zeros.
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            p.add_(torch.randn_like(p) * 0.1)
+model.eval()
+shard = "5GB"
+exec(extra)
+model.save_pretrained(out, max_shard_size=shard)
+ids = torch.tensor([int(t) for t in tokens.split()]).view(2, -1)
+with torch.no_grad():
+    logits = model(ids).logits
+save_file({"tokens": ids, "logits": logits.contiguous()}, out + ".logits.safetensors")
+print(f"{kind}: transformers {transformers.__version__}, {sum(p.numel() for p in model.parameters())} parameters")
+PYEOF
+}
+
+# same_logits DIR: import DIR into DIR.ckpt, kolos's logits against transformers'.
+same_logits() {
+  local dir=$1
+  "$KOLOS" ckpt import "$dir" --format hf -o "$dir.ckpt" >"$dir.import.txt" 2>&1 ||
+    { cat "$dir.import.txt"; fail "import of $dir failed"; }
+  # shellcheck disable=SC2086
+  "$GPT_LOGITS" "$dir.ckpt" "$dir.kolos.safetensors" 2 $TOKENS >/dev/null ||
+    fail "gpt_logits on the import of $dir failed"
+  "$PY" - "$dir" <<'PYEOF' || fail "kolos's logits differ from transformers' for $1"
+import sys
+from safetensors.torch import load_file
+d = sys.argv[1]
+hf, kolos = load_file(d + ".logits.safetensors"), load_file(d + ".kolos.safetensors")
+assert (hf["tokens"] == kolos["tokens"]).all()
+diff = (hf["logits"] - kolos["logits"]).abs().max().item()
+print(f"{d}: max |kolos - transformers| = {diff:.3g} (logits span "
+      f"{hf['logits'].min().item():.2f}..{hf['logits'].max().item():.2f})")
+assert diff < 1e-5, diff
+PYEOF
+}
+
+# train_from CKPT TOML: 2 ranks, tensor = 2, 2 steps from the import.
+train_from() {
+  local ckpt=$1 toml=$2
+  cat >>"$toml" <<'TOML'
+[data]
+kind = "synthetic"
+[train]
+global_batch = 4
+micro_batch = 2
+steps = 2
+[parallel]
+tensor = 2
+[log]
+progress = "off"
+TOML
+  echo "dir = \"$ckpt\"" | sed '1i [checkpoint]' >>"$toml"
+  timeout 300 "$MPIEXEC" -np 2 --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none \
+    "$KOLOS" train "$toml" --resume "$ckpt" >"$toml.log" 2>&1 ||
+    { cat "$toml.log"; fail "training from the import failed"; }
+  grep -q "resumed from .*step-00000000 at step 0" "$toml.log" ||
+    { cat "$toml.log"; fail "the run did not start from the import"; }
+  [[ -d $ckpt/step-00000002 ]] || fail "no checkpoint of step 2 in $ckpt"
+}
+
+case "$case_name" in
+  gpt2)
+    make_model gpt2 one ""
+    same_logits one
+    make_model gpt2 sharded "shard = '40KB'"
+    [[ -f sharded/model.safetensors.index.json ]] || fail "transformers wrote no sharded model"
+    same_logits sharded
+    # The Hub's layout: no "transformer." prefix, causal-mask buffers kept.
+    make_model gpt2 hub ""
+    "$PY" - <<'PYEOF' || fail "rewriting to the Hub layout failed"
+import torch
+from safetensors.torch import load_file, save_file
+t = load_file("hub/model.safetensors")
+t = {k.removeprefix("transformer."): v for k, v in t.items()}
+t["h.0.attn.bias"] = torch.tril(torch.ones(1, 1, 24, 24))
+save_file(t, "hub/model.safetensors", metadata={"format": "pt"})
+PYEOF
+    same_logits hub
+    sed -n '/^\[model\]/,$p' one.import.txt >train.toml
+    grep -q '^name = "gpt"' train.toml || { cat one.import.txt; fail "import printed no [model] table"; }
+    cp -r one.ckpt run.ckpt
+    train_from run.ckpt train.toml
+    "$KOLOS" ckpt export run.ckpt --format hf -o back >/dev/null || fail "export after training failed"
+    "$PY" -c "
+import warnings; warnings.filterwarnings('ignore')
+from transformers import GPT2LMHeadModel
+m, info = GPT2LMHeadModel.from_pretrained('back', output_loading_info=True)
+assert not any(info.values()), info
+print('exported after training: loads in transformers')" || fail "the export of the trained import does not load"
+    ;;
+  llama)
+    make_model llama one ""
+    same_logits one
+    make_model llama sharded "shard = '40KB'"
+    [[ -f sharded/model.safetensors.index.json ]] || fail "transformers wrote no sharded model"
+    same_logits sharded
+    make_model llama_tied tied ""
+    same_logits tied
+    grep -q "tie_word_embeddings" tied.import.txt || { cat tied.import.txt; fail "a tied head was imported without a note"; }
+    sed -n '/^\[model\]/,$p' one.import.txt >train.toml
+    cp -r one.ckpt run.ckpt
+    train_from run.ckpt train.toml
+    "$KOLOS" ckpt export run.ckpt --format hf -o back >/dev/null || fail "export after training failed"
+    "$PY" -c "
+import warnings; warnings.filterwarnings('ignore')
+from transformers import LlamaForCausalLM
+m, info = LlamaForCausalLM.from_pretrained('back', output_loading_info=True)
+assert not any(info.values()), info
+print('exported after training: loads in transformers')" || fail "the export of the trained import does not load"
+    ;;
+  bad)
+    make_model gpt2 good ""
+    # edit NAME PYTHON: a copy of good/ as NAME, changed by PYTHON (t: the tensors, cfg: config.json).
+    edit() {
+      rm -rf "$1" && cp -r good "$1"
+      "$PY" - "$1" "$2" <<'PYEOF' || fail "making $1 failed"
+import json, sys, torch
+from safetensors.torch import load_file, save_file
+d, code = sys.argv[1], sys.argv[2]
+t = load_file(d + "/model.safetensors")
+cfg = json.load(open(d + "/config.json"))
+exec(code)
+save_file(t, d + "/model.safetensors", metadata={"format": "pt"})
+json.dump(cfg, open(d + "/config.json", "w"))
+PYEOF
+    }
+    edit missing 'del t["transformer.h.1.mlp.c_fc.weight"]'
+    expect_failure "has no tensor \`h.1.mlp.c_fc.weight\`" "$KOLOS" ckpt import missing --format hf -o m.ckpt
+    edit extra 't["transformer.h.1.adapter.weight"] = torch.zeros(3)'
+    expect_failure "tensor \`h.1.adapter.weight\` has no kolos gpt counterpart" "$KOLOS" ckpt import extra --format hf -o e.ckpt
+    edit shape 't["transformer.wpe.weight"] = torch.zeros(25, 48)'
+    expect_failure "tensor \`wpe.weight\` has shape \[25, 48\]" "$KOLOS" ckpt import shape --format hf -o s.ckpt
+    edit act 'cfg["activation_function"] = "relu"'
+    expect_failure "\`activation_function\` = \"relu\"" "$KOLOS" ckpt import act --format hf -o a.ckpt
+    edit arch 'cfg["model_type"] = "bert"'
+    expect_failure "\`model_type\` = \"bert\"" "$KOLOS" ckpt import arch --format hf -o b.ckpt
+    # A truncated file, and an index that places a tensor in the wrong shard.
+    rm -rf cut && cp -r good cut && truncate -s -100 cut/model.safetensors
+    expect_failure "cut/model.safetensors" "$KOLOS" ckpt import cut --format hf -o c.ckpt
+    make_model gpt2 sharded "shard = '40KB'"
+    "$PY" - <<'PYEOF' || fail "misplacing a tensor in the index failed"
+import json
+p = "sharded/model.safetensors.index.json"
+idx = json.load(open(p))
+files = sorted(set(idx["weight_map"].values()))
+name = next(k for k, v in idx["weight_map"].items() if v == files[0])
+idx["weight_map"][name] = files[1]
+json.dump(idx, open(p, "w"))
+print("moved", name, "to", files[1])
+PYEOF
+    expect_failure "places it in" "$KOLOS" ckpt import sharded --format hf -o sh.ckpt
+    # Nothing is written where an import failed.
+    for d in m.ckpt e.ckpt s.ckpt a.ckpt b.ckpt c.ckpt sh.ckpt; do
+      [[ ! -e $d/latest ]] || fail "a failed import left $d/latest"
+    done
+    # An import never overwrites a checkpoint.
+    "$KOLOS" ckpt import good --format hf -o g.ckpt >/dev/null || fail "import of good failed"
+    expect_failure "exists already" "$KOLOS" ckpt import good --format hf -o g.ckpt
+    ;;
+  *) fail "unknown case $case_name" ;;
+esac
+echo "PASS: $case_name"
