@@ -293,7 +293,8 @@ class Reader {
                     "model.kv_heads = " + std::to_string(m.kv_heads) +
                         " does not divide model.heads = " + std::to_string(m.heads) +
                         "; each key/value head serves an equal group of query heads, so use "
-                        "kv_heads = " + join(divisors, ", ") + (divisors.size() < 16 ? "" : ", ...") +
+                        "kv_heads = " +
+                        join(divisors, ", ") + (divisors.size() < 16 ? "" : ", ...") +
                         " (or 0 for kv_heads = heads).");
     }
     // hidden % heads was checked above.
@@ -305,7 +306,8 @@ class Reader {
                         " is odd, but rotary position embedding (model.name = \"llama\") rotates "
                         "pairs of a head's features; use hidden = " +
                         std::to_string((head_dim + 1) * m.heads) + " (head dimension " +
-                        std::to_string(head_dim + 1) + ") or heads so that hidden / heads is even.");
+                        std::to_string(head_dim + 1) +
+                        ") or heads so that hidden / heads is even.");
     }
     if (m.ffn_hidden == 0) {
       m.ffn_hidden = default_ffn_hidden(m.hidden);

@@ -121,8 +121,9 @@ class CausalSelfAttention : public Layer {
     // Contiguous head blocks per rank keep each query head with its key/value
     // head: a rank's heads/n query heads are groups of its kv_heads/n.
     groups_ = spec.heads / kv_heads;
+    const bool input_ready = true;  // q, k and v share one column_input()
     LinearSpec column{spec.hidden, spec.hidden, spec.bias, LinearRole::kColumn, spec.init_std,
-                      /*input_ready=*/true};
+                      input_ready};
     LinearSpec kv_column = column;
     kv_column.out = kv_heads * head_dim_;
     q_ = register_module("q_proj", factory.linear(column));

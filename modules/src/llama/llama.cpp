@@ -25,7 +25,7 @@ class LlamaEmbedding : public Layer {
 class SwiGluMlp : public Layer {
  public:
   SwiGluMlp(LayerFactory& factory, const ModelConfig& c) : factory_(&factory) {
-    const LinearSpec column{c.hidden, c.ffn_hidden, /*bias=*/false, LinearRole::kColumn,
+    const LinearSpec column{c.hidden,   c.ffn_hidden,        /*bias=*/false, LinearRole::kColumn,
                             c.init_std, /*input_ready=*/true};
     gate_ = register_module("gate_proj", factory.linear(column));
     up_ = register_module("up_proj", factory.linear(column));
@@ -84,10 +84,11 @@ std::shared_ptr<Model> build_llama(const ModelConfig& c, LayerFactory& factory) 
   // ModelConfig built in code gets the same rules here.
   KOLOS_CHECK_KIND(kConfig, c.hidden % c.heads == 0, "model.hidden = ", c.hidden,
                    " is not divisible by model.heads = ", c.heads);
-  KOLOS_CHECK_KIND(kConfig, c.kv_heads > 0 && c.heads % c.kv_heads == 0, "model.kv_heads = ",
-                   c.kv_heads, " does not divide model.heads = ", c.heads);
-  KOLOS_CHECK_KIND(kConfig, (c.hidden / c.heads) % 2 == 0, "model.hidden / model.heads = ",
-                   c.hidden / c.heads, " is odd; rotary position embedding needs it even");
+  KOLOS_CHECK_KIND(kConfig, c.kv_heads > 0 && c.heads % c.kv_heads == 0,
+                   "model.kv_heads = ", c.kv_heads, " does not divide model.heads = ", c.heads);
+  KOLOS_CHECK_KIND(kConfig, (c.hidden / c.heads) % 2 == 0,
+                   "model.hidden / model.heads = ", c.hidden / c.heads,
+                   " is odd; rotary position embedding needs it even");
   KOLOS_CHECK_KIND(kConfig, c.ffn_hidden > 0, "model.ffn_hidden = ", c.ffn_hidden,
                    " (load_run_config resolves 0 to its default)");
   auto model = std::make_shared<Model>();

@@ -27,8 +27,8 @@ int main(int argc, char** argv) {
   }
   try {
     std::vector<std::string> overrides(argv + 2, argv + argc);
-    const RunConfig config = parse_run_config("[model]\nname = \"llama\"\n", "<llama_logits>",
-                                              overrides);
+    const RunConfig config =
+        parse_run_config("[model]\nname = \"llama\"\n", "<llama_logits>", overrides);
     const ModelConfig& m = config.model;
     modules::register_builtin_models();
     torch::manual_seed(11);
@@ -45,17 +45,16 @@ int main(int argc, char** argv) {
     at::Tensor logits = model->forward(tokens);
     tensors.emplace_back("tokens", tokens);
     tensors.emplace_back("logits", logits.contiguous());
-    checkpoint::write_safetensors(
-        argv[1], tensors,
-        {{"layers", std::to_string(m.layers)},
-         {"hidden", std::to_string(m.hidden)},
-         {"heads", std::to_string(m.heads)},
-         {"kv_heads", std::to_string(m.kv_heads)},
-         {"ffn_hidden", std::to_string(m.ffn_hidden)},
-         {"vocab", std::to_string(m.vocab)},
-         {"seq_len", std::to_string(m.seq_len)},
-         {"rope_theta", format_float(m.rope_theta)},
-         {"norm_eps", format_float(m.norm_eps)}});
+    checkpoint::write_safetensors(argv[1], tensors,
+                                  {{"layers", std::to_string(m.layers)},
+                                   {"hidden", std::to_string(m.hidden)},
+                                   {"heads", std::to_string(m.heads)},
+                                   {"kv_heads", std::to_string(m.kv_heads)},
+                                   {"ffn_hidden", std::to_string(m.ffn_hidden)},
+                                   {"vocab", std::to_string(m.vocab)},
+                                   {"seq_len", std::to_string(m.seq_len)},
+                                   {"rope_theta", format_float(m.rope_theta)},
+                                   {"norm_eps", format_float(m.norm_eps)}});
     std::cout << "llama_logits: " << logits.sizes() << " -> " << argv[1] << "\n";
     return 0;
   } catch (const std::exception& e) {

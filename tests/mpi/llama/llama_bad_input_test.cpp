@@ -44,20 +44,20 @@ TEST(LlamaBadInput, OddHeadDimensionForRope) {
 }
 
 TEST(LlamaBadInput, KvHeadsNotDivisibleByTensorSize) {
-  std::string m = config_error(
-      llama({"model.heads=8", "model.kv_heads=2", "parallel.tensor.size=4"}));
-  expect_has(m, "model.kv_heads = 2 does not divide into the 4 key/value-head groups of tensor "
-                "mode \"1d\" at size 4");
+  std::string m =
+      config_error(llama({"model.heads=8", "model.kv_heads=2", "parallel.tensor.size=4"}));
+  expect_has(m,
+             "model.kv_heads = 2 does not divide into the 4 key/value-head groups of tensor "
+             "mode \"1d\" at size 4");
   expect_has(m, "use model.kv_heads = 4");
   expect_has(m, "or a tensor size of 1, 2");
-  m = config_error(llama({"model.heads=4", "model.kv_heads=1", "parallel.tensor.size=4",
-                          "parallel.tensor.mode=2d"}));
+  m = config_error(llama(
+      {"model.heads=4", "model.kv_heads=1", "parallel.tensor.size=4", "parallel.tensor.mode=2d"}));
   expect_has(m, "model.kv_heads = 1 does not divide into the 2 key/value-head groups");
 }
 
 TEST(LlamaBadInput, FfnHiddenNotDivisibleByTensorSize) {
-  const std::string m =
-      config_error(llama({"model.ffn_hidden=90", "parallel.tensor.size=4"}));
+  const std::string m = config_error(llama({"model.ffn_hidden=90", "parallel.tensor.size=4"}));
   expect_has(m, "model.ffn_hidden = 90 does not divide into the 4 MLP column blocks");
   expect_has(m, "use model.ffn_hidden = 88 or 92");
 }
@@ -70,8 +70,8 @@ TEST(LlamaBadInput, OutOfRangeValues) {
 }
 
 TEST(LlamaBadInput, GptRefusesLlamaKeys) {
-  for (const std::string key : {"kv_heads=2", "rope_theta=10000.0", "ffn_hidden=96",
-                                "norm_eps=1e-6"}) {
+  for (const std::string key :
+       {"kv_heads=2", "rope_theta=10000.0", "ffn_hidden=96", "norm_eps=1e-6"}) {
     const std::string m = config_error({"model." + key});
     expect_has(m, "model." + key.substr(0, key.find('=')));
     expect_has(m, "applies to model.name = \"llama\" only, not to model.name = \"gpt\"");

@@ -45,11 +45,11 @@ std::vector<std::string> tensor(const std::string& mode, int size,
   return overrides;
 }
 
-#define REQUIRE_RANKS(...)                                                       \
-  do {                                                                           \
-    const std::vector<int> allowed{__VA_ARGS__};                                 \
+#define REQUIRE_RANKS(...)                                                        \
+  do {                                                                            \
+    const std::vector<int> allowed{__VA_ARGS__};                                  \
     if (std::find(allowed.begin(), allowed.end(), world_size()) == allowed.end()) \
-      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                          \
+      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                           \
   } while (0)
 
 TEST(LlamaSerial, ResolvesItsDefaults) {
@@ -88,9 +88,9 @@ TEST(LlamaTp1d, GroupedQueryAttentionMatchesSerial) {
 TEST(LlamaDataParallel, MultiQueryAttentionMatchesSerial) {
   // One key/value head for all 4 query heads.
   REQUIRE_RANKS(2, 4);
-  testing::expect_equivalent(serial({"model.kv_heads=1"}),
-                             parallel({"model.kv_heads=1",
-                                       "parallel.data=" + std::to_string(world_size())}));
+  testing::expect_equivalent(
+      serial({"model.kv_heads=1"}),
+      parallel({"model.kv_heads=1", "parallel.data=" + std::to_string(world_size())}));
 }
 
 TEST(LlamaTp2d, MatchesSerial) {
@@ -102,6 +102,24 @@ TEST(LlamaTp2d, GroupedQueryAttentionMatchesSerial) {
   REQUIRE_RANKS(4);
   const std::vector<std::string> gqa = {"model.heads=8", "model.kv_heads=2"};
   testing::expect_equivalent(serial(gqa), parallel(tensor("2d", 4, gqa)));
+}
+
+TEST(LlamaTp2p5d, GroupedQueryAttentionMatchesSerial) {
+  // depth 2 x 2 x 2.
+  REQUIRE_RANKS(8);
+  const std::vector<std::string> gqa = {"model.heads=8", "model.kv_heads=2"};
+  testing::expect_equivalent(
+      serial(gqa),
+      parallel(
+          tensor("2.5d", 8, {"model.heads=8", "model.kv_heads=2", "parallel.tensor.depth=2"})));
+}
+
+TEST(LlamaTp3d, GroupedQueryAttentionMatchesSerial) {
+  // 2 x 2 x 2: a column layer's output features cut over one grid
+  // dimension, a row layer's over another.
+  REQUIRE_RANKS(8);
+  const std::vector<std::string> gqa = {"model.heads=8", "model.kv_heads=2"};
+  testing::expect_equivalent(serial(gqa), parallel(tensor("3d", 8, gqa)));
 }
 
 TEST(LlamaPipeline, WithZero3MatchesSerial) {

@@ -34,10 +34,10 @@ struct ModelConfig {
   double init_std = 0.02;  // normal init of linear/embedding weights
   // name = "llama" only (refused for the others). Read as 0 = "the default",
   // then resolved, so after load_run_config they hold the values used.
-  int64_t kv_heads = 0;        // key/value heads (grouped-query attention); 0: heads
-  double rope_theta = 10000;   // rotary position embedding base
-  int64_t ffn_hidden = 0;      // SwiGLU width; 0: default_ffn_hidden(hidden)
-  double norm_eps = 1e-5;      // RMSNorm epsilon
+  int64_t kv_heads = 0;       // key/value heads (grouped-query attention); 0: heads
+  double rope_theta = 10000;  // rotary position embedding base
+  int64_t ffn_hidden = 0;     // SwiGLU width; 0: default_ffn_hidden(hidden)
+  double norm_eps = 1e-5;     // RMSNorm epsilon
 };
 
 // LLaMA's SwiGLU width for `hidden`: 2/3 * 4 * hidden rounded up to a
