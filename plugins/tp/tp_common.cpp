@@ -100,6 +100,22 @@ std::string grid_problem(const TpShape& tp) {
   return "";
 }
 
+// The MLP width, and for LLaMA the key/value heads (each rank keeps whole
+// groups of query heads with their key/value head), divide over the q
+// blocks of the heads and features.
+void require_mlp_and_kv(const RunConfig& config, const TpShape& tp, const std::string& what,
+                        const std::function<int64_t(int64_t)>& side) {
+  const auto& m = config.model;
+  if (m.name != "llama") {
+    require_divisible(config, tp, "model.hidden * model.mlp_ratio", m.hidden * m.mlp_ratio, tp.q,
+                      what, side);
+    return;
+  }
+  require_divisible(config, tp, "model.ffn_hidden", m.ffn_hidden, tp.q, what, side);
+  require_divisible(config, tp, "model.kv_heads", m.kv_heads > 0 ? m.kv_heads : m.heads, tp.q,
+                    "key/value-head groups", side);
+}
+
 }  // namespace
 
 int64_t grid_side(const std::string& mode, int64_t depth, int64_t size) {
@@ -136,8 +152,7 @@ TpShape configure_tp(const PluginContext& context, const std::string& mode) {
   };
   if (mode == "1d") {
     require_divisible(config, tp, "model.heads", m.heads, tp.q, "attention-head groups", side);
-    require_divisible(config, tp, "model.hidden * model.mlp_ratio", m.hidden * m.mlp_ratio, tp.q,
-                      "MLP column blocks", side);
+    require_mlp_and_kv(config, tp, "MLP column blocks", side);
     return tp;
   }
   const auto batch_of = [mode, side, depth](int64_t s) {
@@ -145,8 +160,7 @@ TpShape configure_tp(const PluginContext& context, const std::string& mode) {
     return mode == "2d" ? q : mode == "2.5d" ? q * depth : q * q;
   };
   require_divisible(config, tp, "model.heads", m.heads, tp.q, "attention-head groups", side);
-  require_divisible(config, tp, "model.hidden * model.mlp_ratio", m.hidden * m.mlp_ratio, tp.q,
-                    "MLP feature blocks", side);
+  require_mlp_and_kv(config, tp, "MLP feature blocks", side);
   require_divisible(config, tp, "train.micro_batch", config.train.micro_batch, batch_of(tp.size),
                     "batch blocks", batch_of);
   return tp;

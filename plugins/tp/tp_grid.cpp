@@ -110,6 +110,36 @@ class GridLayerNorm : public Layer {
   at::Tensor weight_, bias_;
 };
 
+// RMSNorm on the grid: the mean square over the whole feature dimension
+// (all-reduced over F, which cuts it), the weight cut as GridLayerNorm's.
+class GridRmsNorm : public Layer {
+ public:
+  GridRmsNorm(int64_t dim, double eps, const Grid& grid, Mask features, Mask batch)
+      : grid_(&grid), features_(features), batch_(batch), dim_(dim), eps_(eps) {
+    Placement p =
+        Placement::replicated({dim}).split(0, grid.index(features), grid.size(features), kTp);
+    rows_ = p.slice(0).length;
+    p = p.shard(0, grid.index(batch), grid.size(batch), kTp);
+    weight_ = register_placed("weight", local_piece(torch::ones({dim}), p), p);
+  }
+
+  at::Tensor forward(const at::Tensor& x) override {
+    const double n = static_cast<double>(dim_);
+    at::Tensor mean_square =
+        all_reduce_2(x.pow(2).sum(-1, /*keepdim=*/true), grid_->group(features_)) / n;
+    at::Tensor gamma = gather(weight_, grid_->group(batch_), 0).narrow(0, 0, rows_);
+    return x * torch::rsqrt(mean_square + eps_) * gamma;
+  }
+
+ private:
+  const Grid* grid_;
+  Mask features_, batch_;
+  int64_t dim_;
+  double eps_;
+  int64_t rows_ = 0;
+  at::Tensor weight_;
+};
+
 class GridEmbedding : public Layer {
  public:
   GridEmbedding(int64_t num, int64_t dim, double init_std, const Grid& grid, Mask features,
@@ -203,6 +233,9 @@ LayerPtr GridFactory::embedding(int64_t num, int64_t dim, double init_std) {
 }
 LayerPtr GridFactory::layer_norm(int64_t dim, double eps) {
   return std::make_shared<GridLayerNorm>(dim, eps, grid_, features_, batch_);
+}
+LayerPtr GridFactory::rms_norm(int64_t dim, double eps) {
+  return std::make_shared<GridRmsNorm>(dim, eps, grid_, features_, batch_);
 }
 at::Tensor GridFactory::column_input(const at::Tensor& x) {
   return gather(x, grid_.group(column_.x_gather), column_.x_dim);

@@ -26,11 +26,12 @@
 // block, cut again over the grid dimensions that would otherwise hold
 // copies, padded where it does not divide), so each global element lives on
 // exactly one tp rank and the placements name disjoint slices. Layer norms
-// all-reduce their statistics over F. Embeddings cut the vocabulary over B
-// and features over F, reduce-scatter lookups over B to the batch layout;
-// the tied LM head gathers the hidden state over B, multiplies by the
-// rank's vocabulary rows and reduce-scatters over F, so the loss is a
-// vocabulary-parallel cross entropy over B, averaged over F.
+// all-reduce their statistics over F (RMSNorm its mean square). Embeddings
+// cut the vocabulary over B and features over F, reduce-scatter lookups over
+// B to the batch layout; the tied LM head (and the untied one, whose weight
+// is such a table: LayerFactory::lm_head) gathers the hidden state over B,
+// multiplies by the rank's vocabulary rows and reduce-scatters over F, so
+// the loss is a vocabulary-parallel cross entropy over B, averaged over F.
 #pragma once
 
 #include <memory>
@@ -94,6 +95,7 @@ class GridFactory : public LayerFactory {
   LayerPtr linear(const LinearSpec& spec) override;
   LayerPtr embedding(int64_t num, int64_t dim, double init_std) override;
   LayerPtr layer_norm(int64_t dim, double eps) override;
+  LayerPtr rms_norm(int64_t dim, double eps) override;
   at::Tensor column_input(const at::Tensor& x) override;
   int64_t local_heads(int64_t heads) const override { return heads / q_; }
   at::Tensor tied_logits(const at::Tensor& hidden, Layer& embedding) override;

@@ -64,6 +64,36 @@ const SettingsTable<ModelConfig>& model_table() {
   return table;
 }
 
+// The keys only model.name = "llama" has (GPT's mlp_ratio is its SwiGLU
+// width ffn_hidden there).
+const std::vector<std::string> kLlamaKeys = {"kv_heads", "rope_theta", "ffn_hidden", "norm_eps"};
+
+const SettingsTable<ModelConfig>& llama_table() {
+  static const auto table = SettingsTable<ModelConfig>("model")
+                                .integer("kv_heads", &ModelConfig::kv_heads, 0)
+                                .number("rope_theta", &ModelConfig::rope_theta, positive)
+                                .integer("ffn_hidden", &ModelConfig::ffn_hidden, 0)
+                                .number("norm_eps", &ModelConfig::norm_eps, positive);
+  return table;
+}
+
+// What to_toml writes for "llama": model_table() less mlp_ratio, then its keys.
+const SettingsTable<ModelConfig>& llama_written_table() {
+  static const auto table = SettingsTable<ModelConfig>("model")
+                                .string("name", &ModelConfig::name)
+                                .integer("layers", &ModelConfig::layers, 1)
+                                .integer("hidden", &ModelConfig::hidden, 1)
+                                .integer("heads", &ModelConfig::heads, 1)
+                                .integer("seq_len", &ModelConfig::seq_len, 1)
+                                .integer("vocab", &ModelConfig::vocab, 2)
+                                .number("init_std", &ModelConfig::init_std, positive)
+                                .integer("kv_heads", &ModelConfig::kv_heads, 0)
+                                .number("rope_theta", &ModelConfig::rope_theta, positive)
+                                .integer("ffn_hidden", &ModelConfig::ffn_hidden, 0)
+                                .number("norm_eps", &ModelConfig::norm_eps, positive);
+  return table;
+}
+
 const SettingsTable<DataConfig>& data_table() {
   static const auto table = SettingsTable<DataConfig>("data")
                                 .choice("kind", &DataConfig::kind, kDataKinds, "data kind")
@@ -207,7 +237,32 @@ class Reader {
 
   void read_model(ModelConfig& m) const {
     const ConfigSection s = section("model");
-    model_table().read(s, m);
+    // The keys that apply depend on the model: LLaMA's own keys only to
+    // "llama", GPT's mlp_ratio not to it. Refused by name first (a clearer
+    // message than "unknown key"); the other models' tables read as before.
+    std::string name = m.name;
+    s.read("name", name);
+    if (name == "llama") {
+      if (s.has("mlp_ratio")) {
+        s.fail("mlp_ratio",
+               "applies to model.name = \"gpt\"; the SwiGLU width of model.name = \"llama\" is "
+               "model.ffn_hidden (default: 2/3 * 4 * hidden rounded up to a multiple of 256, or "
+               "of hidden when hidden < 256); remove mlp_ratio.");
+      }
+      std::vector<std::string> valid = {"name",    "layers", "hidden",  "heads",
+                                        "seq_len", "vocab",  "init_std"};
+      valid.insert(valid.end(), kLlamaKeys.begin(), kLlamaKeys.end());
+      s.check_keys(valid);
+      model_table().read_rows(s, m);
+    } else {
+      for (const std::string& key : kLlamaKeys) {
+        if (s.has(key)) {
+          s.fail(key, "applies to model.name = \"llama\" only, not to model.name = " +
+                          quote_toml(name) + "; remove it (or set name = \"llama\").");
+        }
+      }
+      model_table().read(s, m);
+    }
     if (m.name.empty())
       s.fail("name", "must not be empty; name a model from modules/ (e.g. \"gpt\").");
     if (m.hidden % m.heads != 0) {
@@ -221,6 +276,46 @@ class Reader {
                     "model.hidden = " + std::to_string(m.hidden) +
                         " is not divisible by model.heads = " + std::to_string(m.heads) +
                         "; hidden must be a multiple of heads (" + hint + ").");
+    }
+    if (m.name == "llama") read_llama(s, m);
+  }
+
+  // The keys of model.name = "llama", checked and resolved (0 = default).
+  void read_llama(const ConfigSection& s, ModelConfig& m) const {
+    llama_table().read_rows(s, m);
+    if (m.kv_heads == 0) m.kv_heads = m.heads;
+    if (m.heads % m.kv_heads != 0) {
+      std::vector<std::string> divisors;
+      for (int64_t d = 1; d <= m.heads && divisors.size() < 16; ++d) {
+        if (m.heads % d == 0) divisors.push_back(std::to_string(d));
+      }
+      s.fail_at_any({"kv_heads", "heads"},
+                    "model.kv_heads = " + std::to_string(m.kv_heads) +
+                        " does not divide model.heads = " + std::to_string(m.heads) +
+                        "; each key/value head serves an equal group of query heads, so use "
+                        "kv_heads = " +
+                        join(divisors, ", ") + (divisors.size() < 16 ? "" : ", ...") +
+                        " (or 0 for kv_heads = heads).");
+    }
+    // hidden % heads was checked above.
+    const int64_t head_dim = m.hidden / m.heads;
+    if (head_dim % 2 != 0) {
+      s.fail_at_any({"hidden", "heads"},
+                    "model.hidden / model.heads = " + std::to_string(m.hidden) + " / " +
+                        std::to_string(m.heads) + " = " + std::to_string(head_dim) +
+                        " is odd, but rotary position embedding (model.name = \"llama\") rotates "
+                        "pairs of a head's features; use hidden = " +
+                        std::to_string((head_dim + 1) * m.heads) + " (head dimension " +
+                        std::to_string(head_dim + 1) +
+                        ") or heads so that hidden / heads is even.");
+    }
+    if (m.ffn_hidden == 0) {
+      m.ffn_hidden = default_ffn_hidden(m.hidden);
+      if (m.ffn_hidden == 0) {
+        s.fail_at_any({"hidden"}, "model.hidden = " + std::to_string(m.hidden) +
+                                      " is too large for the default model.ffn_hidden; set "
+                                      "ffn_hidden.");
+      }
     }
   }
 
@@ -820,6 +915,13 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
   return mesh;
 }
 
+int64_t default_ffn_hidden(int64_t hidden) {
+  if (hidden <= 0 || hidden > std::numeric_limits<int64_t>::max() / 8) return 0;
+  const int64_t multiple = hidden < 256 ? hidden : 256;
+  const int64_t width = (8 * hidden + 2) / 3;  // ceil(2/3 * 4 * hidden)
+  return (width + multiple - 1) / multiple * multiple;
+}
+
 std::string to_toml(const RunConfig& c) {
   std::ostringstream out;
   out << "# effective configuration";
@@ -829,7 +931,7 @@ std::string to_toml(const RunConfig& c) {
     out << " (read from " << source << ")";
   }
   out << "\n\n[model]\n";
-  model_table().write(c.model, out);
+  (c.model.name == "llama" ? llama_written_table() : model_table()).write(c.model, out);
   out << "\n[data]\n";
   data_table().write(c.data, out);
   out << "\n[optim]\n";

@@ -1,6 +1,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <utility>
 
 #include "kolos/core/error.h"
 #include "kolos/core/layer_factory.h"
@@ -64,6 +65,41 @@ class DenseLayerNorm : public Layer {
   at::Tensor weight_, bias_;
 };
 
+class DenseRmsNorm : public Layer {
+ public:
+  DenseRmsNorm(int64_t dim, double eps) : eps_(eps) {
+    weight_ = register_placed("weight", torch::ones({dim}), Placement::replicated({dim}));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight_;
+  }
+
+ private:
+  double eps_;
+  at::Tensor weight_;
+};
+
+// Rotary position embedding (RoPE) in Hugging Face's LLaMA layout: a head's
+// features are two halves, feature i and i + d/2 rotated together by the
+// angle position * theta^(-2i/d). Meta's original code rotates interleaved
+// pairs (2i, 2i+1) instead; Hugging Face permutes the q/k weights once when
+// converting, so with its layout Hugging Face LLaMA weights load as they are.
+// cos/sin as transformers computes them (float32), for [batch, heads, seq, d].
+std::pair<at::Tensor, at::Tensor> rope_angles(int64_t seq, int64_t dim, double theta,
+                                              const at::TensorOptions& options) {
+  at::Tensor exponent = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / double(dim);
+  at::Tensor inv_freq = 1.0 / torch::pow(theta, exponent);
+  at::Tensor freqs = torch::outer(torch::arange(seq, torch::kInt64).to(torch::kFloat32), inv_freq);
+  at::Tensor angles = torch::cat({freqs, freqs}, -1);  // [seq, dim]
+  return {angles.cos().to(options), angles.sin().to(options)};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
 // Causal self-attention with separate q/k/v projections (column) and an
 // output projection (row), so tensor-parallel factories split heads simply.
 class CausalSelfAttention : public Layer {
@@ -71,15 +107,29 @@ class CausalSelfAttention : public Layer {
   CausalSelfAttention(LayerFactory& factory, const AttentionSpec& spec)
       : factory_(&factory),
         heads_(factory.local_heads(spec.heads)),
-        head_dim_(spec.hidden / spec.heads) {
+        head_dim_(spec.hidden / spec.heads),
+        rope_theta_(spec.rope_theta) {
     KOLOS_CHECK_KIND(kConfig, spec.hidden % spec.heads == 0, "hidden size ", spec.hidden,
                      " is not divisible by the ", spec.heads, " attention heads");
-    LinearSpec column{spec.hidden, spec.hidden, true, LinearRole::kColumn, spec.init_std,
-                      /*input_ready=*/true};
+    const int64_t kv_heads = spec.kv_heads > 0 ? spec.kv_heads : spec.heads;
+    KOLOS_CHECK_KIND(kConfig, spec.heads % kv_heads == 0, "the ", spec.heads,
+                     " attention heads do not divide into groups of the ", kv_heads,
+                     " key/value heads");
+    KOLOS_CHECK_KIND(kConfig, rope_theta_ <= 0 || head_dim_ % 2 == 0, "rotary embedding needs ",
+                     "an even head dimension; hidden ", spec.hidden, " / ", spec.heads,
+                     " heads = ", head_dim_);
+    // Contiguous head blocks per rank keep each query head with its key/value
+    // head: a rank's heads/n query heads are groups of its kv_heads/n.
+    groups_ = spec.heads / kv_heads;
+    const bool input_ready = true;  // q, k and v share one column_input()
+    LinearSpec column{spec.hidden, spec.hidden, spec.bias, LinearRole::kColumn, spec.init_std,
+                      input_ready};
+    LinearSpec kv_column = column;
+    kv_column.out = kv_heads * head_dim_;
     q_ = register_module("q_proj", factory.linear(column));
-    k_ = register_module("k_proj", factory.linear(column));
-    v_ = register_module("v_proj", factory.linear(column));
-    o_ = register_module("o_proj", factory.linear(LinearSpec{spec.hidden, spec.hidden, true,
+    k_ = register_module("k_proj", factory.linear(kv_column));
+    v_ = register_module("v_proj", factory.linear(kv_column));
+    o_ = register_module("o_proj", factory.linear(LinearSpec{spec.hidden, spec.hidden, spec.bias,
                                                              LinearRole::kRow, spec.out_init_std}));
   }
   at::Tensor forward(const at::Tensor& input) override {
@@ -90,11 +140,20 @@ class CausalSelfAttention : public Layer {
     at::Tensor q_out = q_->forward(x);
     const int64_t batch = q_out.size(0), seq = q_out.size(1);
     auto split_heads = [&](const at::Tensor& t) {
-      return t.view({batch, seq, heads_, head_dim_}).transpose(1, 2);  // [B, h, T, d]
+      return t.view({batch, seq, -1, head_dim_}).transpose(1, 2);  // [B, h, T, d]
     };
     at::Tensor q = split_heads(q_out);
     at::Tensor k = split_heads(k_->forward(x));
     at::Tensor v = split_heads(v_->forward(x));
+    if (rope_theta_ > 0) {
+      auto [cos, sin] = rope_angles(seq, head_dim_, rope_theta_, q.options());
+      q = apply_rope(q, cos, sin);
+      k = apply_rope(k, cos, sin);
+    }
+    if (groups_ > 1) {  // grouped-query attention: each k/v head serves its group
+      k = k.repeat_interleave(groups_, 1);
+      v = v.repeat_interleave(groups_, 1);
+    }
     at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(head_dim_));
     at::Tensor mask = torch::ones({seq, seq}, torch::kBool).triu(1);
     scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
@@ -106,6 +165,8 @@ class CausalSelfAttention : public Layer {
  private:
   LayerFactory* factory_;
   int64_t heads_, head_dim_;
+  double rope_theta_;
+  int64_t groups_ = 1;
   LayerPtr q_, k_, v_, o_;
 };
 
@@ -126,6 +187,23 @@ class GeluMlp : public Layer {
   LayerPtr up_, down_;
 };
 
+// The untied LM head of LayerFactory::lm_head: its weight lives in a table
+// from embedding() (held, not registered) and is registered here under the
+// same tensor and placement, so the head is cut like the tied one.
+class UntiedLmHead : public Layer {
+ public:
+  UntiedLmHead(LayerFactory& factory, int64_t hidden, int64_t vocab, double init_std)
+      : factory_(&factory), table_(factory.embedding(vocab, hidden, init_std)) {
+    register_placed("weight", table_->named_parameters(false)["weight"],
+                    table_->placements().at("weight"));
+  }
+  at::Tensor forward(const at::Tensor& x) override { return factory_->tied_logits(x, *table_); }
+
+ private:
+  LayerFactory* factory_;
+  LayerPtr table_;
+};
+
 class SerialLayerFactory : public LayerFactory {
  public:
   std::string name() const override { return "serial"; }
@@ -143,6 +221,14 @@ LayerPtr LayerFactory::embedding(int64_t num, int64_t dim, double init_std) {
 
 LayerPtr LayerFactory::layer_norm(int64_t dim, double eps) {
   return std::make_shared<DenseLayerNorm>(dim, eps);
+}
+
+LayerPtr LayerFactory::rms_norm(int64_t dim, double eps) {
+  return std::make_shared<DenseRmsNorm>(dim, eps);
+}
+
+LayerPtr LayerFactory::lm_head(int64_t hidden, int64_t vocab, double init_std) {
+  return std::make_shared<UntiedLmHead>(*this, hidden, vocab, init_std);
 }
 
 LayerPtr LayerFactory::attention(const AttentionSpec& spec) {

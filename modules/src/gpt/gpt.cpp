@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kolos/core/error.h"
+#include "kolos/modules/llama.h"
 
 namespace kolos::modules {
 namespace {
@@ -82,6 +83,9 @@ std::shared_ptr<Model> build_gpt(const ModelConfig& c, LayerFactory& factory) {
   return model;
 }
 
-void register_builtin_models() { register_model("gpt", &build_gpt); }
+void register_builtin_models() {
+  register_model("gpt", &build_gpt);
+  register_model("llama", &build_llama);
+}
 
 }  // namespace kolos::modules

@@ -68,9 +68,7 @@ bool Config::boolean(const std::string& key, bool fallback) const {
 
 HfModel to_hf(const ModelConfig& model, const NamedTensors& weights) {
   if (model.name == "gpt") return gpt_to_hf_gpt2(model, weights);
-#ifdef KOLOS_HAVE_LLAMA
   if (model.name == "llama") return llama_to_hf_llama(model, weights);
-#endif
   throw ConfigError("model `" + model.name +
                     "` has no Hugging Face counterpart; --format hf converts `gpt` (GPT-2) and "
                     "`llama` (LLaMA)");
@@ -89,9 +87,7 @@ ImportedModel from_hf(const std::string& config_json, const NamedTensors& tensor
   const hf_detail::Config config(json, file);
   const std::string type = config.string("model_type", "");
   if (type == "gpt2") return hf_detail::gpt2_from_hf(config, tensors);
-#ifdef KOLOS_HAVE_LLAMA
   if (type == "llama") return hf_detail::llama_from_hf(config, tensors);
-#endif
   config.refuse("model_type",
                 "kolos imports \"gpt2\" (GPT2LMHeadModel, as model `gpt`) and \"llama\" "
                 "(LlamaForCausalLM, as model `llama`)");

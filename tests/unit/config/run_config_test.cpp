@@ -482,11 +482,11 @@ TEST(RunConfigOverrides, ApplyBeforeValidation) {
   const RunConfig c = parse_run_config(
       kFullConfig, kName,
       {"parallel.tensor.size=9", "parallel.tensor.mode=3d", "parallel.tensor.size=8",
-       "plugins.layers=tp3d", "model.name=llama", "optim.lr=0.01", "plugins.path=[\"a\", \"b\"]",
+       "plugins.layers=tp3d", "model.name=custom", "optim.lr=0.01", "plugins.path=[\"a\", \"b\"]",
        "log.metrics=", "train.seed = 9"});
   EXPECT_EQ(c.parallel.tensor.size, 8);  // the later override wins
   EXPECT_EQ(c.parallel.tensor.mode, "3d");
-  EXPECT_EQ(c.model.name, "llama");  // a bare word is a string
+  EXPECT_EQ(c.model.name, "custom");  // a bare word is a string
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.01);
   EXPECT_EQ(c.plugins.path, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(c.log.metrics, "");
@@ -736,6 +736,30 @@ TEST(ToToml, DefaultsRoundTripAndAreReadable) {
                              "eps = 1e-08\n", "tensor = { size = 1 }", "pipeline = { size = 1 }",
                              "zero = { stage = 0 }", "path = []\n"}));
   EXPECT_EQ(to_toml(parse_run_config(text, "")), to_toml(RunConfig{}));
+}
+
+TEST(ToToml, LlamaRoundTripsWithItsResolvedKeysAndNoMlpRatio) {
+  const RunConfig c = parse_run_config(
+      "[model]\nname = \"llama\"\nhidden = 512\nheads = 8\nrope_theta = 500000.0\n", kName);
+  EXPECT_EQ(c.model.kv_heads, 8);       // 0 / absent: heads
+  EXPECT_EQ(c.model.ffn_hidden, 1536);  // ceil(8/3 * 512) = 1366, up to a multiple of 256
+  EXPECT_DOUBLE_EQ(c.model.norm_eps, 1e-5);
+  const std::string text = to_toml(c);
+  EXPECT_TRUE(has_all(text, {"kv_heads = 8\n", "rope_theta = 5e+05\n", "ffn_hidden = 1536\n",
+                             "norm_eps = 1e-05\n"}));
+  EXPECT_EQ(text.find("mlp_ratio"), std::string::npos);
+  const auto body = [](const std::string& t) { return t.substr(t.find('\n')); };
+  EXPECT_EQ(body(to_toml(parse_run_config(text, "<effective>"))), body(text));
+  // GPT's effective configuration is as before: no LLaMA keys.
+  EXPECT_EQ(to_toml(RunConfig{}).find("kv_heads"), std::string::npos);
+}
+
+TEST(LlamaDefaults, FfnHiddenFollowsLlamasRule) {
+  EXPECT_EQ(default_ffn_hidden(4096), 11008);  // LLaMA-7B
+  EXPECT_EQ(default_ffn_hidden(5120), 13824);  // LLaMA-13B
+  EXPECT_EQ(default_ffn_hidden(64), 192);
+  EXPECT_EQ(default_ffn_hidden(32), 96);
+  EXPECT_EQ(default_ffn_hidden(std::numeric_limits<int64_t>::max()), 0);
 }
 
 }  // namespace

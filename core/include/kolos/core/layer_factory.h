@@ -65,6 +65,13 @@ struct AttentionSpec {
   int64_t heads = 0;
   double init_std = 0.02;
   double out_init_std = 0.02;  // output projection (scaled for residual depth)
+  // Grouped-query attention: k and v have kv_heads heads (0: heads), each
+  // shared by heads / kv_heads query heads (LLaMA 2/3).
+  int64_t kv_heads = 0;
+  bool bias = true;  // biases on the q/k/v/o projections
+  // > 0: rotary position embedding of q and k with this base (LLaMA), in
+  // Hugging Face's rotate_half layout (see CausalSelfAttention).
+  double rope_theta = 0.0;
 };
 
 struct MlpSpec {
@@ -84,6 +91,9 @@ class LayerFactory : public RolePlugin {
   virtual LayerPtr linear(const LinearSpec& spec);
   virtual LayerPtr embedding(int64_t num, int64_t dim, double init_std);
   virtual LayerPtr layer_norm(int64_t dim, double eps = 1e-5);
+  // RMSNorm (LLaMA): x / sqrt(mean(x^2) + eps) * weight, no bias. A factory
+  // that cuts the hidden dimension overrides it as it does layer_norm.
+  virtual LayerPtr rms_norm(int64_t dim, double eps = 1e-5);
   // Causal self-attention over [batch, seq, hidden] (q/k/v/o projections from
   // linear() with column/row roles and heads split as local_heads() says).
   virtual LayerPtr attention(const AttentionSpec& spec);
@@ -92,6 +102,13 @@ class LayerFactory : public RolePlugin {
   // Logits of `hidden` against the embedding's weight (tied LM head). May be
   // a slice of the vocabulary under tensor parallelism; loss() knows.
   virtual at::Tensor tied_logits(const at::Tensor& hidden, Layer& embedding);
+  // An untied LM head: a bias-free linear hidden -> vocab whose weight
+  // [vocab, hidden] is its one parameter "weight", and whose output loss()
+  // understands. The default keeps that weight in a table made by
+  // embedding() and multiplies through tied_logits(), so it is cut (and its
+  // vocabulary padded) exactly as the tied head is under every factory:
+  // column-parallel over the vocabulary.
+  virtual LayerPtr lm_head(int64_t hidden, int64_t vocab, double init_std);
   // Mean cross entropy of logits [.., vocab(local)] against targets [..].
   virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
   // Attention heads held by this rank.

@@ -30,9 +30,21 @@ struct ModelConfig {
   int64_t heads = 4;
   int64_t seq_len = 32;
   int64_t vocab = 256;
-  int64_t mlp_ratio = 4;   // MLP hidden = mlp_ratio * hidden
+  int64_t mlp_ratio = 4;   // MLP hidden = mlp_ratio * hidden (gpt only)
   double init_std = 0.02;  // normal init of linear/embedding weights
+  // name = "llama" only (refused for the others). Read as 0 = "the default",
+  // then resolved, so after load_run_config they hold the values used.
+  int64_t kv_heads = 0;       // key/value heads (grouped-query attention); 0: heads
+  double rope_theta = 10000;  // rotary position embedding base
+  int64_t ffn_hidden = 0;     // SwiGLU width; 0: default_ffn_hidden(hidden)
+  double norm_eps = 1e-5;     // RMSNorm epsilon
 };
+
+// LLaMA's SwiGLU width for `hidden`: 2/3 * 4 * hidden rounded up to a
+// multiple of 256, or of hidden itself when hidden < 256 (so a tiny model
+// does not get an MLP many times wider than LLaMA's ratio; 4096 -> 11008,
+// 64 -> 192). 0 when it would overflow.
+int64_t default_ffn_hidden(int64_t hidden);
 
 struct DataConfig {
   std::string kind = "synthetic";  // "synthetic" | "tokens"

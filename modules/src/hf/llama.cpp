@@ -1,0 +1,154 @@
+// llama <-> LLaMA (LlamaForCausalLM); the table is in kolos/modules/hf.h.
+// The layouts agree (nn::Linear's [out, in], rotate-half RoPE), so both
+// directions rename and check shapes only.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "hf_detail.h"
+#include "kolos/core/error.h"
+
+namespace kolos::modules {
+namespace {
+
+// (kolos name, Hugging Face name) of every tensor of a llama with `c`'s
+// shape, with the shape both have.
+struct Named {
+  std::string kolos, hf;
+  std::vector<int64_t> shape;
+};
+std::vector<Named> llama_names(const ModelConfig& c) {
+  const int64_t h = c.hidden, hd = c.hidden / c.heads, kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
+  const int64_t f = c.ffn_hidden > 0 ? c.ffn_hidden : default_ffn_hidden(c.hidden);
+  std::vector<Named> out{{"embed.wte.weight", "model.embed_tokens.weight", {c.vocab, h}}};
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string k = "h." + std::to_string(i) + ".";
+    const std::string l = "model.layers." + std::to_string(i) + ".";
+    out.push_back({k + "ln_1.weight", l + "input_layernorm.weight", {h}});
+    out.push_back({k + "attn.q_proj.weight", l + "self_attn.q_proj.weight", {c.heads * hd, h}});
+    out.push_back({k + "attn.k_proj.weight", l + "self_attn.k_proj.weight", {kv * hd, h}});
+    out.push_back({k + "attn.v_proj.weight", l + "self_attn.v_proj.weight", {kv * hd, h}});
+    out.push_back({k + "attn.o_proj.weight", l + "self_attn.o_proj.weight", {h, c.heads * hd}});
+    out.push_back({k + "ln_2.weight", l + "post_attention_layernorm.weight", {h}});
+    out.push_back({k + "mlp.gate_proj.weight", l + "mlp.gate_proj.weight", {f, h}});
+    out.push_back({k + "mlp.up_proj.weight", l + "mlp.up_proj.weight", {f, h}});
+    out.push_back({k + "mlp.down_proj.weight", l + "mlp.down_proj.weight", {h, f}});
+  }
+  out.push_back({"head.ln_f.weight", "model.norm.weight", {h}});
+  out.push_back({"head.lm_head.weight", "lm_head.weight", {c.vocab, h}});
+  return out;
+}
+
+}  // namespace
+
+HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
+  KOLOS_CHECK_KIND(kConfig, c.name == "llama", "model `", c.name, "` is not a llama");
+  hf_detail::Tensors left(weights, "the checkpoint");
+  HfModel hf;
+  for (const Named& n : llama_names(c)) hf.tensors.emplace_back(n.hf, left.take(n.kolos, n.shape));
+  left.expect_empty("LLaMA", "is this checkpoint's model a llama with layers = " +
+                                 std::to_string(c.layers) + "?");
+  const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
+  const int64_t f = c.ffn_hidden > 0 ? c.ffn_hidden : default_ffn_hidden(c.hidden);
+  std::ostringstream json;
+  json.precision(17);
+  json << "{\n"
+       << "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+       << "  \"model_type\": \"llama\",\n"
+       << "  \"vocab_size\": " << c.vocab << ",\n"
+       << "  \"hidden_size\": " << c.hidden << ",\n"
+       << "  \"intermediate_size\": " << f << ",\n"
+       << "  \"num_hidden_layers\": " << c.layers << ",\n"
+       << "  \"num_attention_heads\": " << c.heads << ",\n"
+       << "  \"num_key_value_heads\": " << kv << ",\n"
+       << "  \"head_dim\": " << c.hidden / c.heads << ",\n"
+       << "  \"max_position_embeddings\": " << c.seq_len << ",\n"
+       << "  \"rope_theta\": " << c.rope_theta << ",\n"
+       << "  \"rope_scaling\": null,\n"
+       << "  \"rms_norm_eps\": " << c.norm_eps << ",\n"
+       << "  \"hidden_act\": \"silu\",\n"
+       << "  \"attention_bias\": false,\n"
+       << "  \"mlp_bias\": false,\n"
+       << "  \"attention_dropout\": 0.0,\n"
+       << "  \"initializer_range\": " << c.init_std << ",\n"
+       << "  \"tie_word_embeddings\": false,\n"
+       << "  \"torch_dtype\": \"float32\"\n"
+       << "}\n";
+  hf.config_json = json.str();
+  return hf;
+}
+
+namespace hf_detail {
+
+ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
+  ImportedModel out;
+  out.architecture = "LlamaForCausalLM";
+  ModelConfig& c = out.model;
+  c.name = "llama";
+  c.hidden = config.integer("hidden_size");
+  c.layers = config.integer("num_hidden_layers");
+  c.heads = config.integer("num_attention_heads");
+  c.kv_heads = config.integer("num_key_value_heads", c.heads);
+  c.vocab = config.integer("vocab_size");
+  c.ffn_hidden = config.integer("intermediate_size");
+  c.seq_len = config.integer("max_position_embeddings", 2048);
+  c.rope_theta = config.number("rope_theta", 10000.0);
+  c.norm_eps = config.number("rms_norm_eps", 1e-6);
+  c.init_std = config.number("initializer_range", c.init_std);
+  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0) {
+    config.refuse("num_attention_heads", "hidden_size = " + std::to_string(c.hidden) +
+                                             " must be a positive multiple of it");
+  }
+  if (config.has("head_dim") && config.integer("head_dim") != c.hidden / c.heads) {
+    config.refuse("head_dim", "kolos's llama has head_dim = hidden_size / num_attention_heads = " +
+                                  std::to_string(c.hidden / c.heads));
+  }
+  // What kolos's llama computes; anything else would load and compute another function.
+  if (config.string("hidden_act", "silu") != "silu") {
+    config.refuse("hidden_act", "kolos's llama has a SwiGLU MLP (silu)");
+  }
+  if (config.has("rope_scaling")) {
+    config.refuse("rope_scaling",
+                  "kolos's llama has plain RoPE (no scaling; LLaMA 3.1's and others' long-context "
+                  "scalings are not implemented)");
+  }
+  if (config.boolean("attention_bias", false)) {
+    config.refuse("attention_bias", "kolos's llama has no biases");
+  }
+  if (config.boolean("mlp_bias", false)) config.refuse("mlp_bias", "kolos's llama has no biases");
+  const bool tied = config.boolean("tie_word_embeddings", false);
+
+  Tensors left(tensors, config.where().substr(0, config.where().rfind('/')) + " (safetensors)");
+  // Non-persistent in current transformers, saved by some older exports.
+  for (int64_t i = 0; i < c.layers; ++i) {
+    left.drop("model.layers." + std::to_string(i) + ".self_attn.rotary_emb.inv_freq");
+  }
+  at::Tensor embedding;
+  for (const Named& n : llama_names(c)) {
+    at::Tensor t;
+    if (n.hf == "lm_head.weight" && tied) {
+      if (left.has("lm_head.weight")) {
+        t = left.take("lm_head.weight", n.shape);
+        KOLOS_CHECK_KIND(kCheckpoint, torch::equal(t, embedding), config.where(),
+                         ": lm_head.weight differs from model.embed_tokens.weight, but "
+                         "tie_word_embeddings is true");
+      }
+      t = embedding.clone();
+      out.notes.push_back(
+          "config.json has tie_word_embeddings = true; kolos's llama has an untied head, so "
+          "head.lm_head.weight starts as a copy of the embedding and trains apart from it");
+    } else {
+      t = left.take(n.hf, n.shape);
+    }
+    t = t.to(at::kFloat).contiguous();
+    if (n.kolos == "embed.wte.weight") embedding = t;
+    out.weights.emplace_back(n.kolos, t);
+  }
+  left.expect_empty("kolos llama", "is this a LLaMA with num_hidden_layers = " +
+                                       std::to_string(c.layers) + " (config.json)?");
+  return out;
+}
+
+}  // namespace hf_detail
+}  // namespace kolos::modules
