@@ -33,7 +33,12 @@ void Tensors::expect_empty(const std::string& counterpart, const std::string& hi
 
 void Config::refuse(const std::string& key, const std::string& why) const {
   const std::string value = json_.contains(key) ? json_[key].dump() : std::string("(absent)");
-  throw Error(where_ + ": `" + key + "` = " + value + ": " + why, ErrorKind::kCheckpoint);
+  throw Error(where_ + ": `" + prefix_ + key + "` = " + value + ": " + why, ErrorKind::kCheckpoint);
+}
+
+Config Config::object(const std::string& key) const {
+  if (!has(key) || !json_[key].is_object()) refuse(key, "not an object");
+  return Config(json_[key], where_, prefix_ + key + ".");
 }
 
 int64_t Config::integer(const std::string& key) const {

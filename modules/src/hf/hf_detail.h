@@ -33,7 +33,10 @@ class Tensors {
 // config.json's keys, read with the key and file named in every error.
 class Config {
  public:
-  Config(const nlohmann::json& json, std::string where) : json_(json), where_(std::move(where)) {}
+  Config(const nlohmann::json& json, std::string where, std::string prefix = "")
+      : json_(json), where_(std::move(where)), prefix_(std::move(prefix)) {}
+  // The object at `key` (its keys named `key.<name>` in errors).
+  Config object(const std::string& key) const;
   bool has(const std::string& key) const { return json_.contains(key) && !json_[key].is_null(); }
   int64_t integer(const std::string& key) const;
   int64_t integer(const std::string& key, int64_t fallback) const;
@@ -47,6 +50,7 @@ class Config {
  private:
   const nlohmann::json& json_;
   std::string where_;
+  std::string prefix_;
 };
 
 ImportedModel gpt2_from_hf(const Config& config, const NamedTensors& tensors);

@@ -108,10 +108,16 @@ ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
   if (config.string("hidden_act", "silu") != "silu") {
     config.refuse("hidden_act", "kolos's llama has a SwiGLU MLP (silu)");
   }
-  if (config.has("rope_scaling")) {
-    config.refuse("rope_scaling",
-                  "kolos's llama has plain RoPE (no scaling; LLaMA 3.1's and others' long-context "
-                  "scalings are not implemented)");
+  // RoPE: transformers 5 writes {"rope_parameters": {"rope_type", "rope_theta"}},
+  // earlier versions rope_theta and rope_scaling at the top.
+  const char* kPlainRope =
+      "kolos's llama has plain RoPE (LLaMA 3.1's and others' long-context scalings are not "
+      "implemented)";
+  if (config.has("rope_scaling")) config.refuse("rope_scaling", kPlainRope);
+  if (config.has("rope_parameters")) {
+    const hf_detail::Config rope = config.object("rope_parameters");
+    if (rope.string("rope_type", "default") != "default") rope.refuse("rope_type", kPlainRope);
+    c.rope_theta = rope.number("rope_theta", c.rope_theta);
   }
   if (config.boolean("attention_bias", false)) {
     config.refuse("attention_bias", "kolos's llama has no biases");

@@ -6,7 +6,8 @@
 #        GPT-2 (no "transformer." prefix, the causal-mask buffers present);
 #        each imported, kolos's forward (gpt_logits) against transformers'
 #        logits within 1e-5; then training resumes from the import on 2 ranks
-#        under tensor parallelism, and its export loads back into transformers.
+#        under tensor parallelism, and its export, loaded by transformers, gives
+#        the trained model's logits.
 # llama: the same for LlamaForCausalLM with grouped-query attention, a tied
 #        and an untied head.
 # bad:   a missing tensor, an extra tensor, a shard the index misplaces, a
@@ -106,6 +107,32 @@ TOML
   [[ -d $ckpt/step-00000002 ]] || fail "no checkpoint of step 2 in $ckpt"
 }
 
+# export_matches CKPT: `ckpt export --format hf` of CKPT, loaded by transformers
+# (AutoModelForCausalLM, nothing missing or unexpected), gives kolos's logits.
+export_matches() {
+  local ckpt=$1
+  "$KOLOS" ckpt export "$ckpt" --format hf -o "$ckpt.hf" >/dev/null || fail "export of $ckpt failed"
+  # shellcheck disable=SC2086
+  "$GPT_LOGITS" "$ckpt" "$ckpt.kolos.safetensors" 2 $TOKENS >/dev/null || fail "gpt_logits on $ckpt failed"
+  "$PY" - "$ckpt" <<'PYEOF' || fail "transformers disagrees with kolos on the export of $1"
+import sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+ckpt = sys.argv[1]
+model, info = AutoModelForCausalLM.from_pretrained(ckpt + ".hf", output_loading_info=True)
+assert not any(info.values()), info
+model.eval()
+ref = load_file(ckpt + ".kolos.safetensors")
+with torch.no_grad():
+    logits = model(ref["tokens"]).logits
+diff = (logits - ref["logits"]).abs().max().item()
+print(f"{ckpt}: export loads as {type(model).__name__}; max |transformers - kolos| = {diff:.3g}")
+assert diff < 1e-5, diff
+PYEOF
+}
+
 case "$case_name" in
   gpt2)
     make_model gpt2 one ""
@@ -128,13 +155,7 @@ PYEOF
     grep -q '^name = "gpt"' train.toml || { cat one.import.txt; fail "import printed no [model] table"; }
     cp -r one.ckpt run.ckpt
     train_from run.ckpt train.toml
-    "$KOLOS" ckpt export run.ckpt --format hf -o back >/dev/null || fail "export after training failed"
-    "$PY" -c "
-import warnings; warnings.filterwarnings('ignore')
-from transformers import GPT2LMHeadModel
-m, info = GPT2LMHeadModel.from_pretrained('back', output_loading_info=True)
-assert not any(info.values()), info
-print('exported after training: loads in transformers')" || fail "the export of the trained import does not load"
+    export_matches run.ckpt
     ;;
   llama)
     make_model llama one ""
@@ -148,19 +169,14 @@ print('exported after training: loads in transformers')" || fail "the export of 
     sed -n '/^\[model\]/,$p' one.import.txt >train.toml
     cp -r one.ckpt run.ckpt
     train_from run.ckpt train.toml
-    "$KOLOS" ckpt export run.ckpt --format hf -o back >/dev/null || fail "export after training failed"
-    "$PY" -c "
-import warnings; warnings.filterwarnings('ignore')
-from transformers import LlamaForCausalLM
-m, info = LlamaForCausalLM.from_pretrained('back', output_loading_info=True)
-assert not any(info.values()), info
-print('exported after training: loads in transformers')" || fail "the export of the trained import does not load"
+    export_matches run.ckpt
     ;;
   bad)
     make_model gpt2 good ""
-    # edit NAME PYTHON: a copy of good/ as NAME, changed by PYTHON (t: the tensors, cfg: config.json).
+    # edit NAME PYTHON: a copy of $SRC (default good/) as NAME, changed by
+    # PYTHON (t: the tensors, cfg: config.json).
     edit() {
-      rm -rf "$1" && cp -r good "$1"
+      rm -rf "$1" && cp -r "${SRC:-good}" "$1"
       "$PY" - "$1" "$2" <<'PYEOF' || fail "making $1 failed"
 import json, sys, torch
 from safetensors.torch import load_file, save_file
@@ -182,6 +198,11 @@ PYEOF
     expect_failure "\`activation_function\` = \"relu\"" "$KOLOS" ckpt import act --format hf -o a.ckpt
     edit arch 'cfg["model_type"] = "bert"'
     expect_failure "\`model_type\` = \"bert\"" "$KOLOS" ckpt import arch --format hf -o b.ckpt
+    make_model llama lgood ""
+    SRC=lgood edit rope 'cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}'
+    expect_failure "\`rope_parameters.rope_type\` = \"llama3\"" "$KOLOS" ckpt import rope --format hf -o r.ckpt
+    SRC=lgood edit bias 'cfg["attention_bias"] = True'
+    expect_failure "\`attention_bias\` = true" "$KOLOS" ckpt import bias --format hf -o ab.ckpt
     # A truncated file, and an index that places a tensor in the wrong shard.
     rm -rf cut && cp -r good cut && truncate -s -100 cut/model.safetensors
     expect_failure "cut/model.safetensors" "$KOLOS" ckpt import cut --format hf -o c.ckpt
@@ -198,7 +219,7 @@ print("moved", name, "to", files[1])
 PYEOF
     expect_failure "places it in" "$KOLOS" ckpt import sharded --format hf -o sh.ckpt
     # Nothing is written where an import failed.
-    for d in m.ckpt e.ckpt s.ckpt a.ckpt b.ckpt c.ckpt sh.ckpt; do
+    for d in m.ckpt e.ckpt s.ckpt a.ckpt b.ckpt r.ckpt ab.ckpt c.ckpt sh.ckpt; do
       [[ ! -e $d/latest ]] || fail "a failed import left $d/latest"
     done
     # An import never overwrites a checkpoint.
