@@ -1,12 +1,13 @@
 // Activation recomputation (train.recompute) against the same run without
 // it: every step's loss and gradient norm and every final parameter must be
 // bit-equal in fp32, serially and with zero3, the pipeline (1f1b and zb)
-// and tensor parallelism (tp1d, tp2d), since recomputation re-runs the same
+// and tensor parallelism (every mode), since recomputation re-runs the same
 // kernels on the same values and hands autograd the same gradients.
 // Bad input: an unknown mode and recompute_every < 1 are ConfigErrors.
 //
 // 1 rank: serial and bad input; 2 ranks: zero3, pipeline, tp1d; 4 ranks:
-// zero3, tp2d, pipeline with dp.
+// zero3, tp2d, tp1d with dp, pipeline with dp and with zero3; 8 ranks:
+// tp2p5d, tp3d.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <torch/torch.h>
@@ -22,13 +23,13 @@ namespace {
 using testing::world_size;
 
 // A 3-block GPT (recompute_every = 2 then leaves one block plain), two
-// micro-batches of 2 per rank and step, 8 steps.
-RunConfig config(std::vector<std::string> overrides, const std::string& mode, int every = 1,
-                 int dp = 1) {
+// micro-batches (of 2 unless said) per rank and step, 8 steps.
+RunConfig config(std::vector<std::string> overrides, const std::string& mode, int every, int dp,
+                 int micro) {
   overrides.push_back("model.layers=3");
   overrides.push_back("train.steps=8");
-  overrides.push_back("train.micro_batch=2");
-  overrides.push_back("train.global_batch=" + std::to_string(4 * dp));
+  overrides.push_back("train.micro_batch=" + std::to_string(micro));
+  overrides.push_back("train.global_batch=" + std::to_string(2 * micro * dp));
   overrides.push_back("train.recompute=\"" + mode + "\"");
   overrides.push_back("train.recompute_every=" + std::to_string(every));
   return testing::tiny_gpt_config(overrides);
@@ -55,17 +56,17 @@ void expect_bit_equal(const testing::RunRecord& reference, const testing::RunRec
 
 // The mix `overrides` with recompute = none, full, selective and full every
 // 2nd block, on the world (or, serial, on this rank alone).
-void expect_modes_bit_equal(const std::vector<std::string>& overrides, int dp, bool serial) {
+void expect_modes_bit_equal(const std::vector<std::string>& overrides, int dp, bool serial,
+                            int micro = 2) {
   auto group = serial ? testing::self_group() : testing::world_group();
-  const auto reference = testing::run_and_record(config(overrides, "none", 1, dp), group);
+  auto run = [&](const std::string& mode, int every) {
+    return testing::run_and_record(config(overrides, mode, every, dp, micro), group);
+  };
+  const auto reference = run("none", 1);
   ASSERT_EQ(reference.losses.size(), 8u);
-  expect_bit_equal(reference, testing::run_and_record(config(overrides, "full", 1, dp), group),
-                   "full");
-  expect_bit_equal(reference,
-                   testing::run_and_record(config(overrides, "selective", 1, dp), group),
-                   "selective");
-  expect_bit_equal(reference, testing::run_and_record(config(overrides, "full", 2, dp), group),
-                   "full, every 2nd block");
+  expect_bit_equal(reference, run("full", 1), "full");
+  expect_bit_equal(reference, run("selective", 1), "selective");
+  expect_bit_equal(reference, run("full", 2), "full, every 2nd block");
 }
 
 TEST(Recompute, SerialBitEqual) {
@@ -122,6 +123,19 @@ TEST(Recompute, Tp1dWithDpBitEqual) {
 TEST(Recompute, Tp2dBitEqual) {
   if (world_size() != 4) GTEST_SKIP() << "4 ranks";
   expect_modes_bit_equal({"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""}, 1, false);
+}
+
+TEST(Recompute, Tp2p5dBitEqual) {
+  if (world_size() != 8) GTEST_SKIP() << "8 ranks";
+  expect_modes_bit_equal({"parallel.tensor.size=8", "parallel.tensor.mode=\"2.5d\"",
+                          "parallel.tensor.depth=2"},
+                         1, false, /*micro=*/4);
+}
+
+TEST(Recompute, Tp3dBitEqual) {
+  if (world_size() != 8) GTEST_SKIP() << "8 ranks";
+  expect_modes_bit_equal({"parallel.tensor.size=8", "parallel.tensor.mode=\"3d\""}, 1, false,
+                         /*micro=*/4);
 }
 
 TEST(RecomputeBadInput, UnknownModeAndEveryBelowOne) {
