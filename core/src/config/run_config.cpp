@@ -41,6 +41,7 @@ const std::vector<std::string> kTokenDtypes = {"uint16", "uint32"};
 // Kept to what the engine implements, so a config that parses can run.
 const std::vector<std::string> kOptimizers = {"adamw"};
 const std::vector<std::string> kPrecisions = {"fp32"};
+const std::vector<std::string> kRecomputeModes = {"none", "full", "selective"};
 const std::vector<std::string> kTensorModes = {"1d", "2d", "2.5d", "3d"};
 const std::vector<std::string> kProgressModes = {"auto", "bar", "lines", "off"};
 
@@ -127,7 +128,9 @@ const SettingsTable<TrainConfig>& train_table() {
           .integer("micro_batch", &TrainConfig::micro_batch, 1)
           .integer("steps", &TrainConfig::steps, 1)
           .integer("seed", &TrainConfig::seed, 0)
-          .choice("precision", &TrainConfig::precision, kPrecisions, "precision");
+          .choice("precision", &TrainConfig::precision, kPrecisions, "precision")
+          .choice("recompute", &TrainConfig::recompute, kRecomputeModes, "recompute mode")
+          .integer("recompute_every", &TrainConfig::recompute_every, 1);
   return table;
 }
 

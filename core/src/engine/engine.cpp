@@ -166,6 +166,7 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
       factory_->setup(*mesh_, config_);
       torch::manual_seed(config_.train.seed);
       model_ = build_model(config_.model, *factory_);
+      model_->set_recompute(config_.train.recompute, config_.train.recompute_every);
       schedule_->setup(*model_, *mesh_, config_);
     });
     gradients_->setup(*model_, *mesh_, config_);

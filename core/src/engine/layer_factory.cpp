@@ -5,6 +5,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/core/layer_factory.h"
+#include "kolos/core/recompute.h"
 
 namespace kolos {
 
@@ -100,6 +101,18 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return x * cos + rotated * sin;
 }
 
+// softmax(QK^T / sqrt(d)) V with the causal mask, over [B, h, T, d] q, k, v:
+// the part train.recompute = "selective" recomputes (its [B, h, T, T]
+// scores and probabilities are most of what a block keeps).
+at::Tensor attention_core(const std::vector<at::Tensor>& qkv) {
+  const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
+  const int64_t seq = q.size(2);
+  at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+  at::Tensor mask = torch::ones({seq, seq}, torch::kBool).triu(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), v);
+}
+
 // Causal self-attention with separate q/k/v projections (column) and an
 // output projection (row), so tensor-parallel factories split heads simply.
 class CausalSelfAttention : public Layer {
@@ -154,10 +167,7 @@ class CausalSelfAttention : public Layer {
       k = k.repeat_interleave(groups_, 1);
       v = v.repeat_interleave(groups_, 1);
     }
-    at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(head_dim_));
-    at::Tensor mask = torch::ones({seq, seq}, torch::kBool).triu(1);
-    scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-    at::Tensor y = torch::matmul(torch::softmax(scores, -1), v);  // [B, h, T, d]
+    at::Tensor y = recompute_if_selected(&attention_core, {q, k, v});  // [B, h, T, d]
     y = y.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_});
     return o_->forward(y);
   }

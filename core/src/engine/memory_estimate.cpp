@@ -19,6 +19,9 @@
 //                the micro-batches a stage holds at once (1 without a
 //                pipeline; gpipe: all; 1f1b and zb: up to the stages;
 //                interleaved: its warm-up), plus the loss's logits.
+//                train.recompute: a "full" block keeps its input only, plus
+//                one block's activations while it is recomputed; a
+//                "selective" one drops the attention probabilities.
 //   temporaries  backward's high point: the attention core's gradients and
 //                the two largest weight gradients before they are added.
 //   allocator    an allowance of 25% of the tensors above for what the
@@ -157,6 +160,18 @@ double block_activations(const Shape& s, const MeshShape& mesh, const std::strin
   return elem * (norms + cut) / tp;
 }
 
+// The blocks of pipeline stage `stage` that train.recompute acts on: every
+// recompute_every-th block, counting from the model's first; the stage's
+// blocks are taken as the ceil(layers / pp) after the previous stages'.
+double recomputed_blocks(const RunConfig& config, const MeshShape& mesh, int64_t stage,
+                         double blocks) {
+  if (config.train.recompute == "none" || blocks <= 0) return 0;
+  const double k = static_cast<double>(config.train.recompute_every);
+  const double first = static_cast<double>(stage) *
+                       std::ceil(static_cast<double>(config.model.layers) / mesh.pp);
+  return std::ceil((first + blocks) / k) - std::ceil(first / k);  // multiples of k among them
+}
+
 void add(std::vector<MemoryTerm>& terms, std::string name, double bytes, std::string detail) {
   terms.push_back(MemoryTerm{std::move(name), bytes, std::move(detail)});
 }
@@ -211,9 +226,25 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   const double micro = static_cast<double>(config.train.micro_batch);
   const std::string schedule = mesh.pp > 1 ? pipeline_schedule(config) : "";
   const double flight = in_flight(schedule, mesh.pp, pipeline_chunks(config), accumulation);
-  double act = p.blocks * block_activations(s, mesh, roles.layers, micro, elem) * flight;
+  const double per_block = block_activations(s, mesh, roles.layers, micro, elem);
+  double act = p.blocks * per_block * flight;
   std::string detail = "micro-batch " + std::to_string(config.train.micro_batch) + ", " +
                        fmt_count(p.blocks) + " blocks";
+  const double chosen = recomputed_blocks(config, mesh, stage, p.blocks);
+  if (chosen > 0 && config.train.recompute == "full") {
+    // A recomputed block keeps its input only; in backward one block at a
+    // time holds its activations again.
+    const double tp = roles.layers == "tp1d" ? 1 : static_cast<double>(mesh.tp);
+    const double input = elem * micro * s.seq * s.hidden / tp;
+    act = (chosen * input + (p.blocks - chosen) * per_block) * flight + per_block;
+    detail += " (" + fmt_count(chosen) + " recomputed: their inputs + one block)";
+  } else if (chosen > 0 && config.train.recompute == "selective") {
+    // A recomputed attention core keeps q, k, v (counted) but not the
+    // batch x heads x seq x seq probabilities.
+    const double probs = elem * micro * s.heads * s.seq * s.seq / static_cast<double>(mesh.tp);
+    act -= chosen * probs * flight;
+    detail += " (" + fmt_count(chosen) + " without attention probabilities)";
+  }
   if (mesh.pp > 1) detail += ", " + fmt_count(flight) + " micro-batches in flight (" + schedule + ")";
   if (p.head) {
     // The logits, their log-softmax and its gradient (vocabulary cut by tp).

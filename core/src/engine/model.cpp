@@ -12,10 +12,11 @@
 #include <unordered_set>
 
 #include "kolos/core/error.h"
+#include "kolos/core/recompute.h"
 
 namespace kolos {
 
-void Model::add_block(const std::string& name, LayerPtr block) {
+void Model::add_block(const std::string& name, LayerPtr block, bool repeated) {
   // "h.3" is registered as child "3" of a container "h", as torch's
   // ModuleList would, so parameter names read "h.3.attn.q_proj.weight".
   torch::nn::Module* parent = this;
@@ -31,6 +32,20 @@ void Model::add_block(const std::string& name, LayerPtr block) {
   }
   parent->register_module(rest, block);
   blocks_.emplace_back(name, std::move(block));
+  repeated_.push_back(repeated);
+  recompute_.push_back(false);
+}
+
+void Model::set_recompute(const std::string& mode, int64_t every) {
+  KOLOS_CHECK(mode == "none" || mode == "full" || mode == "selective", "recompute mode `", mode,
+              "`: valid are none, full, selective");
+  KOLOS_CHECK(every >= 1, "recompute every ", every, " blocks: must be >= 1");
+  recompute_mode_ = mode;
+  int64_t nth = 0;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    recompute_[b] = mode != "none" && repeated_[b] && nth % every == 0;
+    if (repeated_[b]) ++nth;
+  }
 }
 
 at::Tensor Model::forward(const at::Tensor& input, size_t first, size_t last) {
@@ -38,7 +53,17 @@ at::Tensor Model::forward(const at::Tensor& input, size_t first, size_t last) {
   at::Tensor x = input;
   for (size_t i = first; i < last; ++i) {
     if (hooks_.before_forward) hooks_.before_forward(i, x);
-    x = blocks_[i].second->forward(x);
+    if (recompute_[i] && recompute_mode_ == "full") {
+      // Owns the block (backward calls it later). Its parameters are the
+      // ones registered under it: a repeated block reads only its own.
+      LayerPtr block = blocks_[i].second;
+      x = recomputed([block](const std::vector<at::Tensor>& in) {
+            return std::vector<at::Tensor>{block->forward(in[0])};
+          }, {x}, block->parameters()).at(0);
+    } else {
+      AttentionRecomputeScope selective(recompute_[i] && recompute_mode_ == "selective");
+      x = blocks_[i].second->forward(x);
+    }
     if (hooks_.after_forward) hooks_.after_forward(i, x);
   }
   return x;

@@ -74,7 +74,8 @@ std::shared_ptr<Model> build_gpt(const ModelConfig& c, LayerFactory& factory) {
   auto embed = std::make_shared<GptEmbedding>(factory, c);
   model->add_block("embed", embed);
   for (int64_t i = 0; i < c.layers; ++i) {
-    model->add_block("h." + std::to_string(i), std::make_shared<GptBlock>(factory, c));
+    model->add_block("h." + std::to_string(i), std::make_shared<GptBlock>(factory, c),
+                     /*repeated=*/true);
   }
   model->add_block("head", std::make_shared<GptHead>(factory, c, embed->token_embedding()));
   model->set_loss([&factory](const at::Tensor& logits, const at::Tensor& targets) {

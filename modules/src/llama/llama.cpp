@@ -94,7 +94,9 @@ std::shared_ptr<Model> build_llama(const ModelConfig& c, LayerFactory& factory) 
   auto model = std::make_shared<Model>();
   model->add_block("embed", std::make_shared<LlamaEmbedding>(factory, c));
   for (int64_t i = 0; i < c.layers; ++i) {
-    model->add_block("h." + std::to_string(i), std::make_shared<LlamaBlock>(factory, c));
+    // Repeated: the blocks train.recompute may recompute.
+    model->add_block("h." + std::to_string(i), std::make_shared<LlamaBlock>(factory, c),
+                     /*repeated=*/true);
   }
   model->add_block("head", std::make_shared<LlamaHead>(factory, c));
   model->set_loss([&factory](const at::Tensor& logits, const at::Tensor& targets) {

@@ -45,6 +45,8 @@ case "$case_name" in
       "tp1d|2|states.toml|--set parallel.tensor.size=2"
       "pp2-1f1b|2|states.toml|--set parallel.pipeline.size=2"
       "activations-dp|2|activations.toml|"
+      "activations-full|2|activations.toml|--set train.recompute=\"full\""
+      "activations-sel|2|activations.toml|--set train.recompute=\"selective\""
     )
     failed=0
     printf '%-16s %12s %12s %8s\n' run estimate measured error

@@ -37,7 +37,10 @@ class Model : public torch::nn::Module {
  public:
   using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
 
-  void add_block(const std::string& name, LayerPtr block);
+  // `repeated`: one of the model's repeated (transformer) blocks, the ones
+  // train.recompute acts on. Such a block must own every trainable
+  // parameter it reads (recomputation differentiates the block's own).
+  void add_block(const std::string& name, LayerPtr block, bool repeated = false);
   void set_loss(LossFn loss) { loss_ = std::move(loss); }
 
   const std::vector<std::pair<std::string, LayerPtr>>& blocks() const { return blocks_; }
@@ -48,6 +51,15 @@ class Model : public torch::nn::Module {
   // One set of block hooks (a later call replaces it; {} removes it).
   void set_block_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
   const BlockHooks& block_hooks() const { return hooks_; }
+
+  // ---- activation recomputation (train.recompute) ---------------------------
+  // mode "none", "full" (a chosen block keeps only its input; backward
+  // re-runs it) or "selective" (a chosen block's attention core is
+  // recomputed); chosen: every `every`-th repeated block, counting from the
+  // first (every = 1: all of them). The hooks still run once per block in
+  // the forward only: a recomputation does not call them again.
+  void set_recompute(const std::string& mode, int64_t every);
+  bool recomputes(size_t block) const { return recompute_.at(block); }
 
   // Every parameter this rank holds, once, in registration order, with its
   // placement (parameters without one are whole and replicated). Without
@@ -86,6 +98,9 @@ class Model : public torch::nn::Module {
   std::vector<std::pair<std::string, LayerPtr>> blocks_;
   LossFn loss_;
   BlockHooks hooks_;
+  std::vector<bool> repeated_;
+  std::vector<bool> recompute_;  // [block]: recomputed under recompute_mode_
+  std::string recompute_mode_ = "none";
   std::vector<int> stage_of_;
   int stage_ = 0;
   std::vector<std::vector<const void*>> block_reads_;

@@ -71,6 +71,10 @@ struct TrainConfig {
   int64_t steps = 20;
   int64_t seed = 1234;             // >= 0
   std::string precision = "fp32";  // "fp32" (bf16 and fp16 are refused until they train)
+  // Activation recomputation of the repeated (transformer) blocks: "none",
+  // "full" (whole blocks) or "selective" (their attention core only).
+  std::string recompute = "none";
+  int64_t recompute_every = 1;  // every k-th repeated block, from the first
 };
 
 // The keys of [parallel.tensor], [parallel.pipeline], [parallel.sequence] and
