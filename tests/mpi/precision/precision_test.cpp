@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,8 +95,17 @@ TEST(Bf16, DpReducedInFp32TrainsLikeFp32) {
   expect_bf16_trains_like_fp32({"train.reduce_dtype=\"fp32\""});
 }
 TEST(Bf16, Zero3TrainsLikeFp32) { expect_bf16_trains_like_fp32({"parallel.zero.stage=3"}); }
+TEST(Bf16, Zero3ReducedInFp32TrainsLikeFp32) {
+  expect_bf16_trains_like_fp32({"parallel.zero.stage=3", "train.reduce_dtype=\"fp32\""});
+}
+TEST(Bf16, Zero2ReducedInFp32TrainsLikeFp32) {
+  expect_bf16_trains_like_fp32({"parallel.zero.stage=2", "train.reduce_dtype=\"fp32\""});
+}
 TEST(Bf16, Tp1dTrainsLikeFp32) {
   expect_bf16_trains_like_fp32({"parallel.tensor=2", "parallel.data=1"});
+}
+TEST(Bf16, PipelineTrainsLikeFp32) {
+  expect_bf16_trains_like_fp32({"parallel.pipeline=2", "parallel.data=1"});
 }
 
 // ---- fp16: loss scaling and a skipped step ---------------------------------------
@@ -226,6 +236,19 @@ TEST(PrecisionCheckpoint, Bf16ToFp32AndBackUnderDp) {
 }
 TEST(PrecisionCheckpoint, Bf16ToFp32AndBackUnderZero3) {
   resume_across_precisions("parallel.zero.stage=3");
+}
+
+TEST(PrecisionCheckpoint, Zero1InBf16IsRefusedNotSavedInBf16) {
+  auto engine = make_engine(tiny_gpt_config({"parallel.zero.stage=1", "train.precision=\"bf16\""}));
+  engine->step();
+  try {
+    engine->state();
+    FAIL() << "zero1's bf16 parameters at rest have no fp32 master, yet state() saved them";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("holds no fp32 master"), std::string::npos) << what;
+    EXPECT_NE(what.find("dp and zero3"), std::string::npos) << what;
+  }
 }
 
 TEST(PrecisionCheckpoint, LossScaleIsSavedAndRestored) {
