@@ -111,9 +111,8 @@ const SettingsTable<TrainConfig>& loss_scale_table() {
       SettingsTable<TrainConfig>("train")
           .number("loss_scale_init", &TrainConfig::loss_scale_init,
                   [](double x) {
-                    return x >= 1 && std::isfinite(x) && x <= 65504 * 65536.0
-                               ? ""
-                               : ">= 1 and finite (65536 is the usual start)";
+                    return x >= 1 && std::isfinite(x) ? ""
+                                                      : ">= 1 and finite (65536 is the usual start)";
                   })
           .integer("loss_scale_growth_interval", &TrainConfig::loss_scale_growth_interval, 1);
   return table;
