@@ -16,9 +16,10 @@ void AdamW::add(std::string name, at::Tensor param, at::Tensor grad, Placement p
               param.sizes(), " differs from its gradient's ", grad.sizes());
   torch::NoGradGuard no_grad;
   const bool low = param.scalar_type() == at::kBFloat16 || param.scalar_type() == at::kHalf;
-  // A low-precision parameter is stepped through an fp32 master: its
-  // updates (lr x ~1 relative to a weight) are far below bf16's 2^-9
-  // rounding step and would vanish if applied to the bf16 copy.
+  // A low-precision parameter is stepped through an fp32 master: an AdamW
+  // update moves a weight by about lr, which below half of the dtype's
+  // spacing at the weight (bf16 near 1: 2^-8) would round away if applied
+  // to the low copy.
   at::Tensor master = low ? param.detach().to(at::kFloat).contiguous() : at::Tensor();
   const at::Tensor& like = low ? master : param;
   AdamWSlot slot{std::move(name),
