@@ -56,6 +56,8 @@ void Checkpointer::save(const TrainingState& state) {
   meta.data_position = state.data_position;
   meta.optimizer_steps = state.optimizer_steps;
   meta.config_toml = state.config_toml;
+  meta.loss_scale = state.loss_scale;
+  meta.loss_scale_good_steps = state.loss_scale_good_steps;
   meta.kolos_version = KOLOS_VERSION;
   meta.mesh = state.mesh;
   meta.world_size = layout.world_size();
@@ -137,6 +139,8 @@ std::string Checkpointer::load(const std::string& path, TrainingState& state) {
   state.step = meta.step;
   state.data_position = meta.data_position;
   state.optimizer_steps = meta.optimizer_steps;
+  state.loss_scale = meta.loss_scale;
+  state.loss_scale_good_steps = meta.loss_scale_good_steps;
   // Generator states are per rank: the same world reads its own rows;
   // another world reads rank 0's (every rank seeds identically today, so
   // the states agree anyway).

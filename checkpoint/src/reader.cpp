@@ -3,7 +3,9 @@
 // anything is allocated (h5::extents, the limits in reader.h).
 #include "reader.h"
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -57,6 +59,16 @@ IndexInfo read_index(const std::string& dir, bool with_rng) {
   m.data_position = count("data_position");
   m.optimizer_steps = count("optimizer_steps");
   m.config_toml = h5::read_attr_string(file, "config", kMaxText, path);
+  if (h5::has_attr(file, "loss_scale")) {
+    const std::string text = h5::read_attr_string(file, "loss_scale", 64, path);
+    char* end = nullptr;
+    m.loss_scale = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0' || !(m.loss_scale > 0) || !std::isfinite(m.loss_scale)) {
+      throw CheckpointError(path + ": attribute loss_scale is \"" + text +
+                            "\"; it must be a finite number > 0");
+    }
+    m.loss_scale_good_steps = count("loss_scale_good_steps");
+  }
   const auto mesh = h5::read_attr_ints(file, "mesh", 4, path);
   if (mesh.size() != 4) throw CheckpointError(path + ": attribute mesh needs 4 sizes");
   int64_t ranks = 1;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -205,6 +206,12 @@ void write_index(const std::string& path, const std::vector<Record>& records, co
   h5::write_attr(file, "data_position", meta.data_position);
   h5::write_attr(file, "optimizer_steps", meta.optimizer_steps);
   h5::write_attr(file, "config", meta.config_toml);
+  if (meta.loss_scale > 0) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.17g", meta.loss_scale);
+    h5::write_attr(file, "loss_scale", std::string(text));
+    h5::write_attr(file, "loss_scale_good_steps", meta.loss_scale_good_steps);
+  }
   h5::write_attr(file, "mesh", std::vector<int64_t>{meta.mesh.pp, meta.mesh.dp, meta.mesh.sp,
                                                     meta.mesh.tp});
   h5::write_attr(file, "mesh_axes", std::string("pp,dp,sp,tp"));

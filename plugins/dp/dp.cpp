@@ -40,6 +40,8 @@ class DataParallel : public GradientStrategy {
     options.reduction = GradBuckets::Reduction::kAllReduce;
     options.bucket_bytes = config.parallel.bucket_kb > 0 ? config.parallel.bucket_kb * 1024
                                                          : config.parallel.bucket_mb * 1024 * 1024;
+    options.reduce_in_fp32 =
+        config.train.reduce_dtype == "fp32" && config.train.precision != "fp32";
     buckets_ = std::make_unique<GradBuckets>(std::move(bucketed), group_, options);
 
     // The .grad tensors keep their identity when the buckets are rebuilt.
@@ -70,13 +72,14 @@ class DataParallel : public GradientStrategy {
 
   std::vector<StatePiece> optimizer_state() override { return optimizer_->state_pieces(); }
   int64_t optimizer_steps() const override { return optimizer_->step_count(); }
+  AdamW* adamw() override { return optimizer_.get(); }
   void set_optimizer_steps(int64_t steps) override { optimizer_->set_step_count(steps); }
 
   MemoryStats memory() const override {
     MemoryStats m;
     for (const auto& p : params_) m.parameter_bytes += p.tensor.numel() * p.tensor.element_size();
     m.gradient_bytes = buckets_->gradient_bytes();
-    m.optimizer_bytes = optimizer_->state_bytes();
+    m.optimizer_bytes = optimizer_->state_bytes() + optimizer_->master_bytes();
     return m;
   }
 

@@ -460,7 +460,7 @@ StepLoss PipelineExecutor::run(StepContext& context) {
   const auto& micro = *context.micro_batches;
   KOLOS_CHECK(static_cast<int>(micro.size()) == plan_.micro, "pipeline: the step has ",
               micro.size(), " micro-batches but the plan was made for ", plan_.micro);
-  const double scale = 1.0 / static_cast<double>(plan_.micro);
+  const double scale = context.loss_scale / static_cast<double>(plan_.micro);
   const int last_stage = plan_.virtual_stages() - 1;
   ++step_;
   StepLoss result;

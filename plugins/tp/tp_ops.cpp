@@ -130,8 +130,11 @@ at::Tensor average(const at::Tensor& x, ProcessGroup& group) {
   return group.size() == 1 ? x : Average::apply(x, handle(group));
 }
 
-at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& low_logits, const at::Tensor& targets,
                                         int64_t vocab_offset, ProcessGroup& group) {
+  // In fp32 whatever the precision (bf16/fp16 logits widened), as the
+  // serial loss is.
+  const at::Tensor logits = low_logits.to(at::kFloat);
   const int64_t local = logits.size(1);
   // log(sum_v exp(l_v)) = m + log(sum_v exp(l_v - m)), m the global row max
   // (a constant for autograd: the result does not depend on it).

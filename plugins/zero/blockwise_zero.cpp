@@ -58,6 +58,7 @@ void BlockwiseZero::configure(const PluginContext& context) {
 }
 
 void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) {
+  reduce_in_fp32_ = config.train.reduce_dtype == "fp32" && config.train.precision != "fp32";
   shard_parameters(model, mesh);
   for (const auto& s : slots_) {
     const at::Tensor& t = s.param.tensor;
@@ -137,9 +138,13 @@ void BlockwiseZero::launch_ready(bool force) {
         b.staging = torch::zeros({ranks_ * g.shard_numel}, g.shard_grads.options());
         track(staging_now_, staging_peak_, bytes_of(b.staging));
       }
-      at::Tensor out = torch::empty({g.shard_numel}, g.shard_grads.options());
-      comm::WorkPtr work = group_->reduce_scatter_flat(out, b.staging, comm::ReduceOp::kAvg);
-      in_flight_.push_back(Reduction{index, b.staging, out, std::move(work)});
+      // train.reduce_dtype = "fp32": the bf16/fp16 staging widened for the
+      // collective; the shard's gradient receives the fp32 result rounded once.
+      at::Tensor input = reduce_in_fp32_ ? b.staging.to(at::kFloat) : b.staging;
+      track(staging_now_, staging_peak_, bytes_of(input) - bytes_of(b.staging));
+      at::Tensor out = torch::empty({g.shard_numel}, input.options());
+      comm::WorkPtr work = group_->reduce_scatter_flat(out, input, comm::ReduceOp::kAvg);
+      in_flight_.push_back(Reduction{index, input, out, std::move(work)});
       b.staging = at::Tensor();
       while (in_flight_.size() > kMaxReductionsInFlight) complete_oldest();
     }

@@ -79,6 +79,7 @@ class BlockwiseZero : public ZeroStrategy {
   std::deque<Reduction> in_flight_;
   std::vector<GradAccumulatorPtr> accumulators_;
   bool backward_open_ = false;
+  bool reduce_in_fp32_ = false;  // train.reduce_dtype = "fp32" under bf16/fp16
   std::vector<std::vector<size_t>> uses_;  // groups each block reads
 
   // Bytes held now and the most held at once since zero_grad().

@@ -136,7 +136,7 @@ MemoryStats ZeroStrategy::shard_memory() const {
     m.parameter_bytes += bytes_of(g.shard_params);
     m.gradient_bytes += bytes_of(g.shard_grads);
   }
-  m.optimizer_bytes = optimizer_->state_bytes();
+  m.optimizer_bytes = optimizer_->state_bytes() + optimizer_->master_bytes();
   return m;
 }
 

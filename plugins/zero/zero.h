@@ -39,6 +39,7 @@ class ZeroStrategy : public GradientStrategy {
   std::vector<StatePiece> optimizer_state() override;
   int64_t optimizer_steps() const override;
   void set_optimizer_steps(int64_t steps) override;
+  AdamW* adamw() override { return optimizer_.get(); }
 
  protected:
   struct Slot {

@@ -40,7 +40,8 @@ const std::vector<std::string> kDataKinds = {"synthetic", "tokens"};
 const std::vector<std::string> kTokenDtypes = {"uint16", "uint32"};
 // Kept to what the engine implements, so a config that parses can run.
 const std::vector<std::string> kOptimizers = {"adamw"};
-const std::vector<std::string> kPrecisions = {"fp32"};
+const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
+const std::vector<std::string> kReduceDtypes = {"param", "fp32"};
 const std::vector<std::string> kRecomputeModes = {"none", "full", "selective"};
 const std::vector<std::string> kTensorModes = {"1d", "2d", "2.5d", "3d"};
 const std::vector<std::string> kProgressModes = {"auto", "bar", "lines", "off"};
@@ -129,8 +130,24 @@ const SettingsTable<TrainConfig>& train_table() {
           .integer("steps", &TrainConfig::steps, 1)
           .integer("seed", &TrainConfig::seed, 0)
           .choice("precision", &TrainConfig::precision, kPrecisions, "precision")
+          .choice("reduce_dtype", &TrainConfig::reduce_dtype, kReduceDtypes,
+                  "gradient reduction dtype")
           .choice("recompute", &TrainConfig::recompute, kRecomputeModes, "recompute mode")
           .integer("recompute_every", &TrainConfig::recompute_every, 1);
+  return table;
+}
+
+// fp16's dynamic loss scaling: read, and written back, only when
+// precision = "fp16" (elsewhere they would do nothing, so they are refused).
+const SettingsTable<TrainConfig>& loss_scale_table() {
+  static const auto table =
+      SettingsTable<TrainConfig>("train")
+          .number("loss_scale_init", &TrainConfig::loss_scale_init,
+                  [](double x) {
+                    return x >= 1 && std::isfinite(x) ? ""
+                                                      : ">= 1 and finite (65536 is the usual start)";
+                  })
+          .integer("loss_scale_growth_interval", &TrainConfig::loss_scale_growth_interval, 1);
   return table;
 }
 
@@ -351,17 +368,19 @@ class Reader {
 
   void read_train(TrainConfig& tr) const {
     const ConfigSection s = section("train");
-    if (s.has("precision")) {
-      std::string precision;
-      s.read("precision", precision);
-      if (precision == "bf16" || precision == "fp16") {
-        s.fail("precision", quote_toml(precision) +
-                                " is not available yet: this version trains in fp32 only "
-                                "(mixed precision is planned); use precision = \"fp32\" or "
-                                "remove the key.");
+    std::vector<std::string> valid = train_table().keys();
+    for (const auto& key : loss_scale_table().keys()) valid.push_back(key);
+    s.check_keys(valid, "");
+    train_table().read_rows(s, tr);
+    for (const auto& key : loss_scale_table().keys()) {
+      if (tr.precision != "fp16" && s.has(key)) {
+        s.fail(key, "loss scaling applies to precision = \"fp16\" only (bf16 has fp32's "
+                    "exponent range and needs none), but train.precision = " +
+                        quote_toml(tr.precision) +
+                        "; remove the key or set precision = \"fp16\".");
       }
     }
-    train_table().read(s, tr);
+    loss_scale_table().read_rows(s, tr);
     if (tr.global_batch % tr.micro_batch != 0) {
       const int64_t below = tr.global_batch / tr.micro_batch * tr.micro_batch;
       std::string hint = std::to_string(below);
@@ -941,6 +960,7 @@ std::string to_toml(const RunConfig& c) {
   optim_table().write(c.optim, out);
   out << "\n[train]\n";
   train_table().write(c.train, out);
+  if (c.train.precision == "fp16") loss_scale_table().write(c.train, out);
   out << "\n[parallel]\n";
   parallel_table().write(c.parallel, out);
   const auto& p = c.parallel;

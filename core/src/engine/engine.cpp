@@ -17,6 +17,7 @@
 #include "engine_detail.h"
 #include "kolos/core/config_located.h"
 #include "kolos/core/error.h"
+#include "kolos/core/optimizer.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/comm/watchdog.h"
 #include "kolos/core/runtime.h"
@@ -100,6 +101,7 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   }
   plan.accumulation = config.train.global_batch / per_step;
   plan.roles = choose_plugins(config);
+  check_precision_runs(config);
   PluginRegistry registry(config.plugins.path);
   const auto& layers = role_spec("layers");
   const auto& pipeline = role_spec("pipeline");
@@ -166,10 +168,16 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
       factory_->setup(*mesh_, config_);
       torch::manual_seed(config_.train.seed);
       model_ = build_model(config_.model, *factory_);
+      // Initialised in fp32 (the same values as an fp32 run), then rounded.
+      cast_parameters(*model_, precision_dtype(config_));
       model_->set_recompute(config_.train.recompute, config_.train.recompute_every);
       schedule_->setup(*model_, *mesh_, config_);
     });
     gradients_->setup(*model_, *mesh_, config_);
+    if (config_.train.precision == "fp16") {
+      scaler_ = std::make_unique<LossScaler>(config_.train.loss_scale_init,
+                                             config_.train.loss_scale_growth_interval);
+    }
   } catch (const AgreedError&) {
     throw;  // every rank has it
   } catch (const std::exception& e) {
@@ -225,21 +233,55 @@ StepMetrics Engine::step() {
   std::vector<MicroBatch> micro = next_micro_batches();
   gradients_->zero_grad();
   StepContext context{model_.get(), gradients_.get(), &micro};
+  if (scaler_) context.loss_scale = scaler_->scale();
+  if (step_ == overflow_step_) context.loss_scale *= std::numeric_limits<double>::infinity();
   StepLoss loss = schedule_->run(context);
   gradients_->finish_backward();
 
   std::vector<GradPiece> pieces = gradients_->grad_pieces();
   schedule_->sync_tied_gradients(pieces);
-  metrics.grad_norm = global_grad_norm(pieces, *mesh_);
-  const double clip = config_.optim.grad_clip;
-  if (clip > 0 && metrics.grad_norm > clip) {
-    const double scale = clip / (metrics.grad_norm + 1e-6);
-    torch::NoGradGuard no_grad;
-    for (auto& piece : pieces) {
-      if (piece.grad.defined()) piece.grad.mul_(scale);
+  bool skip = false;
+  if (scaler_) {
+    metrics.loss_scale = scaler_->scale();
+    // One flag, max-reduced over the whole mesh: a rank whose own pieces
+    // are finite must still skip when another rank's overflowed, or the
+    // replicas would part.
+    bool overflow = false;
+    for (const auto& piece : pieces) {
+      if (piece.grad.defined() && !torch::isfinite(piece.grad).all().item<bool>()) {
+        overflow = true;
+        break;
+      }
+    }
+    at::Tensor flag = torch::tensor({overflow ? 1.0 : 0.0}, torch::kDouble);
+    mesh_->world()->all_reduce(flag, comm::ReduceOp::kMax)->wait();
+    skip = flag.item<double>() > 0;
+    scaler_->update(skip);
+    if (!skip) {
+      torch::NoGradGuard no_grad;
+      const double unscale = 1.0 / metrics.loss_scale;
+      for (auto& piece : pieces) {
+        if (piece.grad.defined()) piece.grad.mul_(unscale);
+      }
     }
   }
-  gradients_->step(metrics.lr);
+  metrics.skipped = skip;
+  if (skip) {
+    // The step consumes its data and advances the schedule; the optimizer
+    // and its step count are left as they are (torch's GradScaler does the same).
+    metrics.grad_norm = 0.0;  // not computed (JSON has no inf)
+  } else {
+    metrics.grad_norm = global_grad_norm(pieces, *mesh_);
+    const double clip = config_.optim.grad_clip;
+    if (clip > 0 && metrics.grad_norm > clip) {
+      const double scale = clip / (metrics.grad_norm + 1e-6);
+      torch::NoGradGuard no_grad;
+      for (auto& piece : pieces) {
+        if (piece.grad.defined()) piece.grad.mul_(scale);
+      }
+    }
+    gradients_->step(metrics.lr);
+  }
   ++step_;
 
   // Mean loss over every rank that computed one; slowest rank's time.
@@ -336,8 +378,23 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
 
 TrainingState Engine::state() {
   TrainingState state;
+  AdamW* optimizer = gradients_->adamw();
   for (auto& p : gradients_->parameters_at_rest()) {
-    state.pieces.push_back(StatePiece{"model/" + p.name, p.tensor.detach(), p.placement});
+    at::Tensor tensor = p.tensor.detach();
+    // Mixed precision: the fp32 master is the parameter's truth, and what
+    // is saved (so a checkpoint loads into a run of any precision).
+    // (zero3's shards at rest do not require grad themselves; their masters
+    // are found all the same.)
+    if (tensor.scalar_type() != at::kFloat && tensor.is_floating_point()) {
+      at::Tensor master = optimizer ? optimizer->master_of(p.tensor) : at::Tensor();
+      KOLOS_CHECK(master.defined() || !p.tensor.requires_grad(),
+                  "checkpoint: the gradients plugin `", gradients_->name(),
+                  "` holds no fp32 master for parameter ", p.name, " at rest (",
+                  config_.train.precision,
+                  "); checkpoints of mixed-precision runs are written under dp and zero3");
+      if (master.defined()) tensor = master;
+    }
+    state.pieces.push_back(StatePiece{"model/" + p.name, tensor, p.placement});
   }
   for (auto& s : gradients_->optimizer_state()) {
     state.pieces.push_back(StatePiece{"optim/" + s.name, s.tensor, s.placement});
@@ -345,6 +402,10 @@ TrainingState Engine::state() {
   state.step = step_;
   state.data_position = step_ * config_.train.global_batch;
   state.optimizer_steps = gradients_->optimizer_steps();
+  if (scaler_) {
+    state.loss_scale = scaler_->scale();
+    state.loss_scale_good_steps = scaler_->good_steps();
+  }
   state.rng_cpu = cpu_rng_state();
   state.config_toml = to_toml(config_);
   state.mesh = mesh_->layout().shape();
@@ -370,8 +431,14 @@ void Engine::load_state(const TrainingState& state) {
                 mine.tensor.sizes(), ")");
     mine.tensor.copy_(p.tensor);
   }
+  if (AdamW* optimizer = gradients_->adamw()) optimizer->copy_masters_to_params();
   step_ = state.step;
   gradients_->set_optimizer_steps(state.optimizer_steps);
+  // A state without a scale (an fp32 or bf16 run's) starts fp16 at its
+  // configured scale.
+  if (scaler_ && state.loss_scale > 0) {
+    scaler_->restore(state.loss_scale, state.loss_scale_good_steps);
+  }
   if (!state.rng_cpu.empty()) set_cpu_rng_state(state.rng_cpu);
   const int64_t batch = config_.train.global_batch;
   if (mesh_->rank() == 0 && state.data_position != state.step * batch) {

@@ -84,6 +84,8 @@ struct GradBuckets::Impl {
   void on_ready(size_t index);
   void launch_ready(bool force);
   void launch(size_t index, bool from_hook);
+  // `t` in fp32 when options.reduce_in_fp32 (a copy), else `t` itself.
+  at::Tensor widened(const at::Tensor& t) const;
   void complete_oldest();
   void close_micro_batch();
   std::vector<size_t> agree_on_order();
@@ -251,6 +253,12 @@ void GradBuckets::Impl::launch_ready(bool force) {
   }
 }
 
+at::Tensor GradBuckets::Impl::widened(const at::Tensor& t) const {
+  if (!options.reduce_in_fp32 || t.scalar_type() == at::kFloat) return t;
+  torch::NoGradGuard no_grad;
+  return t.to(at::kFloat);
+}
+
 void GradBuckets::Impl::launch(size_t index, bool from_hook) {
   Bucket& b = buckets[index];
   if (reduce_scatter) {
@@ -258,14 +266,19 @@ void GradBuckets::Impl::launch(size_t index, bool from_hook) {
       b.staging = torch::zeros({ranks * b.numel}, params[b.params.front()].shard_grad.options());
       track(bytes_of(b.staging));
     }
-    at::Tensor out = torch::empty({b.numel}, b.staging.options());
-    comm::WorkPtr work = group->reduce_scatter_flat(out, b.staging, comm::ReduceOp::kAvg);
-    in_flight.push_back(Reduction{index, b.staging, out, std::move(work)});
+    at::Tensor input = widened(b.staging);
+    track(bytes_of(input) - bytes_of(b.staging));  // the staging is freed below
+    at::Tensor out = torch::empty({b.numel}, input.options());
+    comm::WorkPtr work = group->reduce_scatter_flat(out, input, comm::ReduceOp::kAvg);
+    in_flight.push_back(Reduction{index, input, out, std::move(work)});
     b.staging = at::Tensor();
   } else {
     if (ranks == 1) return;  // nothing to average
+    at::Tensor input = widened(b.buffer);
+    // A widened copy is reduced, then rounded back into the bucket.
+    at::Tensor copy_back = input.is_same(b.buffer) ? at::Tensor() : input;
     in_flight.push_back(
-        Reduction{index, b.buffer, {}, group->all_reduce(b.buffer, comm::ReduceOp::kAvg)});
+        Reduction{index, b.buffer, copy_back, group->all_reduce(input, comm::ReduceOp::kAvg)});
   }
   const int64_t bytes = bytes_of(in_flight.back().input);
   step_stats.bytes += bytes;
@@ -286,8 +299,11 @@ void GradBuckets::Impl::complete_oldest() {
   Reduction r = std::move(in_flight.front());
   in_flight.pop_front();
   r.work->wait();
-  if (!reduce_scatter) return;
   torch::NoGradGuard no_grad;
+  if (!reduce_scatter) {
+    if (r.output.defined()) r.input.copy_(r.output);  // fp32 reduction, rounded back
+    return;
+  }
   const Bucket& b = buckets[r.bucket];
   for (size_t k = 0; k < b.params.size(); ++k) {
     const Param& p = params[b.params[k]];

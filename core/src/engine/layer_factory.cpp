@@ -252,7 +252,9 @@ at::Tensor LayerFactory::tied_logits(const at::Tensor& hidden, Layer& embedding)
 }
 
 at::Tensor LayerFactory::loss(const at::Tensor& logits, const at::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+  // In fp32 whatever the precision: a log-sum-exp over the vocabulary in
+  // bf16 loses the loss's small differences (docs/precision.md).
+  return torch::nn::functional::cross_entropy(logits.to(at::kFloat).reshape({-1, logits.size(-1)}),
                                               targets.reshape({-1}));
 }
 

@@ -14,7 +14,9 @@
 //                zero2: the shard plus one bucket of staging; zero3: the
 //                shard plus one block of staging and one block of .grad.
 //   optimizer    AdamW's m and v in fp32; zero1-3 shard them over dp, and
-//                zero1/2 keep an fp32 working copy of the parameter shard.
+//                zero1/2 keep a working copy of the parameter shard (in the
+//                parameters' dtype); under bf16/fp16 every optimizer slot
+//                adds its fp32 master (docs/precision.md).
 //   activations  what autograd saves per block for one micro-batch, times
 //                the micro-batches a stage holds at once (1 without a
 //                pipeline; gpipe: all; 1f1b and zb: up to the stages;
@@ -212,15 +214,20 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   } else {
     add(e.terms, "gradients", elem * p.params, "whole, in the bucket engine's buffers");
   }
-  // Optimizer states: AdamW m and v in fp32 (plus zero1/2's working copy).
+  // Optimizer states: AdamW m and v in fp32 (plus zero1/2's working copy,
+  // in the parameters' dtype), and under bf16/fp16 every slot's fp32 master.
+  const bool mixed = elem < 4;
+  const double masters = mixed ? 4 : 0;
+  const std::string master_note = mixed ? " + fp32 masters" : "";
   if (g == "zero1" || g == "zero2") {
-    add(e.terms, "optimizer states", 4 * 3 * p.params / dp,
-        "AdamW m, v and the working copy of the shard (fp32) / dp " + std::to_string(mesh.dp));
+    add(e.terms, "optimizer states", (4 * 2 + elem + masters) * p.params / dp,
+        "AdamW m, v (fp32), the working copy of the shard" + master_note + " / dp " +
+            std::to_string(mesh.dp));
   } else if (g == "zero3") {
-    add(e.terms, "optimizer states", 4 * 2 * p.params / dp,
-        "AdamW m, v (fp32) / dp " + std::to_string(mesh.dp));
+    add(e.terms, "optimizer states", (4 * 2 + masters) * p.params / dp,
+        "AdamW m, v (fp32)" + master_note + " / dp " + std::to_string(mesh.dp));
   } else {
-    add(e.terms, "optimizer states", 4 * 2 * p.params, "AdamW m, v (fp32)");
+    add(e.terms, "optimizer states", (4 * 2 + masters) * p.params, "AdamW m, v (fp32)" + master_note);
   }
   // Activations.
   const double micro = static_cast<double>(config.train.micro_batch);
@@ -248,7 +255,10 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   if (mesh.pp > 1) detail += ", " + fmt_count(flight) + " micro-batches in flight (" + schedule + ")";
   if (p.head) {
     // The logits, their log-softmax and its gradient (vocabulary cut by tp).
-    const double logits = 3 * elem * micro * s.seq * s.vocab / static_cast<double>(mesh.tp);
+    // Under bf16/fp16 the loss widens the logits: the low-precision logits
+    // and its gradient, and the fp32 copy, its log-softmax and its gradient.
+    const double per_logit = mixed ? 2 * elem + 3 * 4 : 3 * elem;
+    const double logits = per_logit * micro * s.seq * s.vocab / static_cast<double>(mesh.tp);
     act += logits;
     detail += " + logits " + format_bytes(logits);
   }

@@ -18,7 +18,11 @@ std::string to_json(const StepMetrics& m) {
       << ",\"grad_bytes\":" << m.memory.gradient_bytes
       << ",\"optimizer_bytes\":" << m.memory.optimizer_bytes
       << ",\"reduction_overlap\":" << m.reduction.overlap_fraction()
-      << ",\"reduction_wait_s\":" << m.reduction.wait_s << "}";
+      << ",\"reduction_wait_s\":" << m.reduction.wait_s;
+  if (m.loss_scale > 0) {
+    out << ",\"loss_scale\":" << m.loss_scale << ",\"skipped\":" << (m.skipped ? "true" : "false");
+  }
+  out << "}";
   return out.str();
 }
 

@@ -15,7 +15,7 @@ class SingleStageSchedule : public PipelineSchedule {
   std::string name() const override { return "single-stage"; }
   StepLoss run(StepContext& context) override {
     const auto& micro = *context.micro_batches;
-    const double scale = 1.0 / static_cast<double>(micro.size());
+    const double scale = context.loss_scale / static_cast<double>(micro.size());
     StepLoss result;
     for (size_t m = 0; m < micro.size(); ++m) {
       comm::set_progress_micro_batch(static_cast<int64_t>(m));

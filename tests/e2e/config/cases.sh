@@ -63,11 +63,11 @@ PY
       -- "$KOLOS" check s.toml
     printf '[parallel]\ntensor = { size = 1, mode = "2d" }\n' >t1.toml
     expect_failure 'parallel.tensor.mode: "2d" has no effect' -- "$KOLOS" check t1.toml
-    # Roles this version cannot run, and mixed precision, fail at once.
+    # Roles this version cannot run, and keys the precision ignores, fail at once.
     printf '[plugins]\nmemory = "chunks"\n' >m.toml
     expect_failure 'plugins.memory: the memory role is not available' -- "$KOLOS" check m.toml
-    printf '[train]\nprecision = "bf16"\n' >bf.toml
-    expect_failure 'bf.toml:2:[0-9]+: train.precision: "bf16" is not available yet' \
+    printf '[train]\nprecision = "bf16"\nloss_scale_init = 8.0\n' >bf.toml
+    expect_failure 'bf.toml:3:[0-9]+: train.loss_scale_init: loss scaling applies to precision = "fp16" only' \
       -- "$KOLOS" check bf.toml
     # `kolos run` makes the same checks before it starts any rank.
     expect_failure 'unknown key .parallel.pipeline.schedul.' -- "$KOLOS" run -n 2 pp.toml

@@ -393,7 +393,8 @@ TEST(RunConfigErrors, TokensNeedPathAndAWideEnoughDtype) {
 TEST(RunConfigErrors, EnumeratedStringsListValidValuesAndSuggest) {
   const std::vector<RangeCase> cases = {
       {"[train]\nprecision = \"fp31\"\n",
-       {"run.toml:2:13", "train.precision", "\"fp31\" is not a valid precision", "valid: \"fp32\"",
+       {"run.toml:2:13", "train.precision", "\"fp31\" is not a valid precision",
+        "valid: \"fp32\", \"bf16\", \"fp16\"",
         "Did you mean \"fp32\"?"}},
       {"[data]\nkind = \"token\"\n", {"data.kind", "Did you mean \"tokens\"?"}},
       {"[data]\ndtype = \"uint8\"\n", {"data.dtype", "\"uint16\", \"uint32\""}},
@@ -412,6 +413,37 @@ TEST(RunConfigErrors, EnumeratedStringsListValidValuesAndSuggest) {
   EXPECT_EQ(far.find("Did you mean"), std::string::npos) << far;  // 1d, 2d, 3d tie
 }
 
+TEST(RunConfigPrecision, KeysAndTheirRefusals) {
+  const RunConfig bf16 = parse_run_config("[train]\nprecision = \"bf16\"\n", kName);
+  EXPECT_EQ(bf16.train.precision, "bf16");
+  EXPECT_EQ(bf16.train.reduce_dtype, "param");
+  const RunConfig fp16 = parse_run_config(
+      "[train]\nprecision = \"fp16\"\nreduce_dtype = \"fp32\"\nloss_scale_init = 1024.0\n"
+      "loss_scale_growth_interval = 50\n",
+      kName);
+  EXPECT_EQ(fp16.train.reduce_dtype, "fp32");
+  EXPECT_EQ(fp16.train.loss_scale_init, 1024.0);
+  EXPECT_EQ(fp16.train.loss_scale_growth_interval, 50);
+  // The effective config writes the loss-scale keys only for fp16, and reads back.
+  const RunConfig again = parse_run_config(to_toml(fp16), kName);
+  EXPECT_EQ(again.train.loss_scale_init, 1024.0);
+  EXPECT_EQ(again.train.loss_scale_growth_interval, 50);
+  EXPECT_EQ(to_toml(bf16).find("loss_scale"), std::string::npos);
+  EXPECT_EQ(parse_run_config(to_toml(bf16), kName).train.precision, "bf16");
+  // Loss scaling with bf16 or fp32 would do nothing: refused, located.
+  EXPECT_TRUE(has_all(parse_error("[train]\nprecision = \"bf16\"\nloss_scale_init = 8.0\n"),
+                      {"run.toml:3:19", "train.loss_scale_init",
+                       "applies to precision = \"fp16\" only", "precision = \"bf16\""}));
+  EXPECT_TRUE(has_all(parse_error("", {"train.loss_scale_growth_interval=10"}),
+                      {"--set train.loss_scale_growth_interval=10",
+                       "applies to precision = \"fp16\" only", "\"fp32\""}));
+  EXPECT_TRUE(has_all(parse_error("[train]\nprecision = \"fp16\"\nloss_scale_init = 0.5\n"),
+                      {"train.loss_scale_init", "0.5 is out of range", ">= 1"}));
+  EXPECT_TRUE(has_all(parse_error("[train]\nreduce_dtype = \"bf16\"\n"),
+                      {"train.reduce_dtype", "not a valid gradient reduction dtype",
+                       "\"param\", \"fp32\""}));
+}
+
 TEST(RunConfigErrors, UnknownPluginRole) {
   const std::string msg = parse_error("[plugins]\nlayer = \"tp2d\"\n");
   EXPECT_TRUE(has_all(msg, {"run.toml:2:1", "unknown key `plugins.layer`",
@@ -421,11 +453,6 @@ TEST(RunConfigErrors, UnknownPluginRole) {
 }
 
 TEST(RunConfigRoles, WhatThisVersionCannotRunIsRefusedAtOnce) {
-  EXPECT_TRUE(
-      has_all(parse_error("[train]\nprecision = \"bf16\"\n"),
-              {"run.toml:2:13", "train.precision: \"bf16\" is not available yet", "fp32 only"}));
-  EXPECT_TRUE(has_all(parse_error("", {"train.precision=fp16"}),
-                      {"--set train.precision=fp16", "\"fp16\" is not available yet"}));
   EXPECT_TRUE(has_all(parse_error("[plugins]\nmemory = \"offload\"\n"),
                       {"run.toml:2", "plugins.memory: the memory role is not available"}));
   EXPECT_TRUE(has_all(parse_error("[plugins]\nplanner = \"autoplan\"\n"),

@@ -22,6 +22,12 @@ struct Metadata {
   int64_t data_position = 0;    // global samples consumed (step x global batch)
   int64_t optimizer_steps = 0;  // the optimizer's own step count (bias correction)
   std::string config_toml;      // the effective configuration
+  // fp16's dynamic loss scale and its overflow-free steps since the last
+  // change; 0 when the run does not scale its loss (attributes
+  // "loss_scale", as text that reads back exactly, and
+  // "loss_scale_good_steps", written only then).
+  double loss_scale = 0.0;
+  int64_t loss_scale_good_steps = 0;
   std::string kolos_version;
   MeshShape mesh;          // the writing mesh
   int64_t world_size = 1;  // pp x dp x sp x tp of `mesh`

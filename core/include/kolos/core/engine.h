@@ -19,6 +19,7 @@
 #include "kolos/core/gradient_strategy.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/model.h"
+#include "kolos/core/precision.h"
 #include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/schedule.h"
@@ -41,6 +42,10 @@ struct StepMetrics {
   // waited for them.
   ReductionStats reduction;
   bool stop = false;           // some rank was asked to stop (signals.h)
+  // fp16: the loss scale this step's backward used (0: no loss scaling),
+  // and whether the step was skipped because a gradient overflowed.
+  double loss_scale = 0.0;
+  bool skipped = false;
 };
 
 struct TrainSummary {
@@ -112,6 +117,11 @@ class Engine {
   // step x global batch.
   void load_state(const TrainingState& state);
 
+  // Test hook: the backward of step `step` (0-based) gets its loss
+  // multiplied by infinity on this rank, as an fp16 overflow would, so a
+  // test can check that every rank skips it. -1 (the default): none.
+  void inject_overflow_at_step(int64_t step) { overflow_step_ = step; }
+
  private:
   std::vector<MicroBatch> next_micro_batches();
 
@@ -126,6 +136,8 @@ class Engine {
   std::unique_ptr<data::TokenSource> data_;
   int64_t accumulation_ = 1;
   int64_t step_ = 0;
+  std::unique_ptr<LossScaler> scaler_;  // fp16 only
+  int64_t overflow_step_ = -1;
 };
 
 // The learning rate of step `step` (0-based): linear warm-up over

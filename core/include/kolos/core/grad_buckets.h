@@ -79,6 +79,10 @@ class GradBuckets {
     int64_t first_bucket_bytes = int64_t{1} << 20;
     // Record the ready order on the first step and rebuild in it.
     bool rebuild_in_ready_order = true;
+    // Reduce bf16/fp16 gradients in fp32 (train.reduce_dtype = "fp32"): each
+    // bucket is widened for the collective and the result rounded back once,
+    // instead of rounding at every addition of the reduction.
+    bool reduce_in_fp32 = false;
   };
 
   // Installs the gradient hooks (and, for kAllReduce, points every .grad at

@@ -22,6 +22,7 @@
 
 namespace kolos {
 
+class AdamW;
 class DeviceMesh;
 
 // A named tensor piece with its placement (checkpoints, metrics).
@@ -86,6 +87,10 @@ class GradientStrategy : public RolePlugin {
   virtual std::vector<StatePiece> optimizer_state() = 0;
   virtual int64_t optimizer_steps() const = 0;
   virtual void set_optimizer_steps(int64_t steps) = 0;
+  // The strategy's AdamW, if it uses one: under mixed precision the engine
+  // checkpoints its fp32 masters in place of the low-precision parameters
+  // at rest, and rounds them back into the parameters after a load.
+  virtual AdamW* adamw() { return nullptr; }
 
  protected:
   Model* model_ = nullptr;  // set by setup() implementations

@@ -13,6 +13,14 @@
 // multi-tensor call on at::get_num_threads() threads; every other slot, all
 // slots when fused is false, and all slots where ATen runs its "default"
 // (non-FMA) kernels, take LibTorch's ops, operation for operation.
+//
+// Mixed precision: a bf16 or fp16 parameter gets an fp32 master copy
+// (AdamWSlot::master) made when the slot is added, and fp32 moments. The
+// update runs on the master with the low-precision gradient widened to
+// fp32, then the parameter receives the master rounded to its dtype (the
+// fused kernel does both in its one pass). The master is the parameter's
+// truth: checkpoints save it (master_of), and after loading one,
+// copy_masters_to_params() rounds it into the parameters again.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +38,7 @@ struct AdamWSlot {
   Placement placement;
   at::Tensor exp_avg;
   at::Tensor exp_avg_sq;
+  at::Tensor master;  // fp32 copy of a bf16/fp16 param; undefined for fp32 params
 };
 
 class AdamW {
@@ -49,6 +58,14 @@ class AdamW {
   // "exp_avg/<name>" and "exp_avg_sq/<name>" for every slot (live tensors:
   // writing into them loads a state). The step count is step_count().
   std::vector<StatePiece> state_pieces() const;
+  // The fp32 master of `param` (a slot's param, matched by TensorImpl), or
+  // an undefined tensor when the slot has none or no slot holds it.
+  at::Tensor master_of(const at::Tensor& param) const;
+  // Every master rounded into its parameter (after a checkpoint was loaded
+  // into the masters).
+  void copy_masters_to_params();
+  // Bytes of the fp32 masters.
+  int64_t master_bytes() const;
   int64_t state_bytes() const;
 
  private:

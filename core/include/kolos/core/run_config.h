@@ -70,7 +70,17 @@ struct TrainConfig {
   int64_t micro_batch = 4;   // samples per forward/backward on one rank
   int64_t steps = 20;
   int64_t seed = 1234;             // >= 0
-  std::string precision = "fp32";  // "fp32" (bf16 and fp16 are refused until they train)
+  // "fp32" | "bf16" | "fp16": the dtype of parameters, activations and
+  // gradients; bf16 and fp16 keep fp32 master weights and AdamW moments
+  // (docs/precision.md).
+  std::string precision = "fp32";
+  // "param": gradients reduced in the precision's dtype; "fp32": in fp32
+  // (each bucket widened for the collective, then rounded back once).
+  std::string reduce_dtype = "param";
+  // fp16 only: dynamic loss scaling's first scale and the number of
+  // overflow-free steps after which the scale doubles (halved on overflow).
+  double loss_scale_init = 65536.0;
+  int64_t loss_scale_growth_interval = 2000;
   // Activation recomputation of the repeated (transformer) blocks: "none",
   // "full" (whole blocks) or "selective" (their attention core only).
   std::string recompute = "none";

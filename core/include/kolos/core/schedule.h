@@ -28,6 +28,9 @@ struct StepContext {
   Model* model = nullptr;
   GradientStrategy* gradients = nullptr;
   const std::vector<MicroBatch>* micro_batches = nullptr;
+  // Every micro-batch's loss is multiplied by it before backward (fp16's
+  // dynamic loss scale; 1 otherwise). The engine unscales the gradients.
+  double loss_scale = 1.0;
 };
 
 struct StepLoss {

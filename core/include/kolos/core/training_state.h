@@ -27,6 +27,10 @@ struct TrainingState {
   int64_t step = 0;              // optimizer steps the engine has taken
   int64_t data_position = 0;     // global samples consumed (step x global batch)
   int64_t optimizer_steps = 0;   // the optimizer's own count (bias correction)
+  // fp16's dynamic loss scale and its count of overflow-free steps since
+  // the last change (0: the run does not scale its loss).
+  double loss_scale = 0.0;
+  int64_t loss_scale_good_steps = 0;
   std::vector<uint8_t> rng_cpu;  // this rank's LibTorch CPU generator state (empty: none)
   std::string config_toml;       // the effective configuration
   MeshShape mesh;                // the mesh the pieces are placed on, ranks in layout order
