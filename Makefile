@@ -50,7 +50,10 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# The demo builds what a run needs (the `runtime` target: kolos and its
+# plugins), not the tests.
+demo: configure
+	@cmake --build $(BUILD) -j $(JOBS) --target runtime
 	@$(BUILD)/bin/kolos run -n 2 examples/gpt-demo.toml --set log.metrics=$(BUILD)/demo-metrics.jsonl
 
 # CI runs exactly this: the whole suite against the default LibTorch, then
