@@ -89,6 +89,30 @@ void BucketedZero::copy_grad_shards_from_whole() {
   }
 }
 
+std::vector<PlacedParameter> BucketedZero::parameters_at_rest() {
+  std::vector<PlacedParameter> out;
+  for (const auto& p : model_->placed_parameters()) {
+    auto it = slot_of_impl_.find(p.tensor.unsafeGetTensorImpl());
+    if (it == slot_of_impl_.end() || p.tensor.scalar_type() == at::kFloat) {
+      out.push_back(p);
+      continue;
+    }
+    const Slot& s = slots_[it->second];
+    out.push_back(PlacedParameter{p.name, s.master, s.shard, p.block});
+  }
+  return out;
+}
+
+void BucketedZero::after_load() {
+  // Only mixed precision loads into the shards (parameters_at_rest).
+  for (const auto& s : slots_) {
+    if (s.param.tensor.scalar_type() != at::kFloat) {
+      gather_params_after_step();
+      return;
+    }
+  }
+}
+
 void BucketedZero::refresh_masters() {
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {

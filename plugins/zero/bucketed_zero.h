@@ -1,10 +1,13 @@
 // BucketedZero: ZeRO stages 1 and 2 (plugins zero1, zero2).
 //
 // The parameters stay whole; the optimizer steps this rank's shard of each
-// (a working copy refreshed from the whole parameters at zero_grad(), so a
-// checkpoint loaded into them is what the next step updates), and after
-// the step the shards are all-gathered back into the whole parameters, a
-// shard group at a time.
+// (a working copy refreshed from the whole parameters at zero_grad()), and
+// after the step the shards are all-gathered back into the whole
+// parameters, a shard group at a time. In fp32 the whole parameters are the
+// truth at rest (a checkpoint holds and loads them); under bf16/fp16 the
+// fp32 masters are, and they exist only for this rank's shard, so a
+// checkpoint holds the shards (the engine saves their masters) and a load
+// all-gathers the shards back into the whole parameters (after_load).
 //
 // Gradients go through the core's bucket engine (GradBuckets), in buckets
 // of about parallel.bucket_mb filled in the order gradients become ready:
@@ -39,6 +42,8 @@ class BucketedZero : public ZeroStrategy {
   void step(double lr) override;
   MemoryStats memory() const override;
   ReductionStats reduction_stats() const override;
+  std::vector<PlacedParameter> parameters_at_rest() override;
+  void after_load() override;
 
  private:
   void copy_grad_shards_from_whole();

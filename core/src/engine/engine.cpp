@@ -391,7 +391,7 @@ TrainingState Engine::state() {
                   "checkpoint: the gradients plugin `", gradients_->name(),
                   "` holds no fp32 master for parameter ", p.name, " at rest (",
                   config_.train.precision,
-                  "); checkpoints of mixed-precision runs are written under dp and zero3");
+                  "); its parameters at rest must be what its optimizer steps");
       if (master.defined()) tensor = master;
     }
     state.pieces.push_back(StatePiece{"model/" + p.name, tensor, p.placement});
@@ -432,6 +432,7 @@ void Engine::load_state(const TrainingState& state) {
     mine.tensor.copy_(p.tensor);
   }
   if (AdamW* optimizer = gradients_->adamw()) optimizer->copy_masters_to_params();
+  gradients_->after_load();
   step_ = state.step;
   gradients_->set_optimizer_steps(state.optimizer_steps);
   // A state without a scale (an fp32 or bf16 run's) starts fp16 at its

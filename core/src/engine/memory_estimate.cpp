@@ -73,20 +73,44 @@ double element_bytes(const RunConfig& config) {
 
 struct Shape {
   double layers, hidden, heads, seq, vocab, inner;
+  double kv_heads;     // key/value heads (llama's grouped-query attention)
+  bool llama = false;  // modules/'s llama: no biases, SwiGLU, RMSNorm, untied head, no wpe
 };
 
 Shape shape_of(const RunConfig& c) {
   const ModelConfig& m = c.model;
-  return Shape{static_cast<double>(m.layers),  static_cast<double>(m.hidden),
-               static_cast<double>(m.heads),   static_cast<double>(m.seq_len),
-               static_cast<double>(m.vocab),   static_cast<double>(m.mlp_ratio * m.hidden)};
+  Shape s{static_cast<double>(m.layers), static_cast<double>(m.hidden),
+          static_cast<double>(m.heads),  static_cast<double>(m.seq_len),
+          static_cast<double>(m.vocab),  static_cast<double>(m.mlp_ratio * m.hidden),
+          static_cast<double>(m.heads)};
+  if (m.name == "llama") {
+    s.llama = true;
+    s.inner = static_cast<double>(m.ffn_hidden > 0 ? m.ffn_hidden : default_ffn_hidden(m.hidden));
+    s.kv_heads = static_cast<double>(m.kv_heads > 0 ? m.kv_heads : m.heads);
+  }
+  return s;
 }
 
-// Parameters of one transformer block (the GPT of modules/: q, k, v, o with
-// biases, a GELU MLP with biases, two layer norms) and the largest tensor.
+// Parameters of one transformer block. GPT: q, k, v, o with biases, a GELU
+// MLP with biases, two layer norms. LLaMA: q and o, k and v of kv_heads
+// heads, the SwiGLU MLP's three matrices, two RMSNorms; no biases.
 double block_params(const Shape& s) {
+  if (s.llama) {
+    const double kv = s.kv_heads * s.hidden / s.heads;
+    return 2 * s.hidden * s.hidden + 2 * s.hidden * kv + 3 * s.hidden * s.inner + 2 * s.hidden;
+  }
   return 4 * (s.hidden * s.hidden + s.hidden) + 2 * s.hidden * s.inner + s.inner + s.hidden +
          4 * s.hidden;
+}
+
+// The embedding block's parameters (GPT: token and position tables; LLaMA:
+// tokens only) and the head block's own (GPT: the final norm, the head
+// reading wte; LLaMA: the final RMSNorm and the untied head).
+double embedding_params(const Shape& s) {
+  return s.llama ? s.vocab * s.hidden : (s.vocab + s.seq) * s.hidden;
+}
+double head_params(const Shape& s) {
+  return s.llama ? s.hidden + s.vocab * s.hidden : 2 * s.hidden;
 }
 
 std::string pipeline_schedule(const RunConfig& config) {
@@ -138,10 +162,11 @@ Piece piece_of(const Shape& s, const MeshShape& mesh, int64_t stage) {
   p.head = stage == mesh.pp - 1;
   p.block = block_params(s) / tp;
   p.params = p.blocks * p.block;
-  if (p.embeddings) p.params += (s.vocab + s.seq) * s.hidden / tp;
+  if (p.embeddings) p.params += embedding_params(s) / tp;
   if (p.head) {
-    p.params += 2 * s.hidden / tp;                  // final norm
-    if (!p.embeddings) p.params += s.vocab * s.hidden / tp;  // the head's copy of wte
+    p.params += head_params(s) / tp;
+    // GPT's head reads wte: a stage without the embedding holds a copy.
+    if (!p.embeddings && !s.llama) p.params += s.vocab * s.hidden / tp;
   }
   p.largest = std::max({s.vocab * s.hidden, s.hidden * s.inner, s.hidden * s.hidden});
   return p;
@@ -157,7 +182,9 @@ double block_activations(const Shape& s, const MeshShape& mesh, const std::strin
   const double tp = static_cast<double>(mesh.tp);
   const double bsh = micro * s.seq * s.hidden;
   const double norms = 4 * bsh;
-  const double cut = 4 * bsh + 2 * micro * s.seq * s.inner + micro * s.heads * s.seq * s.seq;
+  // SwiGLU keeps three inner-wide tensors (gate, up, their product), GELU two.
+  const double wide = s.llama ? 3 : 2;
+  const double cut = 4 * bsh + wide * micro * s.seq * s.inner + micro * s.heads * s.seq * s.seq;
   if (layers == "tp1d") return elem * (norms + cut / tp);
   return elem * (norms + cut) / tp;
 }
@@ -190,7 +217,7 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   const double elem = element_bytes(config);
   const double dp = static_cast<double>(mesh.dp);
   const Piece p = piece_of(s, mesh, stage);
-  e.model_parameters = s.layers * block_params(s) + (s.vocab + s.seq) * s.hidden + 2 * s.hidden;
+  e.model_parameters = s.layers * block_params(s) + embedding_params(s) + head_params(s);
   const std::string& g = roles.gradients;
   const std::string count = fmt_count(p.params) + " local parameters";
 

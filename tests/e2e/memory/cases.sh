@@ -47,6 +47,9 @@ case "$case_name" in
       "activations-dp|2|activations.toml|"
       "activations-full|2|activations.toml|--set train.recompute=\"full\""
       "activations-sel|2|activations.toml|--set train.recompute=\"selective\""
+      "bf16|2|states.toml|--set train.precision=\"bf16\""
+      "llama|2|states.toml|--set model.name=\"llama\" --set model.kv_heads=2"
+      "llama-act|2|activations.toml|--set model.name=\"llama\""
     )
     failed=0
     printf '%-16s %12s %12s %8s\n' run estimate measured error

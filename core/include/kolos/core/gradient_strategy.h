@@ -91,6 +91,11 @@ class GradientStrategy : public RolePlugin {
   // checkpoints its fp32 masters in place of the low-precision parameters
   // at rest, and rounds them back into the parameters after a load.
   virtual AdamW* adamw() { return nullptr; }
+  // Called by Engine::load_state() once a state's pieces (and, under mixed
+  // precision, the masters' roundings) are written: a strategy whose pieces
+  // at rest are not the model's tensors makes the model's tensors whole
+  // again from them (collective over the strategy's groups).
+  virtual void after_load() {}
 
  protected:
   Model* model_ = nullptr;  // set by setup() implementations
