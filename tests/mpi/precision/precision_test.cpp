@@ -111,6 +111,15 @@ TEST(Bf16, Tp1dTrainsLikeFp32) {
 TEST(Bf16, PipelineTrainsLikeFp32) {
   expect_bf16_trains_like_fp32({"parallel.pipeline=2", "parallel.data=1"});
 }
+// LLaMA (grouped-query attention, RoPE, RMSNorm, SwiGLU), and with zero3 and
+// full recomputation at once.
+TEST(Bf16, LlamaTrainsLikeFp32) {
+  expect_bf16_trains_like_fp32({"model.name=llama", "model.kv_heads=2"});
+}
+TEST(Bf16, LlamaZero3RecomputedTrainsLikeFp32) {
+  expect_bf16_trains_like_fp32({"model.name=llama", "model.kv_heads=2", "parallel.zero.stage=3",
+                                "train.recompute=\"full\""});
+}
 
 // ---- fp16: loss scaling and a skipped step ---------------------------------------
 
