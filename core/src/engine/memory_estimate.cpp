@@ -181,9 +181,12 @@ double block_activations(const Shape& s, const MeshShape& mesh, const std::strin
                          double micro, double elem) {
   const double tp = static_cast<double>(mesh.tp);
   const double bsh = micro * s.seq * s.hidden;
-  const double norms = 4 * bsh;
-  // SwiGLU keeps three inner-wide tensors (gate, up, their product), GELU two.
-  const double wide = s.llama ? 3 : 2;
+  // LayerNorm (one fused op) keeps its input and output; RMSNorm, written
+  // as ops, also the normalised product before the weight.
+  const double norms = (s.llama ? 6 : 4) * bsh;
+  // SwiGLU keeps four inner-wide tensors (gate, silu(gate), up, their
+  // product), GELU two.
+  const double wide = s.llama ? 4 : 2;
   const double cut = 4 * bsh + wide * micro * s.seq * s.inner + micro * s.heads * s.seq * s.seq;
   if (layers == "tp1d") return elem * (norms + cut / tp);
   return elem * (norms + cut) / tp;
