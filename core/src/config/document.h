@@ -57,5 +57,7 @@ Origin file_origin(const toml::source_location& loc, const std::string& name,
 std::vector<std::string> split_key(const std::string& key);
 const char* type_phrase(toml::value_t type);
 std::string show_value(const toml::value& v);  // short, as the user wrote it
+// A TOML key as written: bare when it may be (letters, digits, _ and -), quoted otherwise.
+std::string toml_key_text(const std::string& key);
 
 }  // namespace kolos

@@ -814,7 +814,7 @@ std::string plugin_keys_inline(const RunConfig& c, const std::string& path,
   const ConfigSection s = c.section(path);
   for (const auto& key : s.keys()) {
     if (std::find(core.begin(), core.end(), key) != core.end()) continue;
-    out += ", " + key + " = " + s.value_text(key);
+    out += ", " + toml_key_text(key) + " = " + s.value_text(key);
   }
   return out;
 }

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 #include <stdexcept>
 #include <sstream>
 
@@ -418,22 +417,57 @@ bool ConfigSection::read(const std::string& key, std::vector<std::string>& out) 
 }
 #undef KOLOS_SECTION_VALUE
 
-std::string ConfigSection::value_text(const std::string& key) const {
-  const toml::value* v = value_at(*this, document_, full(key));
-  if (v == nullptr) return "";
-  switch (v->type()) {
+namespace {
+
+// `key` as TOML writes it: bare when it may be, quoted otherwise.
+std::string key_text(const std::string& key) {
+  const bool bare = !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+  });
+  return bare ? key : quote_toml(key);
+}
+
+// `v` on one line, tables inline with their keys sorted (a table's order
+// is not kept, and the text must read back to itself).
+std::string inline_text(const toml::value& v) {
+  switch (v.type()) {
     case toml::value_t::string:
-      return quote_toml(v->as_string().str);
+      return quote_toml(v.as_string().str);
     case toml::value_t::floating:
-      return format_float(v->as_floating());
+      return format_float(v.as_floating());
+    case toml::value_t::array: {
+      std::string out = "[";
+      for (const auto& item : v.as_array()) out += (out.size() > 1 ? ", " : "") + inline_text(item);
+      return out + "]";
+    }
+    case toml::value_t::table: {
+      std::vector<std::string> keys;
+      for (const auto& [k, item] : v.as_table()) keys.push_back(k);
+      std::sort(keys.begin(), keys.end());
+      std::string out = "{";
+      for (const auto& k : keys) {
+        out += (out.size() > 1 ? ", " : " ") + key_text(k) + " = " + inline_text(v.as_table().at(k));
+      }
+      return out + (keys.empty() ? "}" : " }");
+    }
     default: {
       std::ostringstream out;
-      out << toml::format(*v, 0);
+      out << toml::format(v, 0);
       std::string s = out.str();
       while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
       return s;
     }
   }
+}
+
+}  // namespace
+
+std::string toml_key_text(const std::string& key) { return key_text(key); }
+
+std::string ConfigSection::value_text(const std::string& key) const {
+  const toml::value* v = value_at(*this, document_, full(key));
+  // Written inside a plugin's inline table by to_toml: on one line.
+  return v == nullptr ? "" : inline_text(*v);
 }
 
 void ConfigSection::fail(const std::string& key, const std::string& message) const {
