@@ -417,15 +417,14 @@ bool ConfigSection::read(const std::string& key, std::vector<std::string>& out) 
 }
 #undef KOLOS_SECTION_VALUE
 
-namespace {
-
-// `key` as TOML writes it: bare when it may be, quoted otherwise.
-std::string key_text(const std::string& key) {
+std::string toml_key_text(const std::string& key) {
   const bool bare = !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) {
     return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
   });
   return bare ? key : quote_toml(key);
 }
+
+namespace {
 
 // `v` on one line, tables inline with their keys sorted (a table's order
 // is not kept, and the text must read back to itself).
@@ -446,7 +445,7 @@ std::string inline_text(const toml::value& v) {
       std::sort(keys.begin(), keys.end());
       std::string out = "{";
       for (const auto& k : keys) {
-        out += (out.size() > 1 ? ", " : " ") + key_text(k) + " = " + inline_text(v.as_table().at(k));
+        out += (out.size() > 1 ? ", " : " ") + toml_key_text(k) + " = " + inline_text(v.as_table().at(k));
       }
       return out + (keys.empty() ? "}" : " }");
     }
@@ -461,8 +460,6 @@ std::string inline_text(const toml::value& v) {
 }
 
 }  // namespace
-
-std::string toml_key_text(const std::string& key) { return key_text(key); }
 
 std::string ConfigSection::value_text(const std::string& key) const {
   const toml::value* v = value_at(*this, document_, full(key));
