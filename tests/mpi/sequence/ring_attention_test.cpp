@@ -27,6 +27,7 @@
 #include "kolos/core/comm/mpi.h"
 #include "kolos/core/comm/process_group.h"
 #include "kolos/core/error.h"
+#include "observed_traffic.h"
 #include "ring_attention.h"
 
 namespace kolos {
@@ -117,7 +118,7 @@ void check_against_serial(comm::ProcessGroup& group, Shape shape, Placement plac
   }
 }
 
-class RingAttention : public testing::TestWithParam<Placement> {};
+class RingAttention : public ::testing::TestWithParam<Placement> {};
 
 TEST_P(RingAttention, Fp32MatchesSerial) {
   auto group = world_group();
@@ -154,8 +155,8 @@ TEST_P(RingAttention, Subgroups) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, RingAttention,
-                         testing::Values(Placement::kZigzag, Placement::kContiguous),
-                         [](const testing::TestParamInfo<Placement>& info) {
+                         ::testing::Values(Placement::kZigzag, Placement::kContiguous),
+                         [](const ::testing::TestParamInfo<Placement>& info) {
                            return std::string(name_of(info.param));
                          });
 
@@ -203,6 +204,44 @@ TEST(RingAttentionPositions, BadShapesAreRefused) {
   EXPECT_THROW(ring_attention(x, x, x, at::arange(3, at::kLong), *group), Error);
   EXPECT_THROW(ring_attention(x, x, x, pos.to(at::kInt), *group), Error);
   EXPECT_THROW(ring_attention(x, x.to(at::kBFloat16), x, pos, *group), Error);
+}
+
+// Bytes each rank hands to MPI on the sp group, observed by
+// libkolos_pmpi_count, against the ring's formula (e = the inputs' element
+// size, X = B*h*T_local*d): the forward sends sp-1 blocks of K and V
+// (2 X e) with their positions (8 T_local); the backward sends them again
+// and sp float32 dK/dV accumulators (2 X 4), the last one home.
+TEST(RingAttentionTraffic, BytesSentMatchTheRing) {
+  ASSERT_EQ(testing::pmpi_interposition_problem(), "");
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    auto group = comm::make_mpi_process_group(MPI_COMM_WORLD, "ring-traffic");
+    const int64_t sp = group->size();
+    const int64_t batch = 2, heads = 3, seq = 8 * sp, dim = 4, local = seq / sp;
+    const at::Tensor pos = zigzag_positions(seq, sp, group->rank());
+    const auto make = [&] {
+      return torch::randn({batch, heads, local, dim}).to(dtype).requires_grad_();
+    };
+    const at::Tensor q = make(), k = make(), v = make();
+    const int64_t x = batch * heads * local * dim, e = at::elementSize(dtype);
+
+    group->barrier()->wait();
+    testing::reset_observed_traffic();
+    const at::Tensor out = ring_attention(q, k, v, pos, *group);
+    const testing::ObservedTraffic forward = testing::observed_traffic({group});
+    EXPECT_EQ(forward.sent(KOLOS_PMPI_SEND), uint64_t((sp - 1) * (2 * x * e + 8 * local)))
+        << c10::toString(dtype);
+    EXPECT_EQ(forward.calls(KOLOS_PMPI_SEND), uint64_t(2 * (sp - 1))) << c10::toString(dtype);
+
+    group->barrier()->wait();
+    testing::reset_observed_traffic();
+    out.backward(torch::ones_like(out));
+    const testing::ObservedTraffic backward = testing::observed_traffic({group});
+    EXPECT_EQ(backward.sent(KOLOS_PMPI_SEND),
+              uint64_t((sp - 1) * (2 * x * e + 8 * local) + sp * 2 * x * 4))
+        << c10::toString(dtype);
+    EXPECT_EQ(backward.calls(KOLOS_PMPI_SEND), uint64_t(2 * (sp - 1) + sp))
+        << c10::toString(dtype);
+  }
 }
 
 struct Measured {
