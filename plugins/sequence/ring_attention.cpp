@@ -22,14 +22,17 @@
 // Tiles. Causal balance needs skipping at a finer grain than a rank's block:
 // under zigzag placement no rank's keys all follow another rank's queries,
 // but one chunk's keys follow the other chunk's queries. So rows are cut
-// into tiles where the positions jump, and into halves at most (a zigzag
-// block: its two chunks, also on rank sp-1 whose chunks sp-1 and sp are
-// adjacent; a contiguous block: its two halves, so that its diagonal block
-// skips its upper quarter as well). Each (query tile, key tile) pair is
+// into runs where the positions jump, and the runs into tiles of at most
+// half the rows (a zigzag block: its two chunks, also on rank sp-1 whose
+// chunks sp-1 and sp are adjacent; a contiguous block: its two halves, so
+// that its diagonal block skips its upper quarter as well) and at most
+// max_tile_rows rows, which bounds the scores a tile pair holds at once
+// (B x h x rows x rows) whatever T_local. Each (query tile, key tile) pair is
 // skipped, computed unmasked or computed with the positional mask by
-// comparing the tiles' position ranges. Blocks with many jumps (more than
-// kMaxTiles tiles) are one tile: small tiles would cost more in per-product
-// overhead than the skipping saves.
+// comparing the tiles' position ranges. Rows with many jumps (more than
+// kMaxRuns runs) are taken as one run: tiny tiles would cost more in
+// per-product overhead than the skipping saves, and the mask keeps any
+// order of positions right.
 #include "ring_attention.h"
 
 #include <ATen/ATen.h>
@@ -56,7 +59,7 @@ using torch::autograd::variable_list;
 constexpr int kTagKv = 3101;
 constexpr int kTagPositions = 3102;
 constexpr int kTagGrad = 3103;
-constexpr size_t kMaxTiles = 8;
+constexpr size_t kMaxRuns = 8;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -91,28 +94,27 @@ struct Tile {
   int64_t begin, length, min_pos, max_pos;
 };
 
+std::atomic<int64_t> max_tile_rows{detail::kDefaultMaxTileRows};
+
 std::vector<Tile> tiles_of(const at::Tensor& positions) {
   const at::Tensor cpu = positions.to(at::kCPU).contiguous();
   const int64_t* p = cpu.data_ptr<int64_t>();
   const int64_t n = cpu.numel();
-  const int64_t max_length = (n + 1) / 2;
-  std::vector<Tile> tiles;
+  // Runs of consecutive positions [begin, end).
+  std::vector<std::pair<int64_t, int64_t>> runs;
   for (int64_t i = 0; i < n; ++i) {
-    if (tiles.empty() || p[i] != p[i - 1] + 1 || tiles.back().length == max_length) {
-      tiles.push_back(Tile{i, 0, p[i], p[i]});
-    }
-    Tile& t = tiles.back();
-    ++t.length;
-    t.min_pos = std::min(t.min_pos, p[i]);
-    t.max_pos = std::max(t.max_pos, p[i]);
+    if (runs.empty() || p[i] != p[i - 1] + 1) runs.emplace_back(i, i);
+    ++runs.back().second;
   }
-  if (tiles.size() > kMaxTiles) {
-    Tile all{0, n, tiles[0].min_pos, tiles[0].max_pos};
-    for (const Tile& t : tiles) {
-      all.min_pos = std::min(all.min_pos, t.min_pos);
-      all.max_pos = std::max(all.max_pos, t.max_pos);
+  if (runs.size() > kMaxRuns) runs.assign(1, {0, n});
+  const int64_t length = std::max<int64_t>(1, std::min((n + 1) / 2, max_tile_rows.load()));
+  std::vector<Tile> tiles;
+  for (const auto& [begin, end] : runs) {
+    for (int64_t b = begin; b < end; b += length) {
+      const int64_t e = std::min(end, b + length);
+      const auto [lo, hi] = std::minmax_element(p + b, p + e);
+      tiles.push_back(Tile{b, e - b, *lo, *hi});
     }
-    tiles.assign(1, all);
   }
   return tiles;
 }
@@ -388,6 +390,12 @@ RingAttentionStats ring_attention_stats() {
   s.backward_compute_s = static_cast<double>(c.backward_ns) * 1e-9;
   return s;
 }
+
+namespace detail {
+int64_t set_ring_attention_max_tile_rows(int64_t rows) {
+  return max_tile_rows.exchange(std::max<int64_t>(1, rows));
+}
+}  // namespace detail
 
 void reset_ring_attention_stats() {
   Counters& c = counters();

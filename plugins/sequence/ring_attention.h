@@ -30,8 +30,10 @@ namespace kolos {
 // (every rank of `group` runs it, as after a loss that depends on every
 // rank's output).
 //
-// The rows of each rank are cut into tiles where the positions jump and into
-// halves at most (zigzag placement: its two chunks); a tile pair whose keys all follow all its
+// The rows of each rank are cut into tiles where the positions jump, of at
+// most half the rows (zigzag placement: its two chunks) and at most
+// detail::kDefaultMaxTileRows rows (the scores of one tile pair are all that
+// is held at once, beyond O(T_local) tensors); a tile pair whose keys all follow all its
 // queries is skipped, a pair whose keys all precede its queries is computed
 // without a mask. A query that no key may attend to (no key at or before its
 // position anywhere in the group) gets a zero output and zero gradients.
@@ -63,5 +65,15 @@ struct RingAttentionStats {
 };
 RingAttentionStats ring_attention_stats();
 void reset_ring_attention_stats();
+
+namespace detail {
+// Largest tile, in rows. 512: a tile pair's float32 scores are then at most
+// B x h x 1 MiB, while products of 512 rows still run near the matmul's
+// peak on CPU. Tests lower it to exercise many tiles with short sequences.
+// Returns the previous value; values < 1 are taken as 1. Set it on every
+// rank of a group alike (the counts, not the results, depend on it).
+constexpr int64_t kDefaultMaxTileRows = 512;
+int64_t set_ring_attention_max_tile_rows(int64_t rows);
+}  // namespace detail
 
 }  // namespace kolos

@@ -154,6 +154,15 @@ TEST_P(RingAttention, Subgroups) {
   check_against_serial(*single, {2, 4, 32, 8}, GetParam(), at::kFloat, 1e-5);
 }
 
+// Many tiles per block (3 rows at most: tiles of 3, 3 and 2 rows of a
+// zigzag chunk of 8), mixing skipped, unmasked and masked pairs.
+TEST_P(RingAttention, SmallTiles) {
+  auto group = world_group();
+  const int64_t previous = detail::set_ring_attention_max_tile_rows(3);
+  check_against_serial(*group, {2, 3, 16 * group->size(), 8}, GetParam(), at::kFloat, 1e-5);
+  detail::set_ring_attention_max_tile_rows(previous);
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, RingAttention,
                          ::testing::Values(Placement::kZigzag, Placement::kContiguous),
                          [](const ::testing::TestParamInfo<Placement>& info) {
