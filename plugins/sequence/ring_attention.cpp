@@ -122,7 +122,7 @@ std::vector<Tile> tiles_of(const at::Tensor& positions) {
 enum class Pair { kSkip, kFull, kMasked };
 
 Pair classify(const Tile& q, const Tile& k) {
-  if (k.min_pos > q.max_pos) return Pair::kSkip;  // every key follows every query
+  if (k.min_pos > q.max_pos) return Pair::kSkip;   // every key follows every query
   if (k.max_pos <= q.min_pos) return Pair::kFull;  // every key at or before every query
   return Pair::kMasked;
 }
@@ -313,7 +313,8 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
         grad_in = at::empty({2, k.size(0), k.size(1), k.size(2), k.size(3)}, q32.options());
         grad_recv = group->recv(grad_in, left, kTagGrad);
       }
-      at::Tensor grad_kv = at::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, q32.options());
+      at::Tensor grad_kv =
+          at::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, q32.options());
       backward_block(q32, positions, q_tiles, grad_out, lse, delta, current, sqrt_d, dq, grad_kv);
       if (grad_recv) {
         grad_recv->wait();
@@ -335,8 +336,8 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
       group->recv(grad_kv, left, kTagGrad)->wait();
       grad_send->wait();
     }
-    return {dq.to(q.scalar_type()), grad_kv[0].to(k.scalar_type()),
-            grad_kv[1].to(v.scalar_type()), at::Tensor(), at::Tensor()};
+    return {dq.to(q.scalar_type()), grad_kv[0].to(k.scalar_type()), grad_kv[1].to(v.scalar_type()),
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -369,8 +370,9 @@ at::Tensor zigzag_positions(int64_t seq, int64_t sp, int64_t rank) {
   const int64_t below = seq - seq % chunks;
   KOLOS_CHECK_KIND(kConfig, seq > 0 && seq % chunks == 0, "zigzag placement over ", sp,
                    " ranks cuts the sequence into 2*sp = ", chunks, " chunks; length ", seq,
-                   " does not divide: use a multiple of ", chunks, " (nearest: ",
-                   below > 0 ? detail::concat(below, " or ") : std::string(), below + chunks, ")");
+                   " does not divide: use a multiple of ", chunks,
+                   " (nearest: ", below > 0 ? detail::concat(below, " or ") : std::string(),
+                   below + chunks, ")");
   const int64_t chunk = seq / chunks;
   const at::TensorOptions options = at::TensorOptions().dtype(at::kLong);
   return at::cat({at::arange(rank * chunk, (rank + 1) * chunk, options),

@@ -80,10 +80,9 @@ struct Shape {
 // absolute, relative to the largest value of the reference tensor.
 void check_against_serial(comm::ProcessGroup& group, Shape shape, Placement placement,
                           at::ScalarType dtype, double tolerance) {
-  const std::string what = std::string(name_of(placement)) + " " + c10::toString(dtype) +
-                           " B" + std::to_string(shape.batch) + " h" +
-                           std::to_string(shape.heads) + " T" + std::to_string(shape.seq) +
-                           " d" + std::to_string(shape.dim) + " sp" +
+  const std::string what = std::string(name_of(placement)) + " " + c10::toString(dtype) + " B" +
+                           std::to_string(shape.batch) + " h" + std::to_string(shape.heads) + " T" +
+                           std::to_string(shape.seq) + " d" + std::to_string(shape.dim) + " sp" +
                            std::to_string(group.size()) + " rank " + std::to_string(group.rank());
   torch::manual_seed(1234);  // the same full tensors on every rank
   const std::vector<int64_t> sizes{shape.batch, shape.heads, shape.seq, shape.dim};
@@ -248,8 +247,7 @@ TEST(RingAttentionTraffic, BytesSentMatchTheRing) {
     EXPECT_EQ(backward.sent(KOLOS_PMPI_SEND),
               uint64_t((sp - 1) * (2 * x * e + 8 * local) + sp * 2 * x * 4))
         << c10::toString(dtype);
-    EXPECT_EQ(backward.calls(KOLOS_PMPI_SEND), uint64_t(2 * (sp - 1) + sp))
-        << c10::toString(dtype);
+    EXPECT_EQ(backward.calls(KOLOS_PMPI_SEND), uint64_t(2 * (sp - 1) + sp)) << c10::toString(dtype);
   }
 }
 
@@ -275,7 +273,8 @@ Measured measure(comm::ProcessGroup& group, Shape shape, Placement placement, in
     reset_ring_attention_stats();
     const auto start = std::chrono::steady_clock::now();
     out = ring_attention(q, k, v, pos, group);
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     compute.push_back(ring_attention_stats().forward_compute_s);
   }
   m.forward = ring_attention_stats();
