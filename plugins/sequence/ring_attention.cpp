@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "kolos/core/comm/process_group.h"
 #include "kolos/core/error.h"
 
 namespace kolos {

@@ -15,9 +15,11 @@
 
 #include <cstdint>
 
-#include "kolos/core/comm/process_group.h"
-
 namespace kolos {
+
+namespace comm {
+class ProcessGroup;
+}
 
 // Causal attention over a sequence spread over `group` (the sp ranks).
 // q, k, v: this rank's [B, h, T_local, d], one dtype (float32, bfloat16 or
@@ -32,11 +34,12 @@ namespace kolos {
 //
 // The rows of each rank are cut into tiles where the positions jump, of at
 // most half the rows (zigzag placement: its two chunks) and at most
-// detail::kDefaultMaxTileRows rows (the scores of one tile pair are all that
-// is held at once, beyond O(T_local) tensors); a tile pair whose keys all follow all its
-// queries is skipped, a pair whose keys all precede its queries is computed
-// without a mask. A query that no key may attend to (no key at or before its
-// position anywhere in the group) gets a zero output and zero gradients.
+// detail::kDefaultMaxTileRows rows, so that one tile pair's scores are all
+// it holds beyond O(T_local) tensors. A tile pair whose keys all follow all
+// its queries is skipped; a pair whose keys all precede its queries is
+// computed without a mask. A query that no key may attend to (no key at or
+// before its position anywhere in the group) gets a zero output and zero
+// gradients.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& positions, comm::ProcessGroup& group);
 
