@@ -62,12 +62,42 @@ TEST(SequenceBadInput, UnknownMode) {
 }
 
 TEST(SequenceBadInput, ModesNotBuiltYet) {
-  for (const std::string mode : {"ring", "megatron", "hybrid"}) {
+  for (const std::string mode : {"megatron", "hybrid"}) {
     const std::string m = config_error(sp(2, {"parallel.sequence.mode=\"" + mode + "\""}));
     expect_has(m, "parallel.sequence.mode");
     expect_has(m, "\"" + mode + "\" is not built in this version");
-    expect_has(m, "the sequence-parallel modes that run: ulysses.");
+    expect_has(m, "the sequence-parallel modes that run: ulysses, ring.");
   }
+}
+
+std::vector<std::string> ring(int size, std::vector<std::string> overrides = {}) {
+  overrides.push_back("parallel.sequence.mode=\"ring\"");
+  return sp(size, std::move(overrides));
+}
+
+TEST(RingBadInput, AcceptsHeadsThatDoNotDivide) {
+  // 4 heads over sp 8 (ulysses refuses it): ring keeps every head on every
+  // rank. 16 positions = 2*8 chunks of 1.
+  EXPECT_EQ(config_error(ring(8)), "");
+  EXPECT_EQ(config_error(ring(2, {"model.heads=1", "parallel.tensor.size=1"})), "");
+}
+
+TEST(RingBadInput, SequenceLengthNotDivisibleByTwiceTheSize) {
+  // 20 divides by sp 4 (ulysses takes it) but not by the 8 zigzag chunks.
+  std::string m = config_error(ring(4, {"model.seq_len=20"}));
+  expect_has(m, "model.seq_len = 20 does not divide into the 2*sp = 8 zigzag chunks of "
+                "sequence mode \"ring\" (parallel.sequence.size = 4)");
+  expect_has(m, "nearest valid lengths: 16 or 24.");
+  // Shorter than the chunks: the one valid length above.
+  m = config_error(ring(4, {"model.seq_len=6"}));
+  expect_has(m, "model.seq_len = 6 does not divide into the 2*sp = 8 zigzag chunks");
+  expect_has(m, "nearest valid lengths: 8.");
+}
+
+TEST(RingBadInput, TensorModesOtherThan1d) {
+  const std::string m =
+      config_error(ring(2, {"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""}));
+  expect_has(m, "sequence mode \"ring\" composes with tensor mode \"1d\" only");
 }
 
 TEST(SequenceBadInput, ModeWithoutSequenceParallelism) {
