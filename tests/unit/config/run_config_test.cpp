@@ -460,9 +460,9 @@ TEST(RunConfigRoles, WhatThisVersionCannotRunIsRefusedAtOnce) {
   EXPECT_TRUE(has_all(parse_error("[memory]\ncompute_budget = 1\n"),
                       {"run.toml:1", "[memory]: the memory role is not available"}));
   // Sequence modes kolos knows but does not build yet.
-  EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"ring\" }\n"),
-                      {"run.toml:2:31", "parallel.sequence.mode", "\"ring\" is not built",
-                       "modes that run: ulysses."}));
+  EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"megatron\" }\n"),
+                      {"run.toml:2:31", "parallel.sequence.mode", "\"megatron\" is not built",
+                       "modes that run: ulysses, ring."}));
   EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"ulises\" }\n"),
                       {"parallel.sequence.mode", "ulises", "ulysses"}));
   EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = 2\npipeline = 2\n"),
@@ -509,6 +509,7 @@ TEST(RunConfigRoles, ChoosePluginsFollowsTheSettings) {
   EXPECT_EQ(choice("[parallel]\nsequence = 2\n").sequence, "ulysses");
   EXPECT_EQ(choice("[parallel]\nsequence = { size = 4, mode = \"ulysses\" }\n").sequence,
             "ulysses");
+  EXPECT_EQ(choice("[parallel]\nsequence = { size = 4, mode = \"ring\" }\n").sequence, "ring");
   EXPECT_EQ(choice("[parallel]\ntensor = 2\n").layers, "tp1d");
   EXPECT_EQ(choice("[parallel]\ntensor = { size = 4, mode = \"2d\" }\n").layers, "tp2d");
   EXPECT_EQ(choice("[parallel]\ntensor = { size = 8, mode = \"2.5d\" }\n").layers, "tp2p5d");
