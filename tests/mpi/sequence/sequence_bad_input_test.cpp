@@ -85,8 +85,9 @@ TEST(RingBadInput, AcceptsHeadsThatDoNotDivide) {
 TEST(RingBadInput, SequenceLengthNotDivisibleByTwiceTheSize) {
   // 20 divides by sp 4 (ulysses takes it) but not by the 8 zigzag chunks.
   std::string m = config_error(ring(4, {"model.seq_len=20"}));
-  expect_has(m, "model.seq_len = 20 does not divide into the 2*sp = 8 zigzag chunks of "
-                "sequence mode \"ring\" (parallel.sequence.size = 4)");
+  expect_has(m,
+             "model.seq_len = 20 does not divide into the 2*sp = 8 zigzag chunks of "
+             "sequence mode \"ring\" (parallel.sequence.size = 4)");
   expect_has(m, "nearest valid lengths: 16 or 24.");
   // Shorter than the chunks: the one valid length above.
   m = config_error(ring(4, {"model.seq_len=6"}));
