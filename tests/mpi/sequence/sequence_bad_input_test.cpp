@@ -76,12 +76,6 @@ TEST(SequenceBadInput, ModeWithoutSequenceParallelism) {
   expect_has(m, "has no effect: parallel.sequence.size = 1");
 }
 
-TEST(SequenceBadInput, WithThePipeline) {
-  const std::string m = config_error(sp(2, {"parallel.pipeline.size=2"}));
-  expect_has(m, "parallel.sequence.size = 2 with parallel.pipeline.size = 2");
-  expect_has(m, "set one of the two sizes to 1");
-}
-
 TEST(SequenceBadInput, TensorModesOtherThan1d) {
   const std::string m =
       config_error(sp(2, {"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""}));
