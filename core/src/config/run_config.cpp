@@ -557,16 +557,6 @@ class Reader {
                            "`, but plugins.sequence names `" + by_role.at("sequence") +
                            "`; remove one of the two.");
     }
-    // The pipeline's stages exchange activations of the shapes its probe
-    // forward of a whole sample records; a sequence slice has other shapes.
-    if (c.parallel.sequence.size > 1 && c.parallel.pipeline.size > 1) {
-      root.fail_at_any({"parallel.sequence.size", "parallel.sequence"},
-                       "parallel.sequence.size = " + std::to_string(c.parallel.sequence.size) +
-                           " with parallel.pipeline.size = " +
-                           std::to_string(c.parallel.pipeline.size) +
-                           ": sequence parallelism does not run with the pipeline in this "
-                           "version; set one of the two sizes to 1.");
-    }
     const RoleChoice choice = choose_plugins(c);
     for (const auto& spec : role_specs()) {
       const std::string& plugin = choice.of(spec.name);

@@ -101,16 +101,19 @@ TEST(RingBadInput, TensorModesOtherThan1d) {
   expect_has(m, "sequence mode \"ring\" composes with tensor mode \"1d\" only");
 }
 
+TEST(RingBadInput, ThePipeline) {
+  // ulysses runs with the pipeline (sequence_equivalence_test); ring is not
+  // tested there yet, so it is refused.
+  EXPECT_EQ(config_error(sp(2, {"parallel.pipeline.size=2"})), "");
+  const std::string m = config_error(ring(2, {"parallel.pipeline.size=2"}));
+  expect_has(m, "sequence mode \"ring\" does not run with the pipeline yet");
+  expect_has(m, "parallel.pipeline.size = 2");
+}
+
 TEST(SequenceBadInput, ModeWithoutSequenceParallelism) {
   const std::string m = config_error({"parallel.sequence.mode=\"ulysses\""});
   expect_has(m, "parallel.sequence.mode");
   expect_has(m, "has no effect: parallel.sequence.size = 1");
-}
-
-TEST(SequenceBadInput, WithThePipeline) {
-  const std::string m = config_error(sp(2, {"parallel.pipeline.size=2"}));
-  expect_has(m, "parallel.sequence.size = 2 with parallel.pipeline.size = 2");
-  expect_has(m, "set one of the two sizes to 1");
 }
 
 TEST(SequenceBadInput, TensorModesOtherThan1d) {

@@ -76,6 +76,20 @@ TEST(Ulysses, WithZero1MatchesSerial) {
   testing::expect_equivalent(serial(), sequence(2, {"parallel.zero.stage=1"}));
 }
 
+TEST(Ulysses, WithZero2MatchesSerial) {
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(serial(), sequence(2, {"parallel.data=2", "parallel.zero.stage=2"}));
+}
+
+TEST(Ulysses, WithThePipelineMatchesSerial) {
+  // sp 2 x 2 stages, 1F1B over 4 micro-batches; stages cut by measured
+  // time, whose probe runs whole samples outside the sp group.
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(
+      serial(), sequence(2, {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\"",
+                             "parallel.pipeline.balance=\"time\""}));
+}
+
 TEST(Ulysses, WithTp1dMatchesSerial) {
   // sp 2 x tp 2: 4 heads, 2 per tensor rank, 1 per rank inside attention.
   REQUIRE_RANKS(4);
@@ -107,6 +121,15 @@ TEST(UlyssesLlama, WithTp1dAndGqaMatchesSerial) {
       llama({"model.heads=8", "model.kv_heads=2", "parallel.tensor.size=2"});
   testing::expect_equivalent(serial(llama({"model.heads=8", "model.kv_heads=2"})),
                              sequence(2, mix));
+}
+
+TEST(UlyssesLlama, WithThePipelineAndGqaMatchesSerial) {
+  // sp 2 x 2 stages: the untied LM head and its loss on the last stage.
+  REQUIRE_RANKS(4);
+  const std::vector<std::string> gqa = {"model.heads=8", "model.kv_heads=2"};
+  std::vector<std::string> mix = llama(gqa);
+  mix.insert(mix.end(), {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""});
+  testing::expect_equivalent(serial(llama(gqa)), sequence(2, mix));
 }
 
 TEST(Ulysses, SequenceTimesDataEqualsDataOnlyOfTheSameBatch) {

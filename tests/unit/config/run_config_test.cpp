@@ -465,9 +465,6 @@ TEST(RunConfigRoles, WhatThisVersionCannotRunIsRefusedAtOnce) {
                        "modes that run: ulysses, ring."}));
   EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"ulises\" }\n"),
                       {"parallel.sequence.mode", "ulises", "ulysses"}));
-  EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = 2\npipeline = 2\n"),
-                      {"run.toml:2", "parallel.sequence.size = 2 with parallel.pipeline.size = 2",
-                       "set one of the two sizes to 1"}));
 }
 
 TEST(RunConfigRoles, SettingsAndOverridesMustAgree) {

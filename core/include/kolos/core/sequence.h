@@ -71,9 +71,9 @@ class SequenceStrategy : public RolePlugin {
 at::Tensor causal_attention(const std::vector<at::Tensor>& qkv);
 
 // While one lives (on this thread), layers ignore the sequence strategy and
-// run serially on whatever sequence they are given: Model::find_block_reads'
-// probe forward runs a whole sample on each rank alone, without the sp
-// group's collectives.
+// run serially on whatever sequence they are given: probes that run whole
+// samples on each rank alone (Model::find_block_reads, the pipeline's block
+// timing) run without the sp group's collectives.
 class SequenceBypassScope {
  public:
   SequenceBypassScope();
