@@ -56,6 +56,7 @@
 #include "kolos/core/mesh.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/schedule.h"
+#include "kolos/core/sequence.h"
 #include "kolos/core/tensor_storage.h"
 #include "plan.h"
 #include "settings.h"
@@ -363,6 +364,9 @@ std::vector<double> PipelineExecutor::measure_block_times(Model& model, const Ru
   std::vector<double> best(n, std::numeric_limits<double>::infinity());
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   const at::Tensor rng_state = generator.get_state();
+  // Whole samples on this rank alone: under sequence parallelism the blocks
+  // skip the sp group's collectives (the relative times are what counts).
+  SequenceBypassScope whole_sequence;
   for (int rep = 0; rep < 3; ++rep) {
     at::Tensor x = torch::zeros({config.train.micro_batch, config.model.seq_len}, torch::kInt64);
     for (size_t b = 0; b < n; ++b) {

@@ -8,7 +8,7 @@ namespace kolos {
 const std::vector<RoleSpec>& role_specs() {
   static const std::vector<RoleSpec> specs = {
       {"layers", "parallel.tensor", {"size", "mode"}, "serial", true},
-      {"sequence", "parallel.sequence", {"size"}, "", false},
+      {"sequence", "parallel.sequence", {"size", "mode"}, "", true},
       {"pipeline", "parallel.pipeline", {"size"}, "single-stage", true},
       {"gradients", "parallel.zero", {"stage"}, "dp", true},
       {"memory", "memory", {}, "", false},
@@ -55,7 +55,7 @@ RoleChoice choose_plugins(const RunConfig& config) {
   choice.pipeline = p.pipeline.size > 1 ? "pipeline" : role_spec("pipeline").builtin;
   choice.gradients =
       p.zero.stage > 0 ? "zero" + std::to_string(p.zero.stage) : role_spec("gradients").builtin;
-  choice.sequence = p.sequence.size > 1 ? "sequence" : "";
+  choice.sequence = p.sequence.size > 1 ? p.sequence.mode : "";
   const auto& by_role = config.plugins.by_role;
   const auto override_with = [&](const char* role, std::string& slot) {
     const auto it = by_role.find(role);

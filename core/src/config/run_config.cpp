@@ -44,6 +44,10 @@ const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kReduceDtypes = {"param", "fp32"};
 const std::vector<std::string> kRecomputeModes = {"none", "full", "selective"};
 const std::vector<std::string> kTensorModes = {"1d", "2d", "2.5d", "3d"};
+// parallel.sequence.mode: every mode kolos knows, and those this version
+// builds (each a sequence plugin of that name).
+const std::vector<std::string> kSequenceModes = {"ulysses", "ring", "megatron", "hybrid"};
+const std::vector<std::string> kSequenceModesBuilt = {"ulysses", "ring"};
 const std::vector<std::string> kProgressModes = {"auto", "bar", "lines", "off"};
 
 constexpr int64_t kMaxUint16Vocab = 65536;
@@ -436,7 +440,20 @@ class Reader {
           .read_rows(tensor, p.tensor);  // the other keys are the layers plugin's
     }
     read_axis(kAxes[1], p.pipeline.size, 1, "{ size = 2, schedule = \"1f1b\" }");
-    read_axis(kAxes[2], p.sequence.size, 1, "{ size = 2 }");
+    read_axis(kAxes[2], p.sequence.size, 1, "{ size = 2, mode = \"ulysses\" }");
+    const ConfigSection sequence = section("parallel.sequence");
+    if (sequence.present()) {
+      SettingsTable<SequenceConfig>("parallel.sequence")
+          .choice("mode", &SequenceConfig::mode, kSequenceModes, "sequence-parallel mode")
+          .read_rows(sequence, p.sequence);  // the other keys are the sequence plugin's
+      if (std::find(kSequenceModesBuilt.begin(), kSequenceModesBuilt.end(), p.sequence.mode) ==
+          kSequenceModesBuilt.end()) {
+        sequence.fail("mode", quote_toml(p.sequence.mode) +
+                                  " is not built in this version; the sequence-parallel modes "
+                                  "that run: " +
+                                  join(kSequenceModesBuilt, ", ") + ".");
+      }
+    }
     const std::string stage_key =
         read_axis(kAxes[3], p.zero.stage, std::numeric_limits<int64_t>::min(), "{ stage = 2 }");
     // MPI numbers ranks with an int: a mesh larger than that cannot launch,
@@ -525,6 +542,20 @@ class Reader {
                              "`, but plugins.layers names `" + by_role.at("layers") +
                              "`; remove one of the two.");
       }
+    }
+    const ConfigSection sequence = section("parallel.sequence");
+    if (sequence.has("mode") && c.parallel.sequence.size == 1 && !by_role.count("sequence")) {
+      sequence.fail("mode", quote_toml(c.parallel.sequence.mode) +
+                                " has no effect: parallel.sequence.size = 1 splits no sequence; "
+                                "remove it, or set a size > 1.");
+    }
+    if (by_role.count("sequence") && sequence.has("mode") && c.parallel.sequence.size > 1 &&
+        by_role.at("sequence") != c.parallel.sequence.mode) {
+      root.fail_at_any({"plugins.sequence", "parallel.sequence.mode"},
+                       "parallel.sequence.mode = " + quote_toml(c.parallel.sequence.mode) +
+                           " selects the sequence plugin `" + c.parallel.sequence.mode +
+                           "`, but plugins.sequence names `" + by_role.at("sequence") +
+                           "`; remove one of the two.");
     }
     const RoleChoice choice = choose_plugins(c);
     for (const auto& spec : role_specs()) {
@@ -972,8 +1003,15 @@ std::string to_toml(const RunConfig& c) {
   out << plugin_keys_inline(c, "parallel.tensor", {"size", "mode"}) << " }\n";
   out << "pipeline = { size = " << p.pipeline.size
       << plugin_keys_inline(c, "parallel.pipeline", {"size"}) << " }\n";
-  out << "sequence = { size = " << p.sequence.size
-      << plugin_keys_inline(c, "parallel.sequence", {"size"}) << " }\n";
+  out << "sequence = { size = " << p.sequence.size;
+  // Written where it selects the plugin (an override that names another
+  // plugin would conflict with it when read back).
+  const auto sequence_plugin = c.plugins.by_role.find("sequence");
+  if (p.sequence.size > 1 && (sequence_plugin == c.plugins.by_role.end() ||
+                              sequence_plugin->second == p.sequence.mode)) {
+    out << ", mode = " << quote_toml(p.sequence.mode);
+  }
+  out << plugin_keys_inline(c, "parallel.sequence", {"size", "mode"}) << " }\n";
   out << "zero = { stage = " << p.zero.stage << plugin_keys_inline(c, "parallel.zero", {"stage"})
       << " }\n";
   out << "\n[log]\n";

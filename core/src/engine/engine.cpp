@@ -21,6 +21,7 @@
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/comm/watchdog.h"
 #include "kolos/core/runtime.h"
+#include "kolos/core/sequence.h"
 #include "kolos/core/signals.h"
 
 namespace kolos {
@@ -114,6 +115,12 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
           : create_plugin<PipelineSchedule>(registry, config, "pipeline", plan.roles.pipeline);
   plan.gradients =
       create_plugin<GradientStrategy>(registry, config, "gradients", plan.roles.gradients);
+  if (!plan.roles.sequence.empty()) {
+    plan.sequence =
+        create_plugin<SequenceStrategy>(registry, config, "sequence", plan.roles.sequence);
+    // The one way the layers reach the sequence plugin (kolos/core/sequence.h).
+    plan.layers->set_sequence(plan.sequence);
+  }
   const auto configure = [&](RolePlugin& plugin, const std::string& role) {
     const RoleSpec& spec = role_spec(role);
     const std::string& name = plan.roles.of(role);
@@ -126,6 +133,7 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   configure(*plan.layers, "layers");
   configure(*plan.pipeline, "pipeline");
   configure(*plan.gradients, "gradients");
+  if (plan.sequence) configure(*plan.sequence, "sequence");
   return plan;
 }
 
@@ -149,6 +157,7 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
     factory_ = std::move(plan.layers);
     schedule_ = std::move(plan.pipeline);
     gradients_ = std::move(plan.gradients);
+    sequence_ = std::move(plan.sequence);
     // Before anything large exists: a run that cannot fit is refused here,
     // with the numbers, instead of dying in the allocator.
     const MemoryEstimate memory = estimate_memory(config_, world_size, resident_bytes());
@@ -166,6 +175,7 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
     // Phase 2: the model, identically initialised on every rank.
     agreed(*world_, [&] {
       factory_->setup(*mesh_, config_);
+      if (sequence_) sequence_->setup(*mesh_, config_);
       torch::manual_seed(config_.train.seed);
       model_ = build_model(config_.model, *factory_);
       // Initialised in fp32 (the same values as an fp32 run), then rounded.
@@ -206,6 +216,9 @@ std::vector<MicroBatch> Engine::next_micro_batches() {
   const int64_t dp = mesh_->size(Axis::kDP);
   const int64_t dp_index = mesh_->coord(Axis::kDP);
   const int64_t first = step_ * config_.train.global_batch;
+  // Sequence parallelism: the ranks of one sp group read the same samples
+  // and each keeps its positions of every sample's tokens and targets.
+  const at::Tensor positions = sequence_ ? sequence_->local_positions(seq) : at::Tensor();
   std::vector<MicroBatch> batches;
   batches.reserve(accumulation_);
   for (int64_t m = 0; m < accumulation_; ++m) {
@@ -216,8 +229,13 @@ std::vector<MicroBatch> Engine::next_micro_batches() {
     for (int64_t i = 0; i < mb; ++i) {
       data_->sample(first + (m * dp + dp_index) * mb + i, out + i * (seq + 1));
     }
-    batches.push_back(
-        MicroBatch{tokens.narrow(1, 0, seq).contiguous(), tokens.narrow(1, 1, seq).contiguous()});
+    at::Tensor inputs = tokens.narrow(1, 0, seq);
+    at::Tensor targets = tokens.narrow(1, 1, seq);
+    if (positions.defined()) {
+      inputs = inputs.index_select(1, positions);
+      targets = targets.index_select(1, positions);
+    }
+    batches.push_back(MicroBatch{inputs.contiguous(), targets.contiguous()});
   }
   return batches;
 }
@@ -459,7 +477,8 @@ std::string Engine::describe() const {
   out.precision(2);
   out << static_cast<double>(params) / 1e6 << "M params | mesh " << mesh_->layout().describe()
       << " | layers " << roles_.layers << ", pipeline " << roles_.pipeline << ", gradients "
-      << roles_.gradients << " | batch " << config_.train.global_batch << " = "
+      << roles_.gradients << (roles_.sequence.empty() ? "" : ", sequence " + roles_.sequence)
+      << " | batch " << config_.train.global_batch << " = "
       << config_.train.micro_batch << " x " << accumulation_ << " accum x "
       << mesh_->size(Axis::kDP) << " dp";
   return out.str();

@@ -6,6 +6,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/layer_factory.h"
 #include "kolos/core/recompute.h"
+#include "kolos/core/sequence.h"
 
 namespace kolos {
 
@@ -86,11 +87,11 @@ class DenseRmsNorm : public Layer {
 // pairs (2i, 2i+1) instead; Hugging Face permutes the q/k weights once when
 // converting, so with its layout Hugging Face LLaMA weights load as they are.
 // cos/sin as transformers computes them (float32), for [batch, heads, seq, d].
-std::pair<at::Tensor, at::Tensor> rope_angles(int64_t seq, int64_t dim, double theta,
+std::pair<at::Tensor, at::Tensor> rope_angles(const at::Tensor& positions, int64_t dim, double theta,
                                               const at::TensorOptions& options) {
   at::Tensor exponent = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / double(dim);
   at::Tensor inv_freq = 1.0 / torch::pow(theta, exponent);
-  at::Tensor freqs = torch::outer(torch::arange(seq, torch::kInt64).to(torch::kFloat32), inv_freq);
+  at::Tensor freqs = torch::outer(positions.to(torch::kFloat32), inv_freq);
   at::Tensor angles = torch::cat({freqs, freqs}, -1);  // [seq, dim]
   return {angles.cos().to(options), angles.sin().to(options)};
 }
@@ -99,18 +100,6 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   const int64_t half = x.size(-1) / 2;
   at::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
-}
-
-// softmax(QK^T / sqrt(d)) V with the causal mask, over [B, h, T, d] q, k, v:
-// the part train.recompute = "selective" recomputes (its [B, h, T, T]
-// scores and probabilities are most of what a block keeps).
-at::Tensor attention_core(const std::vector<at::Tensor>& qkv) {
-  const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
-  const int64_t seq = q.size(2);
-  at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(3)));
-  at::Tensor mask = torch::ones({seq, seq}, torch::kBool).triu(1);
-  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  return torch::matmul(torch::softmax(scores, -1), v);
 }
 
 // Causal self-attention with separate q/k/v projections (column) and an
@@ -158,8 +147,12 @@ class CausalSelfAttention : public Layer {
     at::Tensor q = split_heads(q_out);
     at::Tensor k = split_heads(k_->forward(x));
     at::Tensor v = split_heads(v_->forward(x));
+    // Under sequence parallelism this rank's tokens sit at their global
+    // positions, and the rotation follows them.
+    SequenceStrategy* sequence = factory_->sequence();
+    const at::Tensor positions = factory_->positions(seq);
     if (rope_theta_ > 0) {
-      auto [cos, sin] = rope_angles(seq, head_dim_, rope_theta_, q.options());
+      auto [cos, sin] = rope_angles(positions, head_dim_, rope_theta_, q.options());
       q = apply_rope(q, cos, sin);
       k = apply_rope(k, cos, sin);
     }
@@ -167,7 +160,9 @@ class CausalSelfAttention : public Layer {
       k = k.repeat_interleave(groups_, 1);
       v = v.repeat_interleave(groups_, 1);
     }
-    at::Tensor y = recompute_if_selected(&attention_core, {q, k, v});  // [B, h, T, d]
+    at::Tensor y = sequence != nullptr
+                       ? sequence->attention(q, k, v, positions)
+                       : recompute_if_selected(&causal_attention, {q, k, v});  // [B, h, T, d]
     y = y.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_});
     return o_->forward(y);
   }
@@ -220,6 +215,18 @@ class SerialLayerFactory : public LayerFactory {
 };
 
 }  // namespace
+
+// softmax(QK^T / sqrt(d)) V with the causal mask, over [B, h, T, d] q, k, v:
+// the part train.recompute = "selective" recomputes (its [B, h, T, T]
+// scores and probabilities are most of what a block keeps).
+at::Tensor causal_attention(const std::vector<at::Tensor>& qkv) {
+  const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
+  const int64_t seq = q.size(2);
+  at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+  at::Tensor mask = torch::ones({seq, seq}, torch::kBool).triu(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), v);
+}
 
 void LayerFactory::setup(const DeviceMesh& mesh, const RunConfig&) { mesh_ = &mesh; }
 

@@ -24,6 +24,8 @@
 //                train.recompute: a "full" block keeps its input only, plus
 //                one block's activations while it is recomputed; a
 //                "selective" one drops the attention probabilities.
+//                Sequence parallelism: seq/sp positions per rank, and 1/sp
+//                of the attention probabilities.
 //   temporaries  backward's high point: the attention core's gradients and
 //                the two largest weight gradients before they are added.
 //   allocator    an allowance of 25% of the tensors above for what the
@@ -177,17 +179,22 @@ Piece piece_of(const Shape& s, const MeshShape& mesh, int64_t stage) {
 // input to its activation and the activation's output, and the softmax's
 // probabilities (batch x heads x seq x seq). tp1d keeps the norms' tensors
 // whole and cuts the rest by tp; the grid modes cut everything by tp.
+// Sequence parallelism: a rank holds seq/sp positions, and its attention
+// (ulysses: heads/sp over the whole sequence) heads x seq x seq / sp
+// probabilities.
 double block_activations(const Shape& s, const MeshShape& mesh, const std::string& layers,
                          double micro, double elem) {
   const double tp = static_cast<double>(mesh.tp);
-  const double bsh = micro * s.seq * s.hidden;
+  const double tokens = s.seq / static_cast<double>(mesh.sp);
+  const double bsh = micro * tokens * s.hidden;
   // LayerNorm (one fused op) keeps its input and output; RMSNorm, written
   // as ops, also the normalised product before the weight.
   const double norms = (s.llama ? 6 : 4) * bsh;
   // SwiGLU keeps four inner-wide tensors (gate, silu(gate), up, their
   // product), GELU two.
   const double wide = s.llama ? 4 : 2;
-  const double cut = 4 * bsh + wide * micro * s.seq * s.inner + micro * s.heads * s.seq * s.seq;
+  const double cut =
+      4 * bsh + wide * micro * tokens * s.inner + micro * s.heads * tokens * s.seq;
   if (layers == "tp1d") return elem * (norms + cut / tp);
   return elem * (norms + cut) / tp;
 }
@@ -261,6 +268,7 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   }
   // Activations.
   const double micro = static_cast<double>(config.train.micro_batch);
+  const double sp = static_cast<double>(mesh.sp);  // positions per rank: seq / sp
   const std::string schedule = mesh.pp > 1 ? pipeline_schedule(config) : "";
   const double flight = in_flight(schedule, mesh.pp, pipeline_chunks(config), accumulation);
   const double per_block = block_activations(s, mesh, roles.layers, micro, elem);
@@ -272,13 +280,14 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
     // A recomputed block keeps its input only; in backward one block at a
     // time holds its activations again.
     const double tp = roles.layers == "tp1d" ? 1 : static_cast<double>(mesh.tp);
-    const double input = elem * micro * s.seq * s.hidden / tp;
+    const double input = elem * micro * s.seq / sp * s.hidden / tp;
     act = (chosen * input + (p.blocks - chosen) * per_block) * flight + per_block;
     detail += " (" + fmt_count(chosen) + " recomputed: their inputs + one block)";
   } else if (chosen > 0 && config.train.recompute == "selective") {
     // A recomputed attention core keeps q, k, v (counted) but not the
     // batch x heads x seq x seq probabilities.
-    const double probs = elem * micro * s.heads * s.seq * s.seq / static_cast<double>(mesh.tp);
+    const double probs =
+        elem * micro * s.heads * s.seq * s.seq / static_cast<double>(mesh.tp) / sp;
     act -= chosen * probs * flight;
     detail += " (" + fmt_count(chosen) + " without attention probabilities)";
   }
@@ -288,7 +297,8 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
     // Under bf16/fp16 the loss widens the logits: the low-precision logits
     // and its gradient, and the fp32 copy, its log-softmax and its gradient.
     const double per_logit = mixed ? 2 * elem + 3 * 4 : 3 * elem;
-    const double logits = per_logit * micro * s.seq * s.vocab / static_cast<double>(mesh.tp);
+    const double logits =
+        per_logit * micro * s.seq / sp * s.vocab / static_cast<double>(mesh.tp);
     act += logits;
     detail += " + logits " + format_bytes(logits);
   }
@@ -299,7 +309,7 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   // dense gradient and the tied head's) before they are added into the
   // buffers that keep them.
   const double tp = static_cast<double>(mesh.tp);
-  const double scores = 3 * elem * micro * s.heads * s.seq * s.seq / tp;
+  const double scores = 3 * elem * micro * s.heads * s.seq * s.seq / tp / sp;
   const double weights = 2 * elem * p.largest / tp;
   add(e.terms, "temporaries", scores + weights,
       "attention gradients " + format_bytes(scores) + " + 2 largest weight gradients " +
@@ -527,7 +537,8 @@ std::string format_memory_table(const MemoryEstimate& e, const MemoryBudget& bud
   };
   out << "mesh pp=" << e.shape.pp << " dp=" << e.shape.dp << " sp=" << e.shape.sp
       << " tp=" << e.shape.tp << " | layers " << e.roles.layers << ", pipeline "
-      << e.roles.pipeline << ", gradients " << e.roles.gradients << " | "
+      << e.roles.pipeline << ", gradients " << e.roles.gradients
+      << (e.roles.sequence.empty() ? "" : ", sequence " + e.roles.sequence) << " | "
       << fmt_count(e.model_parameters) << " parameters | per rank, " << e.rank << ":\n";
   for (const auto& t : e.terms) row(t.name, t.bytes, t.detail);
   row("training peak", e.training_peak(), "the sum");

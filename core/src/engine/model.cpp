@@ -13,6 +13,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/core/recompute.h"
+#include "kolos/core/sequence.h"
 
 namespace kolos {
 
@@ -179,6 +180,8 @@ void Model::find_block_reads(const at::Tensor& sample) {
   // own block.
   try {
     torch::AutoGradMode grad_mode(true);
+    // The sample is a whole sequence on each rank alone: no sp collectives.
+    SequenceBypassScope whole_sequence;
     hooks_ = {};
     at::Tensor x = sample;
     for (size_t b = 0; b < blocks_.size(); ++b) {

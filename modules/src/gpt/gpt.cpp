@@ -12,17 +12,20 @@ namespace {
 
 class GptEmbedding : public Layer {
  public:
-  GptEmbedding(LayerFactory& factory, const ModelConfig& c) {
+  GptEmbedding(LayerFactory& factory, const ModelConfig& c) : factory_(&factory) {
     wte_ = register_module("wte", factory.embedding(c.vocab, c.hidden, c.init_std));
     wpe_ = register_module("wpe", factory.embedding(c.seq_len, c.hidden, c.init_std));
   }
   at::Tensor forward(const at::Tensor& tokens) override {
-    at::Tensor positions = torch::arange(tokens.size(1), torch::kInt64);
+    // Global positions: under sequence parallelism a rank's tokens are a
+    // slice of the sequence.
+    at::Tensor positions = factory_->positions(tokens.size(1));
     return wte_->forward(tokens) + wpe_->forward(positions).unsqueeze(0);
   }
   const LayerPtr& token_embedding() const { return wte_; }
 
  private:
+  LayerFactory* factory_;
   LayerPtr wte_, wpe_;
 };
 

@@ -160,6 +160,14 @@ case "$case_name" in
     expect_failure "model.heads = 4 does not divide into the 8 attention-head groups" -- \
       "$KOLOS" run -n 8 "$tiny" --set parallel.data=1 --set parallel.tensor.size=8
     ;;
+  train_sequence)
+    # Sequence parallelism (ulysses) x dp trains the tiny GPT on 4 ranks
+    # through the launcher, and the loss falls as under dp.
+    expect_success "$KOLOS" run -n 4 "$tiny" --set parallel.data=0 --set train.steps=30 \
+      --set parallel.sequence.size=2
+    grep -q "sp=2 .*sequence ulysses" err.txt || fail "ulysses not used"
+    expect_loss_fell "ulysses"
+    ;;
   mesh_mismatch)
     expect_failure "world size is 3" -- "$KOLOS" run -n 3 "$tiny" --set parallel.data=2
     ;;

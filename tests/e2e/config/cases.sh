@@ -54,12 +54,12 @@ PY
     expect_failure 'z.toml:2:[0-9]+: unknown key .parallel.zero.reshard_after_forward.; valid keys in \[parallel.zero\] \(gradients plugin .zero1.\): stage' \
       -- "$KOLOS" check z.toml -n 2
     # Keys no plugin reads are refused: a schedule with no pipeline, a
-    # sequence mode with no sequence plugin, a mode at tensor size 1.
+    # sequence mode at sequence size 1, a mode at tensor size 1.
     printf '[parallel]\npipeline = { size = 1, schedule = "zb" }\n' >p1.toml
     expect_failure 'unknown key .parallel.pipeline.schedule.; valid keys in \[parallel.pipeline\] \(the built-in pipeline .single-stage.\): size' \
       -- "$KOLOS" check p1.toml
-    printf '[parallel]\nsequence = { size = 1, mode = "ring" }\n' >s.toml
-    expect_failure 'unknown key .parallel.sequence.mode.; valid keys in \[parallel.sequence\] \(no sequence plugin runs\): size' \
+    printf '[parallel]\nsequence = { size = 1, mode = "ulysses" }\n' >s.toml
+    expect_failure 'parallel.sequence.mode: "ulysses" has no effect: parallel.sequence.size = 1 splits no sequence' \
       -- "$KOLOS" check s.toml
     printf '[parallel]\ntensor = { size = 1, mode = "2d" }\n' >t1.toml
     expect_failure 'parallel.tensor.mode: "2d" has no effect' -- "$KOLOS" check t1.toml

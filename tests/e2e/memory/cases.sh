@@ -47,6 +47,7 @@ case "$case_name" in
       "activations-dp|2|activations.toml|"
       "activations-full|2|activations.toml|--set train.recompute=\"full\""
       "activations-sel|2|activations.toml|--set train.recompute=\"selective\""
+      "activations-sp2|2|activations.toml|--set parallel.sequence.size=2"
       "bf16|2|states.toml|--set train.precision=\"bf16\""
       "llama|2|states.toml|--set model.name=\"llama\" --set model.kv_heads=2"
       "llama-act|2|activations.toml|--set model.name=\"llama\""

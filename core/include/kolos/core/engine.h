@@ -27,6 +27,8 @@
 
 namespace kolos {
 
+class SequenceStrategy;  // kolos/core/sequence.h
+
 struct StepMetrics {
   int64_t step = 0;  // 1-based number of the optimizer step just taken
   double loss = 0.0;
@@ -71,6 +73,7 @@ struct RunPlan {
   std::shared_ptr<LayerFactory> layers;
   std::shared_ptr<PipelineSchedule> pipeline;
   std::shared_ptr<GradientStrategy> gradients;
+  std::shared_ptr<SequenceStrategy> sequence;  // null when sp = 1; also set on `layers`
 };
 RunPlan plan_run(const RunConfig& config, int64_t world_size);
 
@@ -132,6 +135,7 @@ class Engine {
   std::shared_ptr<LayerFactory> factory_;
   std::shared_ptr<PipelineSchedule> schedule_;
   std::shared_ptr<GradientStrategy> gradients_;
+  std::shared_ptr<SequenceStrategy> sequence_;  // null when sp = 1
   std::shared_ptr<Model> model_;
   std::unique_ptr<data::TokenSource> data_;
   int64_t accumulation_ = 1;

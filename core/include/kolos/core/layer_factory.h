@@ -26,6 +26,7 @@
 namespace kolos {
 
 class DeviceMesh;
+class SequenceStrategy;  // kolos/core/sequence.h
 
 // A module built by a LayerFactory: one tensor in, one tensor out, and a
 // Placement for each parameter registered directly on it. Parameters a Layer
@@ -119,8 +120,20 @@ class LayerFactory : public RolePlugin {
   // once and builds them with LinearSpec::input_ready. Identity by default.
   virtual at::Tensor column_input(const at::Tensor& x) { return x; }
 
+  // The sequence role's strategy (plan_run sets it when sp > 1): the one way
+  // layers reach it. sequence() is null without one, and inside a
+  // SequenceBypassScope.
+  void set_sequence(std::shared_ptr<SequenceStrategy> sequence) { sequence_ = std::move(sequence); }
+  SequenceStrategy* sequence() const;
+  // The global positions (int64) of the `length` tokens a layer is given:
+  // 0..length-1 serially, this rank's slice under sequence parallelism.
+  at::Tensor positions(int64_t length) const;
+
  protected:
   const DeviceMesh* mesh_ = nullptr;
+
+ private:
+  std::shared_ptr<SequenceStrategy> sequence_;
 };
 
 // The piece of `global` that `placement` names (padding filled with zeros),

@@ -101,6 +101,9 @@ struct PipelineConfig {
 
 struct SequenceConfig {
   int64_t size = 1;
+  // "ulysses" | "ring" | "megatron" | "hybrid": the sequence plugin (those
+  // this version builds are accepted; docs/sequence-parallel.md).
+  std::string mode = "ulysses";
 };
 
 struct ZeroConfig {
