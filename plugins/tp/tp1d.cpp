@@ -15,12 +15,28 @@
 // head multiplies the hidden state by the rank's vocabulary rows, so each
 // rank holds logits for its slice only, and the loss is the
 // vocabulary-parallel cross entropy (three all-reduces of [batch*seq]).
+//
+// Under sequence mode "megatron" (plugins/sequence/megatron.cpp) the tensor
+// group also splits the sequence outside attention and the MLP: the
+// embedding's all-reduce becomes a reduce-scatter along the sequence, so the
+// residual stream, the norms and the residual adds hold T/n positions; a
+// column layer's entry gathers the sequence (all-gather forward,
+// reduce-scatter backward) and a row layer's all-reduce becomes a
+// reduce-scatter (all-gather backward): the same bytes as the all-reduce
+// they replace. The tied LM head gathers the hidden state, so the logits and
+// the loss see every position. Parameters whole on every rank that act on
+// the split positions (norm weights and biases, row-layer biases) get a
+// partial gradient on each rank: copy_in on the parameter where it is used
+// sums it over the group. Inside a SequenceBypassScope (probes that run
+// whole samples) the layers run as plain 1D.
 #include <torch/torch.h>
 
 #include "kolos/core/error.h"
 #include "kolos/core/layer_factory.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/plugin_registry.h"
+#include "kolos/core/roles.h"
+#include "kolos/core/sequence.h"
 #include "tp_common.h"
 #include "tp_ops.h"
 
@@ -29,10 +45,28 @@ namespace {
 
 constexpr AxisSet kTp{Axis::kTP};
 
+// Whether activations outside attention and the MLP are split along the
+// sequence now: under sequence mode "megatron", outside probes.
+bool split_now(bool megatron) { return megatron && !SequenceBypassScope::active(); }
+
+// The sequence dimension of an activation [.., T, features].
+int64_t seq_dim(const at::Tensor& x) { return x.dim() - 2; }
+
+// A parameter whole on every rank, as a sequence-split layer uses it: its
+// gradient summed over the group's parts of the sequence.
+at::Tensor whole(const at::Tensor& p, comm::ProcessGroup& group, bool split) {
+  return split && p.defined() ? copy_in(p, group) : p;
+}
+
+// A column layer's input entering the parallel region.
+at::Tensor enter(const at::Tensor& x, comm::ProcessGroup& group, bool split) {
+  return split ? gather(x, group, seq_dim(x)) : copy_in(x, group);
+}
+
 class Tp1dLinear : public Layer {
  public:
-  Tp1dLinear(const LinearSpec& spec, comm::ProcessGroup& group, int64_t rank)
-      : role_(spec.role), input_ready_(spec.input_ready), group_(&group) {
+  Tp1dLinear(const LinearSpec& spec, comm::ProcessGroup& group, int64_t rank, bool megatron)
+      : role_(spec.role), input_ready_(spec.input_ready), group_(&group), megatron_(megatron) {
     const int64_t n = group.size();
     Placement w = Placement::replicated({spec.out, spec.in});
     Placement b = Placement::replicated({spec.out});
@@ -49,38 +83,49 @@ class Tp1dLinear : public Layer {
   }
 
   at::Tensor forward(const at::Tensor& x) override {
+    const bool split = split_now(megatron_);
     switch (role_) {
       case LinearRole::kColumn:
-        return torch::nn::functional::linear(input_ready_ ? x : copy_in(x, *group_), weight_,
+        return torch::nn::functional::linear(input_ready_ ? x : enter(x, *group_, split), weight_,
                                              bias_);
       case LinearRole::kRow: {
-        at::Tensor y = reduce_out(torch::matmul(x, weight_.t()), *group_);
-        return bias_.defined() ? y + bias_ : y;
+        at::Tensor partial = torch::matmul(x, weight_.t());
+        at::Tensor y =
+            split ? scatter_sum(partial, *group_, seq_dim(partial)) : reduce_out(partial, *group_);
+        return bias_.defined() ? y + whole(bias_, *group_, split) : y;
       }
       case LinearRole::kReplicated:
         break;
     }
-    return torch::nn::functional::linear(x, weight_, bias_);
+    // Replicated: whole on every rank, acting on what every rank holds (the
+    // residual stream: its slice of it under megatron).
+    return torch::nn::functional::linear(x, whole(weight_, *group_, split),
+                                         whole(bias_, *group_, split));
   }
 
  private:
   LinearRole role_;
   bool input_ready_;
   comm::ProcessGroup* group_;
+  bool megatron_;
   at::Tensor weight_, bias_;
 };
 
 class Tp1dEmbedding : public Layer {
  public:
-  Tp1dEmbedding(int64_t num, int64_t dim, double init_std, comm::ProcessGroup& group, int64_t rank)
-      : group_(&group) {
+  Tp1dEmbedding(int64_t num, int64_t dim, double init_std, comm::ProcessGroup& group, int64_t rank,
+                bool megatron)
+      : group_(&group), megatron_(megatron) {
     Placement p = Placement::replicated({num, dim}).shard(0, rank, group.size(), kTp);
     weight_ = register_placed("weight", local_piece(torch::randn({num, dim}) * init_std, p), p);
     offset_ = p.slice(0).offset;
     length_ = p.slice(0).length;
   }
   at::Tensor forward(const at::Tensor& ids) override {
-    return reduce_out(masked_embedding(weight_, ids, offset_, length_), *group_);
+    at::Tensor partial = masked_embedding(weight_, ids, offset_, length_);
+    // The sequence is the ids' last dimension ([B, T] tokens, [T] positions).
+    return split_now(megatron_) ? scatter_sum(partial, *group_, ids.dim() - 1)
+                                : reduce_out(partial, *group_);
   }
   // The rows this rank holds, without padding: the LM head's vocabulary slice.
   at::Tensor rows() const { return weight_.narrow(0, 0, length_); }
@@ -88,8 +133,50 @@ class Tp1dEmbedding : public Layer {
 
  private:
   comm::ProcessGroup* group_;
+  bool megatron_;
   at::Tensor weight_;
   int64_t offset_ = 0, length_ = 0;
+};
+
+// The norms of the serial factory, with their parameters whole on every rank
+// and used through whole(): the same parameters, names and arithmetic.
+class Tp1dLayerNorm : public Layer {
+ public:
+  Tp1dLayerNorm(int64_t dim, double eps, comm::ProcessGroup& group, bool megatron)
+      : dim_(dim), eps_(eps), group_(&group), megatron_(megatron) {
+    weight_ = register_placed("weight", torch::ones({dim}), Placement::replicated({dim}));
+    bias_ = register_placed("bias", torch::zeros({dim}), Placement::replicated({dim}));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    const bool split = split_now(megatron_);
+    return torch::layer_norm(x, {dim_}, whole(weight_, *group_, split),
+                             whole(bias_, *group_, split), eps_);
+  }
+
+ private:
+  int64_t dim_;
+  double eps_;
+  comm::ProcessGroup* group_;
+  bool megatron_;
+  at::Tensor weight_, bias_;
+};
+
+class Tp1dRmsNorm : public Layer {
+ public:
+  Tp1dRmsNorm(int64_t dim, double eps, comm::ProcessGroup& group, bool megatron)
+      : eps_(eps), group_(&group), megatron_(megatron) {
+    weight_ = register_placed("weight", torch::ones({dim}), Placement::replicated({dim}));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) *
+           whole(weight_, *group_, split_now(megatron_));
+  }
+
+ private:
+  double eps_;
+  comm::ProcessGroup* group_;
+  bool megatron_;
+  at::Tensor weight_;
 };
 
 class Tp1dFactory : public LayerFactory {
@@ -102,22 +189,36 @@ class Tp1dFactory : public LayerFactory {
     LayerFactory::setup(mesh, config);
     group_ = mesh.group(Axis::kTP).get();
     rank_ = mesh.coord(Axis::kTP);
+    // The megatron plugin checked, in its configure, that this is its group.
+    megatron_ = choose_plugins(config).sequence == "megatron";
   }
 
   LayerPtr linear(const LinearSpec& spec) override {
-    return std::make_shared<Tp1dLinear>(spec, *group_, rank_);
+    return std::make_shared<Tp1dLinear>(spec, *group_, rank_, megatron_);
   }
   LayerPtr embedding(int64_t num, int64_t dim, double init_std) override {
-    return std::make_shared<Tp1dEmbedding>(num, dim, init_std, *group_, rank_);
+    return std::make_shared<Tp1dEmbedding>(num, dim, init_std, *group_, rank_, megatron_);
   }
-  at::Tensor column_input(const at::Tensor& x) override { return copy_in(x, *group_); }
+  LayerPtr layer_norm(int64_t dim, double eps) override {
+    if (!megatron_) return LayerFactory::layer_norm(dim, eps);
+    return std::make_shared<Tp1dLayerNorm>(dim, eps, *group_, megatron_);
+  }
+  LayerPtr rms_norm(int64_t dim, double eps) override {
+    if (!megatron_) return LayerFactory::rms_norm(dim, eps);
+    return std::make_shared<Tp1dRmsNorm>(dim, eps, *group_, megatron_);
+  }
+  at::Tensor column_input(const at::Tensor& x) override {
+    return enter(x, *group_, split_now(megatron_));
+  }
   int64_t local_heads(int64_t heads) const override { return heads / group_->size(); }
 
   at::Tensor tied_logits(const at::Tensor& hidden, Layer& embedding) override {
     auto* table = dynamic_cast<Tp1dEmbedding*>(&embedding);
     KOLOS_CHECK(table != nullptr, "tp1d: the tied LM head needs an embedding made by tp1d");
     vocab_offset_ = table->offset();
-    return torch::matmul(copy_in(hidden, *group_), table->rows().t());
+    // Under megatron the hidden state is gathered: every rank's vocabulary
+    // slice of the logits covers every position, against whole targets.
+    return torch::matmul(enter(hidden, *group_, split_now(megatron_)), table->rows().t());
   }
 
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
@@ -129,6 +230,7 @@ class Tp1dFactory : public LayerFactory {
   comm::ProcessGroup* group_ = nullptr;
   int64_t rank_ = 0;
   int64_t vocab_offset_ = 0;
+  bool megatron_ = false;
 };
 
 }  // namespace

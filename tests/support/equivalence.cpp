@@ -93,8 +93,9 @@ std::string config_error(const std::vector<std::string>& overrides) {
     // At the fewest ranks the config's mesh fits, as `kolos check` does.
     const RunConfig config = tiny_gpt_config(overrides);
     const auto& p = config.parallel;
-    plan_run(config, std::max<int64_t>(p.data, 1) * p.pipeline.size * p.sequence.size *
-                         p.tensor.size);
+    // Sequence mode "megatron" splits over the tensor group: no sp axis.
+    const int64_t sp = p.sequence.mode == "megatron" ? 1 : p.sequence.size;
+    plan_run(config, std::max<int64_t>(p.data, 1) * p.pipeline.size * sp * p.tensor.size);
   } catch (const ConfigError& e) {
     return e.what();
   }

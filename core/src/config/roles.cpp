@@ -55,7 +55,9 @@ RoleChoice choose_plugins(const RunConfig& config) {
   choice.pipeline = p.pipeline.size > 1 ? "pipeline" : role_spec("pipeline").builtin;
   choice.gradients =
       p.zero.stage > 0 ? "zero" + std::to_string(p.zero.stage) : role_spec("gradients").builtin;
-  choice.sequence = p.sequence.size > 1 ? p.sequence.mode : "";
+  // "megatron" splits over the tensor group, with no sp axis of its own: it
+  // is chosen by its mode whatever the size (its plugin checks the size).
+  choice.sequence = p.sequence.size > 1 || p.sequence.mode == "megatron" ? p.sequence.mode : "";
   const auto& by_role = config.plugins.by_role;
   const auto override_with = [&](const char* role, std::string& slot) {
     const auto it = by_role.find(role);

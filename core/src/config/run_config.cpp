@@ -47,7 +47,7 @@ const std::vector<std::string> kTensorModes = {"1d", "2d", "2.5d", "3d"};
 // parallel.sequence.mode: every mode kolos knows, and those this version
 // builds (each a sequence plugin of that name).
 const std::vector<std::string> kSequenceModes = {"ulysses", "ring", "megatron", "hybrid"};
-const std::vector<std::string> kSequenceModesBuilt = {"ulysses", "ring"};
+const std::vector<std::string> kSequenceModesBuilt = {"ulysses", "ring", "megatron"};
 const std::vector<std::string> kProgressModes = {"auto", "bar", "lines", "off"};
 
 constexpr int64_t kMaxUint16Vocab = 65536;
@@ -544,7 +544,8 @@ class Reader {
       }
     }
     const ConfigSection sequence = section("parallel.sequence");
-    if (sequence.has("mode") && c.parallel.sequence.size == 1 && !by_role.count("sequence")) {
+    if (sequence.has("mode") && c.parallel.sequence.size == 1 && !by_role.count("sequence") &&
+        c.parallel.sequence.mode != "megatron") {
       sequence.fail("mode", quote_toml(c.parallel.sequence.mode) +
                                 " has no effect: parallel.sequence.size = 1 splits no sequence; "
                                 "remove it, or set a size > 1.");
@@ -914,7 +915,8 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
   }
   MeshShape mesh;
   mesh.pp = p.pipeline.size;
-  mesh.sp = p.sequence.size;
+  // "megatron" splits the sequence over the tensor group: no sp axis.
+  mesh.sp = p.sequence.mode == "megatron" ? 1 : p.sequence.size;
   mesh.tp = p.tensor.size;
   int64_t others = 0;
   if (__builtin_mul_overflow(mesh.pp, mesh.sp, &others) ||
@@ -1007,8 +1009,8 @@ std::string to_toml(const RunConfig& c) {
   // Written where it selects the plugin (an override that names another
   // plugin would conflict with it when read back).
   const auto sequence_plugin = c.plugins.by_role.find("sequence");
-  if (p.sequence.size > 1 && (sequence_plugin == c.plugins.by_role.end() ||
-                              sequence_plugin->second == p.sequence.mode)) {
+  if ((p.sequence.size > 1 || p.sequence.mode == "megatron") &&
+      (sequence_plugin == c.plugins.by_role.end() || sequence_plugin->second == p.sequence.mode)) {
     out << ", mode = " << quote_toml(p.sequence.mode);
   }
   out << plugin_keys_inline(c, "parallel.sequence", {"size", "mode"}) << " }\n";

@@ -481,8 +481,10 @@ std::vector<Alternative> alternatives(const RunConfig& config, int64_t world, do
   RunConfig v = config;
   v.parallel.zero.stage = 3;
   v.parallel.data = 0;
-  const int64_t others = config.parallel.tensor.size * config.parallel.pipeline.size *
-                         config.parallel.sequence.size;
+  const int64_t others =
+      config.parallel.tensor.size * config.parallel.pipeline.size *
+      (config.parallel.sequence.mode == "megatron" ? 1  // the tensor group
+                                                   : config.parallel.sequence.size);
   for (int64_t ranks = world * 2; ranks <= 4096; ranks *= 2) {
     if (ranks % others != 0) continue;
     if (try_variant(v, ranks, std::to_string(ranks) + " ranks with parallel.zero.stage = 3 (" +

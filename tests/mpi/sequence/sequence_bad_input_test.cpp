@@ -62,12 +62,69 @@ TEST(SequenceBadInput, UnknownMode) {
 }
 
 TEST(SequenceBadInput, ModesNotBuiltYet) {
-  for (const std::string mode : {"megatron", "hybrid"}) {
+  for (const std::string mode : {"hybrid"}) {
     const std::string m = config_error(sp(2, {"parallel.sequence.mode=\"" + mode + "\""}));
     expect_has(m, "parallel.sequence.mode");
     expect_has(m, "\"" + mode + "\" is not built in this version");
-    expect_has(m, "the sequence-parallel modes that run: ulysses, ring.");
+    expect_has(m, "the sequence-parallel modes that run: ulysses, ring, megatron.");
   }
+}
+
+// Sequence mode megatron over a tensor group of `tp` (0: no tensor key).
+std::vector<std::string> megatron(int tp, std::vector<std::string> overrides = {}) {
+  overrides.push_back("parallel.sequence.mode=\"megatron\"");
+  if (tp > 0) overrides.push_back("parallel.tensor.size=" + std::to_string(tp));
+  return overrides;
+}
+
+TEST(MegatronBadInput, TheTinyModelIsAccepted) {
+  EXPECT_EQ(config_error(megatron(2)), "");
+  EXPECT_EQ(config_error(megatron(4, {"parallel.tensor.mode=\"1d\""})), "");
+  EXPECT_EQ(config_error(megatron(2, {"parallel.sequence.size=2"})), "");
+  EXPECT_EQ(config_error(megatron(2, {"parallel.sequence.size=1"})), "");
+}
+
+TEST(MegatronBadInput, WithoutTp1d) {
+  std::string m = config_error(megatron(0));
+  expect_has(m, "parallel.tensor");
+  expect_has(m,
+             "sequence mode \"megatron\" splits the sequence over the tensor-parallel group "
+             "of tensor mode \"1d\"; found parallel.tensor.size = 1.");
+  expect_has(m,
+             "Use parallel.tensor = { size = 2, mode = \"1d\" }, or sequence mode "
+             "\"ulysses\" or \"ring\".");
+  // The size it asked for is the one suggested.
+  m = config_error(megatron(0, {"parallel.sequence.size=4"}));
+  expect_has(m,
+             "found parallel.tensor.size = 1. Use parallel.tensor = { size = 4, mode = \"1d\" }");
+  m = config_error(megatron(4, {"parallel.tensor.mode=\"2d\""}));
+  expect_has(m, "parallel.tensor.mode");
+  expect_has(m, "found layers plugin `tp2d` (parallel.tensor.mode = \"2d\")");
+}
+
+TEST(MegatronBadInput, SizesThatDisagree) {
+  const std::string m = config_error(megatron(2, {"parallel.sequence.size=4"}));
+  expect_has(m,
+             "parallel.sequence.size = 4 with sequence mode \"megatron\": its sequence group "
+             "is the tensor group (parallel.tensor.size = 2), not an axis of its own; use "
+             "size = 2 or leave size out.");
+}
+
+TEST(MegatronBadInput, SequenceLengthNotDivisible) {
+  const std::string m = config_error(megatron(4, {"model.seq_len=18"}));
+  expect_has(m, "model.seq_len = 18 does not divide into the 4 tensor ranks");
+  expect_has(m, "nearest valid lengths: 16 or 20.");
+}
+
+TEST(MegatronBadInput, ChosenByPluginsWhileTheModeSaysOtherwise) {
+  // plugins.sequence = "megatron" with size 2 and the default mode: the mesh
+  // would get an sp axis of 2 besides the tensor group.
+  const std::string m = config_error(
+      {"plugins.sequence=\"megatron\"", "parallel.sequence.size=2", "parallel.tensor.size=2"});
+  expect_has(m,
+             "the sequence plugin `megatron` runs over the tensor group, but the mesh has a "
+             "sequence axis of 2 ranks");
+  expect_has(m, "select it with parallel.sequence.mode = \"megatron\" instead.");
 }
 
 std::vector<std::string> ring(int size, std::vector<std::string> overrides = {}) {
