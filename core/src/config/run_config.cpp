@@ -47,7 +47,7 @@ const std::vector<std::string> kTensorModes = {"1d", "2d", "2.5d", "3d"};
 // parallel.sequence.mode: every mode kolos knows, and those this version
 // builds (each a sequence plugin of that name).
 const std::vector<std::string> kSequenceModes = {"ulysses", "ring", "megatron", "hybrid"};
-const std::vector<std::string> kSequenceModesBuilt = {"ulysses", "ring"};
+const std::vector<std::string> kSequenceModesBuilt = {"ulysses", "ring", "hybrid"};
 const std::vector<std::string> kProgressModes = {"auto", "bar", "lines", "off"};
 
 constexpr int64_t kMaxUint16Vocab = 65536;

@@ -462,7 +462,7 @@ TEST(RunConfigRoles, WhatThisVersionCannotRunIsRefusedAtOnce) {
   // Sequence modes kolos knows but does not build yet.
   EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"megatron\" }\n"),
                       {"run.toml:2:31", "parallel.sequence.mode", "\"megatron\" is not built",
-                       "modes that run: ulysses, ring."}));
+                       "modes that run: ulysses, ring"}));
   EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"ulises\" }\n"),
                       {"parallel.sequence.mode", "ulises", "ulysses"}));
 }
