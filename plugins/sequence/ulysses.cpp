@@ -5,9 +5,10 @@
 // Around attention one all-to-all (all_to_all.h) turns q, k and v from
 // sequence-split [B, h, T/sp, d] into head-split [B, h/sp, T, d]: each rank
 // then holds whole sequences for h/sp heads and runs the serial causal
-// attention on them, and a second all-to-all turns the output back. Backward runs the inverse
-// all-to-alls. Per layer and rank, forward sends (sp-1)/sp of q, k, v and
-// the output, 4 * B*h*(T/sp)*d elements * (sp-1)/sp; backward the same.
+// attention on them, and a second all-to-all turns the output back.
+// Backward runs the inverse all-to-alls. Per layer and rank, forward sends
+// (sp-1)/sp of q, k, v and the output, 4 * B*h*(T/sp)*d elements *
+// (sp-1)/sp; backward the same.
 //
 // Heads (per tensor-parallel rank, after grouped-query attention repeats the
 // key/value heads) must divide by sp, and the sequence length too.
