@@ -44,11 +44,13 @@ struct Sent {
   uint64_t all_to_all = 0, ring = 0;
 };
 
-Sent sent_since_reset(const std::string& sp_name) {
+// A subgroup of one rank need not be an MPI communicator of its own; the
+// others must be found, or the zeros below would prove nothing.
+Sent sent_since_reset(const std::string& sp_name, int64_t a, int64_t r) {
   const testing::ObservedTraffic ulysses = traffic_named(sp_name + "/ulysses");
   const testing::ObservedTraffic ring = traffic_named(sp_name + "/ring");
-  EXPECT_EQ(ulysses.communicators, 1);
-  EXPECT_EQ(ring.communicators, 1);
+  if (a > 1) EXPECT_EQ(ulysses.communicators, 1);
+  if (r > 1) EXPECT_EQ(ring.communicators, 1);
   // The all-to-alls use nothing but all-to-all; the ring nothing but sends.
   EXPECT_EQ(ulysses.sent(), ulysses.sent(KOLOS_PMPI_ALLTOALL));
   EXPECT_EQ(ring.sent(), ring.sent(KOLOS_PMPI_SEND));
@@ -104,7 +106,7 @@ TEST(HybridAttention, EveryFactoringMatchesSerialAndSendsTheFormula) {
     world->barrier()->wait();
     testing::reset_observed_traffic();
     const at::Tensor out = plugin->attention(q, k, v, pos);
-    const Sent forward = sent_since_reset(sp_name);
+    const Sent forward = sent_since_reset(sp_name, a, r);
     EXPECT_EQ(forward.all_to_all, uint64_t(4 * x * e * (a - 1) / a));
     EXPECT_EQ(forward.ring, uint64_t((r - 1) * (2 * x * e + 8 * (seq / r))));
     EXPECT_TRUE(torch::allclose(out, rows(serial.detach()), 1e-5, 1e-5))
@@ -113,7 +115,7 @@ TEST(HybridAttention, EveryFactoringMatchesSerialAndSendsTheFormula) {
     world->barrier()->wait();
     testing::reset_observed_traffic();
     out.backward(rows(grad_full));
-    const Sent backward = sent_since_reset(sp_name);
+    const Sent backward = sent_since_reset(sp_name, a, r);
     EXPECT_EQ(backward.all_to_all, uint64_t(4 * x * e * (a - 1) / a));
     EXPECT_EQ(backward.ring,
               uint64_t((r - 1) * (2 * x * e + 8 * (seq / r)) + (r > 1 ? r * 2 * x * 4 : 0)));
