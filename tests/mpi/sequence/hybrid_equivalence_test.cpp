@@ -74,6 +74,15 @@ TEST(Hybrid, LengthThatDividesBySpButNotTwiceSp) {
   testing::expect_equivalent(serial({"model.seq_len=12"}), hybrid(2, 2, {"model.seq_len=12"}));
 }
 
+TEST(Hybrid, WithRecomputeMatchesSerial) {
+  // "selective" recomputes nothing inside attention (the ring kernel keeps
+  // no T x T scores); "full" re-runs whole blocks in backward, the forward
+  // all-to-alls and ring included.
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(serial(), hybrid(2, 2, {"train.recompute=\"selective\""}));
+  testing::expect_equivalent(serial(), hybrid(2, 2, {"train.recompute=\"full\""}));
+}
+
 TEST(HybridLlama, TwoByTwoWithGroupedQueryAttentionMatchesSerial) {
   // 8 query heads, 2 key/value heads, repeated to 8 before the all-to-all;
   // 4 heads per rank around the ring. RoPE angles follow each rank's slice.
