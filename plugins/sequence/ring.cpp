@@ -54,14 +54,6 @@ class Ring : public SequenceStrategy {
                            quote_toml(config.parallel.tensor.mode) + " with " + at_sp +
                            ". Use tensor mode \"1d\", or sequence size 1.");
     }
-    // ulysses is tested with the pipeline; ring is not yet, so it is refused.
-    if (context.shape.pp > 1) {
-      root.fail_at_any({"parallel.pipeline.size", "parallel.pipeline"},
-                       "sequence mode \"ring\" does not run with the pipeline yet; found "
-                       "parallel.pipeline.size = " +
-                           std::to_string(context.shape.pp) + " with " + at_sp +
-                           ". Use sequence mode \"ulysses\", or pipeline size 1.");
-    }
     // Zigzag placement: 2*sp equal chunks, two per rank. Checked here, where
     // the message can point at the key, before the mesh communicates.
     const int64_t seq = config.model.seq_len;

@@ -85,6 +85,17 @@ TEST(Ring, WithTp1dMatchesSerial) {
                              ring(2, {"parallel.tensor.size=2", "parallel.tensor.mode=\"1d\""}));
 }
 
+TEST(Ring, WithThePipelineMatchesSerial) {
+  // sp 2 x 2 stages, 1F1B over 4 micro-batches: each stage's sp pair runs
+  // its rings for the micro-batches in the schedule's order, forward and
+  // backward interleaved; stages cut by measured time, whose probe runs
+  // whole samples outside the sp group.
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(
+      serial(), ring(2, {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\"",
+                         "parallel.pipeline.balance=\"time\""}));
+}
+
 TEST(Ring, WithRecomputeMatchesSerial) {
   // "selective" recomputes nothing under ring (the kernel keeps no T x T
   // scores to drop; ring.cpp); "full" re-runs whole blocks in backward, the
@@ -100,6 +111,15 @@ TEST(RingLlama, GroupedQueryAttentionMatchesSerial) {
   REQUIRE_RANKS(2, 4);
   const std::vector<std::string> gqa = {"model.heads=8", "model.kv_heads=2"};
   testing::expect_equivalent(serial(llama(gqa)), ring(world_size(), llama(gqa)));
+}
+
+TEST(RingLlama, WithThePipelineAndGqaMatchesSerial) {
+  // sp 2 x 2 stages: the untied LM head and its loss on the last stage.
+  REQUIRE_RANKS(4);
+  const std::vector<std::string> gqa = {"model.heads=8", "model.kv_heads=2"};
+  std::vector<std::string> mix = llama(gqa);
+  mix.insert(mix.end(), {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""});
+  testing::expect_equivalent(serial(llama(gqa)), ring(2, mix));
 }
 
 TEST(Ring, SequenceTimesDataEqualsDataOnlyOfTheSameBatch) {

@@ -101,15 +101,6 @@ TEST(RingBadInput, TensorModesOtherThan1d) {
   expect_has(m, "sequence mode \"ring\" composes with tensor mode \"1d\" only");
 }
 
-TEST(RingBadInput, ThePipeline) {
-  // ulysses runs with the pipeline (sequence_equivalence_test); ring is not
-  // tested there yet, so it is refused.
-  EXPECT_EQ(config_error(sp(2, {"parallel.pipeline.size=2"})), "");
-  const std::string m = config_error(ring(2, {"parallel.pipeline.size=2"}));
-  expect_has(m, "sequence mode \"ring\" does not run with the pipeline yet");
-  expect_has(m, "parallel.pipeline.size = 2");
-}
-
 TEST(SequenceBadInput, ModeWithoutSequenceParallelism) {
   const std::string m = config_error({"parallel.sequence.mode=\"ulysses\""});
   expect_has(m, "parallel.sequence.mode");
