@@ -98,14 +98,6 @@ class Hybrid : public SequenceStrategy {
                            quote_toml(config.parallel.tensor.mode) + " with " + at_sp +
                            ". Use tensor mode \"1d\", or sequence size 1.");
     }
-    // Not tested with the pipeline yet (ring is refused there too).
-    if (context.shape.pp > 1) {
-      root.fail_at_any({"parallel.pipeline.size", "parallel.pipeline"},
-                       "sequence mode \"hybrid\" does not run with the pipeline yet; found "
-                       "parallel.pipeline.size = " +
-                           std::to_string(context.shape.pp) + " with " + at_sp +
-                           ". Use sequence mode \"ulysses\", or pipeline size 1.");
-    }
     const int64_t heads = config.model.heads;
     if (heads % tp == 0 && (heads / tp) % a != 0) {
       const int64_t local = heads / tp;

@@ -74,6 +74,26 @@ TEST(Hybrid, LengthThatDividesBySpButNotTwiceSp) {
   testing::expect_equivalent(serial({"model.seq_len=12"}), hybrid(2, 2, {"model.seq_len=12"}));
 }
 
+TEST(Hybrid, WithThePipelineMatchesSerial) {
+  // hybrid 2 x 1 x 2 stages, 1F1B over 4 micro-batches, stages cut by
+  // measured time (whose probe runs whole samples outside the sp group).
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(
+      serial(), hybrid(2, 1,
+                       {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\"",
+                        "parallel.pipeline.balance=\"time\""}));
+}
+
+TEST(HybridLlama, WithThePipelineAndGqaMatchesSerial) {
+  // hybrid 1 x 2 x 2 stages: each stage's ring pair, the untied LM head and
+  // its loss on the last stage.
+  REQUIRE_RANKS(4);
+  const std::vector<std::string> gqa = {"model.heads=8", "model.kv_heads=2"};
+  std::vector<std::string> mix = llama(gqa);
+  mix.insert(mix.end(), {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""});
+  testing::expect_equivalent(serial(llama(gqa)), hybrid(1, 2, mix));
+}
+
 TEST(Hybrid, WithRecomputeMatchesSerial) {
   // "selective" recomputes nothing inside attention (the ring kernel keeps
   // no T x T scores); "full" re-runs whole blocks in backward, the forward

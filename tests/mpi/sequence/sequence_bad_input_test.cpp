@@ -132,6 +132,7 @@ TEST(HybridBadInput, TheTinyModelIsAccepted) {
   EXPECT_EQ(config_error(hybrid(2, 2, {"parallel.tensor.size=2"})), "");
   // 12 = 4 zigzag chunks of 3 under 2 x 2, each group's 6 cut in 2.
   EXPECT_EQ(config_error(hybrid(4, 2, {"model.seq_len=12"})), "");
+  EXPECT_EQ(config_error(hybrid(2, 2, {"parallel.pipeline.size=2"})), "");
 }
 
 TEST(HybridBadInput, SizesThatDoNotFactor) {
@@ -191,12 +192,6 @@ TEST(HybridBadInput, TensorModesOtherThan1d) {
   const std::string m =
       config_error(hybrid(2, 2, {"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""}));
   expect_has(m, "sequence mode \"hybrid\" composes with tensor mode \"1d\" only");
-}
-
-TEST(HybridBadInput, ThePipeline) {
-  const std::string m = config_error(hybrid(2, 2, {"parallel.pipeline.size=2"}));
-  expect_has(m, "sequence mode \"hybrid\" does not run with the pipeline yet");
-  expect_has(m, "parallel.pipeline.size = 2");
 }
 
 }  // namespace
