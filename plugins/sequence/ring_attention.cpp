@@ -42,6 +42,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -68,22 +69,39 @@ struct Counters {
   std::atomic<int64_t> forward_pairs{0}, forward_skipped{0}, forward_elements{0};
   std::atomic<int64_t> backward_pairs{0}, backward_skipped{0}, backward_elements{0};
   std::atomic<int64_t> forward_ns{0}, backward_ns{0};
+  std::atomic<int64_t> forward_cpu_ns{0}, backward_cpu_ns{0};
 };
 
-// Adds the time from construction to destruction to a counter.
+// This thread's CPU time. Unlike the wall clock it does not count the time
+// the thread waits for a core, so on oversubscribed cores (sp ranks > cores)
+// it still measures each rank's own work.
+int64_t thread_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+// Adds the wall and thread CPU time from construction to destruction to two
+// counters.
 class ComputeTimer {
  public:
-  explicit ComputeTimer(std::atomic<int64_t>& total)
-      : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ComputeTimer(std::atomic<int64_t>& wall, std::atomic<int64_t>& cpu)
+      : wall_(wall),
+        cpu_(cpu),
+        start_(std::chrono::steady_clock::now()),
+        cpu_start_(thread_cpu_ns()) {}
   ~ComputeTimer() {
-    total_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::steady_clock::now() - start_)
-                  .count();
+    wall_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                  start_)
+                 .count();
+    cpu_ += thread_cpu_ns() - cpu_start_;
   }
 
  private:
-  std::atomic<int64_t>& total_;
+  std::atomic<int64_t>& wall_;
+  std::atomic<int64_t>& cpu_;
   std::chrono::steady_clock::time_point start_;
+  int64_t cpu_start_;
 };
 Counters& counters() {
   static Counters c;
@@ -172,7 +190,7 @@ void forward_block(const at::Tensor& q, const at::Tensor& q_positions,
   const at::Tensor v = block.kv[1].to(at::kFloat);
   const std::vector<Tile> k_tiles = tiles_of(block.positions);
   Counters& c = counters();
-  ComputeTimer timer(c.forward_ns);
+  ComputeTimer timer(c.forward_ns, c.forward_cpu_ns);
   for (const Tile& qt : q_tiles) {
     for (const Tile& kt : k_tiles) {
       const Pair pair = classify(qt, kt);
@@ -217,7 +235,7 @@ void backward_block(const at::Tensor& q, const at::Tensor& q_positions,
   const at::Tensor v = block.kv[1].to(at::kFloat);
   const std::vector<Tile> k_tiles = tiles_of(block.positions);
   Counters& c = counters();
-  ComputeTimer timer(c.backward_ns);
+  ComputeTimer timer(c.backward_ns, c.backward_cpu_ns);
   for (const Tile& qt : q_tiles) {
     for (const Tile& kt : k_tiles) {
       const Pair pair = classify(qt, kt);
@@ -391,6 +409,8 @@ RingAttentionStats ring_attention_stats() {
   s.backward_elements = c.backward_elements;
   s.forward_compute_s = static_cast<double>(c.forward_ns) * 1e-9;
   s.backward_compute_s = static_cast<double>(c.backward_ns) * 1e-9;
+  s.forward_compute_cpu_s = static_cast<double>(c.forward_cpu_ns) * 1e-9;
+  s.backward_compute_cpu_s = static_cast<double>(c.backward_cpu_ns) * 1e-9;
   return s;
 }
 
@@ -405,6 +425,7 @@ void reset_ring_attention_stats() {
   c.forward_pairs = c.forward_skipped = c.forward_elements = 0;
   c.backward_pairs = c.backward_skipped = c.backward_elements = 0;
   c.forward_ns = c.backward_ns = 0;
+  c.forward_cpu_ns = c.backward_cpu_ns = 0;
 }
 
 }  // namespace kolos

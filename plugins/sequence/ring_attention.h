@@ -62,9 +62,14 @@ struct RingAttentionStats {
   int64_t backward_pairs_skipped = 0;
   int64_t backward_elements = 0;
   // Time spent computing (not waiting for blocks), for the balance
-  // measurements; never for assertions.
+  // measurements; never for assertions. Wall time, and the calling thread's
+  // CPU time: with one intra-op thread (the tests run so) that is the work
+  // itself, whether or not the rank had a core to itself; with more it
+  // leaves out the pool's threads.
   double forward_compute_s = 0;
   double backward_compute_s = 0;
+  double forward_compute_cpu_s = 0;
+  double backward_compute_cpu_s = 0;
 };
 RingAttentionStats ring_attention_stats();
 void reset_ring_attention_stats();

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -268,7 +269,7 @@ Measured measure(comm::ProcessGroup& group, Shape shape, Placement placement, in
   const at::Tensor k = torch::randn(sizes).requires_grad_();
   const at::Tensor v = torch::randn(sizes).requires_grad_();
   Measured m;
-  std::vector<double> times, compute;
+  std::vector<double> times, compute, compute_cpu;
   at::Tensor out;
   for (int i = 0; i < runs; ++i) {
     group.barrier()->wait();
@@ -278,12 +279,15 @@ Measured measure(comm::ProcessGroup& group, Shape shape, Placement placement, in
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     compute.push_back(ring_attention_stats().forward_compute_s);
+    compute_cpu.push_back(ring_attention_stats().forward_compute_cpu_s);
   }
   m.forward = ring_attention_stats();
   std::sort(times.begin(), times.end());
   std::sort(compute.begin(), compute.end());
+  std::sort(compute_cpu.begin(), compute_cpu.end());
   m.forward_s = times[times.size() / 2];
   m.forward.forward_compute_s = compute[compute.size() / 2];
+  m.forward.forward_compute_cpu_s = compute_cpu[compute_cpu.size() / 2];
   group.barrier()->wait();
   reset_ring_attention_stats();
   out.backward(torch::ones_like(out));
@@ -303,10 +307,17 @@ std::vector<double> gather(double value) {
 // 2*sp+1 pairs: 2 for each other rank's block and 3 for its own. Contiguous
 // placement gives rank r 4 for each earlier rank's block, 3 for its own and
 // none for later ranks': 4r+3. Times are printed for the record.
+// KOLOS_RING_BALANCE_ROWS sets the rows per rank (default 256; at most 1024,
+// so that a chunk stays one tile of <= 512 rows and the counts hold) for
+// measurements at sizes where fixed costs per block weigh less.
 TEST(RingAttentionBalance, ZigzagBalancesComputedBlocks) {
   auto group = world_group();
   const int64_t sp = group->size(), rank = group->rank();
-  const Shape shape{1, 8, 256 * sp, 64};
+  const char* rows_env = std::getenv("KOLOS_RING_BALANCE_ROWS");
+  const int64_t per_rank = rows_env != nullptr ? std::atoll(rows_env) : 256;
+  ASSERT_TRUE(per_rank >= 2 && per_rank <= 1024 && per_rank % 2 == 0)
+      << "KOLOS_RING_BALANCE_ROWS = " << rows_env << ": use an even number of rows in [2, 1024]";
+  const Shape shape{1, 8, per_rank * sp, 64};
   const int64_t c = shape.seq / (2 * sp);
   const Measured zigzag = measure(*group, shape, Placement::kZigzag, 5);
   const Measured contiguous = measure(*group, shape, Placement::kContiguous, 5);
@@ -325,11 +336,13 @@ TEST(RingAttentionBalance, ZigzagBalancesComputedBlocks) {
   const auto zz_pairs = gather(double(zigzag.forward.forward_pairs));
   const auto zz_elements = gather(double(zigzag.forward.forward_elements));
   const auto zz_compute = gather(zigzag.forward.forward_compute_s);
+  const auto zz_cpu = gather(zigzag.forward.forward_compute_cpu_s);
   const auto zz_wall = gather(zigzag.forward_s);
   const auto zz_back = gather(zigzag.backward.backward_compute_s);
   const auto ct_pairs = gather(double(contiguous.forward.forward_pairs));
   const auto ct_elements = gather(double(contiguous.forward.forward_elements));
   const auto ct_compute = gather(contiguous.forward.forward_compute_s);
+  const auto ct_cpu = gather(contiguous.forward.forward_compute_cpu_s);
   const auto ct_wall = gather(contiguous.forward_s);
   const auto ct_back = gather(contiguous.backward.backward_compute_s);
   if (world_rank() != 0) return;
@@ -337,20 +350,23 @@ TEST(RingAttentionBalance, ZigzagBalancesComputedBlocks) {
               static_cast<long long>(shape.batch), static_cast<long long>(shape.heads),
               static_cast<long long>(shape.seq), static_cast<long long>(shape.dim),
               static_cast<long long>(sp));
-  std::printf("%-10s %4s %6s %10s %12s %12s %12s\n", "placement", "rank", "pairs", "elements",
-              "compute ms", "forward ms", "bwd comp ms");
+  std::printf("%-10s %4s %6s %10s %12s %12s %12s %12s\n", "placement", "rank", "pairs", "elements",
+              "compute ms", "cpu ms", "forward ms", "bwd comp ms");
   auto rows = [&](const char* name, const std::vector<double>& pairs,
                   const std::vector<double>& elements, const std::vector<double>& comp,
-                  const std::vector<double>& wall, const std::vector<double>& back) {
+                  const std::vector<double>& cpu, const std::vector<double>& wall,
+                  const std::vector<double>& back) {
     for (int r = 0; r < world_size(); ++r) {
-      std::printf("%-10s %4d %6.0f %10.0f %12.2f %12.2f %12.2f\n", name, r, pairs[r], elements[r],
-                  comp[r] * 1e3, wall[r] * 1e3, back[r] * 1e3);
+      std::printf("%-10s %4d %6.0f %10.0f %12.2f %12.2f %12.2f %12.2f\n", name, r, pairs[r],
+                  elements[r], comp[r] * 1e3, cpu[r] * 1e3, wall[r] * 1e3, back[r] * 1e3);
     }
     const auto [lo, hi] = std::minmax_element(comp.begin(), comp.end());
-    std::printf("%-10s compute spread max/min %.2f\n", name, *hi / *lo);
+    const auto [cpu_lo, cpu_hi] = std::minmax_element(cpu.begin(), cpu.end());
+    std::printf("%-10s spread max/min: compute %.2f, cpu %.2f\n", name, *hi / *lo,
+                *cpu_hi / *cpu_lo);
   };
-  rows("zigzag", zz_pairs, zz_elements, zz_compute, zz_wall, zz_back);
-  rows("contiguous", ct_pairs, ct_elements, ct_compute, ct_wall, ct_back);
+  rows("zigzag", zz_pairs, zz_elements, zz_compute, zz_cpu, zz_wall, zz_back);
+  rows("contiguous", ct_pairs, ct_elements, ct_compute, ct_cpu, ct_wall, ct_back);
 }
 
 }  // namespace
