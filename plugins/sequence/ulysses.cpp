@@ -2,12 +2,13 @@
 //
 // Rank s of the sp group holds the contiguous positions [s*T/sp, (s+1)*T/sp)
 // of every sample. Every layer but attention acts token by token on them.
-// Around attention one all-to-all turns q, k and v from sequence-split
-// [B, h, T/sp, d] into head-split [B, h/sp, T, d]: each rank then holds whole
-// sequences for h/sp heads and runs the serial causal attention on them, and
-// a second all-to-all turns the output back. Backward runs the inverse
-// all-to-alls. Per layer and rank, forward sends (sp-1)/sp of q, k, v and
-// the output, 4 * B*h*(T/sp)*d elements * (sp-1)/sp; backward the same.
+// Around attention one all-to-all (all_to_all.h) turns q, k and v from
+// sequence-split [B, h, T/sp, d] into head-split [B, h/sp, T, d]: each rank
+// then holds whole sequences for h/sp heads and runs the serial causal
+// attention on them, and a second all-to-all turns the output back.
+// Backward runs the inverse all-to-alls. Per layer and rank, forward sends
+// (sp-1)/sp of q, k, v and the output, 4 * B*h*(T/sp)*d elements *
+// (sp-1)/sp; backward the same.
 //
 // Heads (per tensor-parallel rank, after grouped-query attention repeats the
 // key/value heads) must divide by sp, and the sequence length too.
@@ -16,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "kolos/core/comm/process_group.h"
+#include "all_to_all.h"
 #include "kolos/core/error.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/recompute.h"
@@ -24,62 +25,6 @@
 
 namespace kolos {
 namespace {
-
-using comm::ProcessGroup;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// x [N, H, T/n, d], sequence-split over the group's n ranks (rank s holds
-// chunk s of the sequence) -> [N, H/n, T, d], head-split (rank r holds head
-// block r), the sequence chunks in rank order.
-at::Tensor sequence_to_heads(const at::Tensor& x, ProcessGroup& group) {
-  const int64_t n = group.size();
-  const int64_t N = x.size(0), H = x.size(1), t = x.size(2), d = x.size(3);
-  // Row r of the send buffer: head block r, for rank r.
-  at::Tensor send = x.reshape({N, n, H / n, t, d}).permute({1, 0, 2, 3, 4}).contiguous();
-  at::Tensor recv = torch::empty_like(send);
-  group.all_to_all(recv, send)->wait();
-  // Row s of what arrived: this rank's head block of sequence chunk s.
-  return recv.permute({1, 2, 0, 3, 4}).reshape({N, H / n, n * t, d});
-}
-
-// The inverse: y [N, H/n, T, d] head-split -> [N, H, T/n, d] sequence-split.
-at::Tensor heads_to_sequence(const at::Tensor& y, ProcessGroup& group) {
-  const int64_t n = group.size();
-  const int64_t N = y.size(0), h = y.size(1), T = y.size(2), d = y.size(3);
-  // Row s of the send buffer: sequence chunk s, for rank s.
-  at::Tensor send = y.reshape({N, h, n, T / n, d}).permute({2, 0, 1, 3, 4}).contiguous();
-  at::Tensor recv = torch::empty_like(send);
-  group.all_to_all(recv, send)->wait();
-  // Row r of what arrived: head block r of this rank's chunk.
-  return recv.permute({1, 0, 2, 3, 4}).reshape({N, n * h, T / n, d});
-}
-
-// The group travels through the autograd context as an address: groups
-// belong to the mesh, which outlives every graph built on it.
-ProcessGroup& group_of(AutogradContext* ctx) {
-  return *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
-}
-
-struct SequenceToHeads : torch::autograd::Function<SequenceToHeads> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return sequence_to_heads(x, *reinterpret_cast<ProcessGroup*>(group));
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {heads_to_sequence(grad[0], group_of(ctx)), at::Tensor()};
-  }
-};
-
-struct HeadsToSequence : torch::autograd::Function<HeadsToSequence> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return heads_to_sequence(y, *reinterpret_cast<ProcessGroup*>(group));
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {sequence_to_heads(grad[0], group_of(ctx)), at::Tensor()};
-  }
-};
 
 // "2, 4" : the sp sizes > 1 that divide `value`.
 std::string divisors_above_one(int64_t value) {
@@ -153,12 +98,11 @@ class Ulysses : public SequenceStrategy {
     const int64_t heads = q.size(1);
     KOLOS_CHECK(heads % n == 0, "ulysses: ", heads, " heads do not divide into ", n,
                 " sequence ranks");
-    const auto handle = reinterpret_cast<int64_t>(group_);
     // q, k and v travel in one all-to-all: [3B, h, T/sp, d].
-    at::Tensor qkv = SequenceToHeads::apply(torch::cat({q, k, v}, 0), handle);
+    at::Tensor qkv = all_to_all_sequence_to_heads(torch::cat({q, k, v}, 0), *group_);
     std::vector<at::Tensor> parts = qkv.chunk(3, 0);
     at::Tensor y = recompute_if_selected(&causal_attention, {parts[0], parts[1], parts[2]});
-    return HeadsToSequence::apply(y, handle);  // [B, h, T/sp, d]
+    return all_to_all_heads_to_sequence(y, *group_);  // [B, h, T/sp, d]
   }
 };
 

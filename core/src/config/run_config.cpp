@@ -44,10 +44,8 @@ const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kReduceDtypes = {"param", "fp32"};
 const std::vector<std::string> kRecomputeModes = {"none", "full", "selective"};
 const std::vector<std::string> kTensorModes = {"1d", "2d", "2.5d", "3d"};
-// parallel.sequence.mode: every mode kolos knows, and those this version
-// builds (each a sequence plugin of that name).
+// parallel.sequence.mode: each a sequence plugin of that name.
 const std::vector<std::string> kSequenceModes = {"ulysses", "ring", "megatron", "hybrid"};
-const std::vector<std::string> kSequenceModesBuilt = {"ulysses", "ring", "megatron"};
 const std::vector<std::string> kProgressModes = {"auto", "bar", "lines", "off"};
 
 constexpr int64_t kMaxUint16Vocab = 65536;
@@ -446,13 +444,6 @@ class Reader {
       SettingsTable<SequenceConfig>("parallel.sequence")
           .choice("mode", &SequenceConfig::mode, kSequenceModes, "sequence-parallel mode")
           .read_rows(sequence, p.sequence);  // the other keys are the sequence plugin's
-      if (std::find(kSequenceModesBuilt.begin(), kSequenceModesBuilt.end(), p.sequence.mode) ==
-          kSequenceModesBuilt.end()) {
-        sequence.fail("mode", quote_toml(p.sequence.mode) +
-                                  " is not built in this version; the sequence-parallel modes "
-                                  "that run: " +
-                                  join(kSequenceModesBuilt, ", ") + ".");
-      }
     }
     const std::string stage_key =
         read_axis(kAxes[3], p.zero.stage, std::numeric_limits<int64_t>::min(), "{ stage = 2 }");

@@ -61,15 +61,6 @@ TEST(SequenceBadInput, UnknownMode) {
   expect_has(m, "ulysses");
 }
 
-TEST(SequenceBadInput, ModesNotBuiltYet) {
-  for (const std::string mode : {"hybrid"}) {
-    const std::string m = config_error(sp(2, {"parallel.sequence.mode=\"" + mode + "\""}));
-    expect_has(m, "parallel.sequence.mode");
-    expect_has(m, "\"" + mode + "\" is not built in this version");
-    expect_has(m, "the sequence-parallel modes that run: ulysses, ring, megatron.");
-  }
-}
-
 // Sequence mode megatron over a tensor group of `tp` (0: no tensor key).
 std::vector<std::string> megatron(int tp, std::vector<std::string> overrides = {}) {
   overrides.push_back("parallel.sequence.mode=\"megatron\"");
@@ -173,6 +164,82 @@ TEST(SequenceBadInput, TensorModesOtherThan1d) {
 TEST(SequenceBadInput, UnknownKeyOfTheUlyssesPlugin) {
   const std::string m = config_error(sp(2, {"parallel.sequence.chunks=2"}));
   expect_has(m, "parallel.sequence.chunks");
+}
+
+// sp = `size` of mode hybrid, Ulysses degree `ulysses`.
+std::vector<std::string> hybrid(int size, int ulysses, std::vector<std::string> overrides = {}) {
+  overrides.push_back("parallel.sequence.mode=\"hybrid\"");
+  overrides.push_back("parallel.sequence.ulysses=" + std::to_string(ulysses));
+  return sp(size, std::move(overrides));
+}
+
+TEST(HybridBadInput, TheTinyModelIsAccepted) {
+  EXPECT_EQ(config_error(hybrid(4, 2)), "");
+  EXPECT_EQ(config_error(hybrid(4, 1)), "");
+  EXPECT_EQ(config_error(hybrid(4, 4)), "");
+  EXPECT_EQ(config_error(hybrid(2, 2, {"parallel.tensor.size=2"})), "");
+  // 12 = 4 zigzag chunks of 3 under 2 x 2, each group's 6 cut in 2.
+  EXPECT_EQ(config_error(hybrid(4, 2, {"model.seq_len=12"})), "");
+  EXPECT_EQ(config_error(hybrid(2, 2, {"parallel.pipeline.size=2"})), "");
+}
+
+TEST(HybridBadInput, SizesThatDoNotFactor) {
+  const std::string m = config_error(hybrid(4, 3));
+  expect_has(m, "parallel.sequence.ulysses: 3 does not divide parallel.sequence.size = 4");
+  expect_has(m, "sizes that do not factor into ulysses x ring");
+  expect_has(m, "Ulysses degrees that divide it: 1, 2, 4.");
+  // Larger than the size.
+  expect_has(config_error(hybrid(2, 4)), "4 does not divide parallel.sequence.size = 2");
+}
+
+TEST(HybridBadInput, TheUlyssesDegreeIsRequired) {
+  const std::string m = config_error(sp(4, {"parallel.sequence.mode=\"hybrid\""}));
+  expect_has(m, "sequence mode \"hybrid\" needs its Ulysses degree");
+  expect_has(m, "parallel.sequence.ulysses to a divisor of parallel.sequence.size = 4 (1, 2, 4)");
+}
+
+TEST(HybridBadInput, TheUlyssesKeyIsRefusedUnderOtherModes) {
+  for (const std::string mode : {"ulysses", "ring"}) {
+    const std::string m = config_error(
+        sp(2, {"parallel.sequence.mode=\"" + mode + "\"", "parallel.sequence.ulysses=2"}));
+    expect_has(m, "parallel.sequence.ulysses");
+    expect_has(m, "sequence plugin `" + mode + "`");
+  }
+  // No sequence plugin at size 1.
+  expect_has(config_error({"parallel.sequence.ulysses=2"}), "parallel.sequence.ulysses");
+}
+
+TEST(HybridBadInput, HeadsNotDivisibleByTheUlyssesDegree) {
+  std::string m = config_error(hybrid(4, 4, {"model.heads=2"}));
+  expect_has(m, "parallel.sequence.ulysses: 4 (with parallel.sequence.size = 4)");
+  expect_has(m, "the 2 attention heads (model.heads) do not divide by 4");
+  expect_has(m, "Ulysses degrees that divide both them and the sequence size: 1, 2.");
+  // Per tensor rank: 4 heads / tensor 2 = 2 per rank.
+  m = config_error(hybrid(4, 4, {"parallel.tensor.size=2"}));
+  expect_has(m, "the 2 attention heads of each tensor rank (model.heads = 4 / tensor 2)");
+  expect_has(m, "do not divide by 4");
+}
+
+TEST(HybridBadInput, SequenceLengthNotDivisible) {
+  // 2 x 2: multiples of 4 (18 divides by neither 4 nor the 8 of ring at sp 4).
+  std::string m = config_error(hybrid(4, 2, {"model.seq_len=18"}));
+  expect_has(m, "model.seq_len = 18 does not divide into the 4 zigzag chunks of a ring of 2");
+  expect_has(m, "lengths must be multiples of 4; nearest valid lengths: 16 or 20.");
+  // 1 x 4: the ring's 8 chunks.
+  m = config_error(hybrid(4, 1, {"model.seq_len=20"}));
+  expect_has(m, "lengths must be multiples of 8; nearest valid lengths: 16 or 24.");
+  // 3 x 1 (odd a): 2 chunks of a ring of 1, each cut in 3.
+  m = config_error(hybrid(3, 3, {"model.heads=3", "model.hidden=48"}));
+  expect_has(m, "lengths must be multiples of 6; nearest valid lengths: 12 or 18.");
+  // Shorter than the sequence ranks.
+  m = config_error(hybrid(4, 2, {"model.seq_len=2"}));
+  expect_has(m, "nearest valid lengths: 4.");
+}
+
+TEST(HybridBadInput, TensorModesOtherThan1d) {
+  const std::string m =
+      config_error(hybrid(2, 2, {"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""}));
+  expect_has(m, "sequence mode \"hybrid\" composes with tensor mode \"1d\" only");
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // analytic formula (docs/sequence-parallel.md), on every rank. The bytes are
 // observed at the MPI boundary by libkolos_pmpi_count
 // (tests/support/observed_traffic.h says what "sent" means per call) on the
-// communicator of the mesh's sp group, the one the plugins use; the
+// communicator of the mesh's sp group, the one the plugins use (and, under
+// hybrid, on the Ulysses and ring subgroups it splits from it); the
 // gradients role reduces on the dp×sp group's own communicator and the
 // engine's loss and timing on the world's, so neither is counted here.
 //
@@ -11,9 +12,13 @@
 // and e = 4 bytes (float32):
 //   ulysses  forward 4 X e (sp-1)/sp, backward the same (all-to-alls)
 //   ring     forward (sp-1) (2 X e + 8 t), backward the same + sp 2 X 4
+//   hybrid   Ulysses degree a = 2, ring degree r = sp / 2: forward
+//            4 X e (a-1)/a + (r-1) (2 X e + 8 t a), backward the same
+//            + r 2 X 4 when r > 1
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -41,6 +46,11 @@ uint64_t bytes_per_layer(const std::string& mode, int64_t sp, int64_t batch, int
                          int64_t t, int64_t d) {
   const int64_t x = batch * heads * t * d, e = 4;
   if (mode == "ulysses") return static_cast<uint64_t>(2 * 4 * x * e * (sp - 1) / sp);
+  if (mode == "hybrid") {
+    const int64_t a = 2, r = sp / a;
+    const int64_t forward = 4 * x * e * (a - 1) / a + (r - 1) * (2 * x * e + 8 * t * a);
+    return static_cast<uint64_t>(2 * forward + (r > 1 ? r * 2 * x * 4 : 0));
+  }
   const int64_t ring = (sp - 1) * (2 * x * e + 8 * t);
   return static_cast<uint64_t>(2 * ring + sp * 2 * x * 4);
 }
@@ -60,6 +70,7 @@ TEST_P(SequenceTraffic, BytesPerLayerEqualTheFormula) {
                                         "train.micro_batch=4",
                                         "train.steps=2",
                                         "model.layers=3"};
+  if (c.mode == "hybrid") overrides.push_back("parallel.sequence.ulysses=2");
   if (c.model == "llama") {
     overrides.insert(overrides.end(), {"model.name=llama", "model.vocab=65", "model.kv_heads=2"});
   }
@@ -73,9 +84,22 @@ TEST_P(SequenceTraffic, BytesPerLayerEqualTheFormula) {
   for (int step = 0; step < 2; ++step) {
     testing::reset_observed_traffic();
     engine.step();
-    const testing::ObservedTraffic seen =
-        testing::observed_traffic({engine.mesh().group(Axis::kSP)});
-    EXPECT_EQ(seen.communicators, 1);
+    const comm::ProcessGroupPtr& group = engine.mesh().group(Axis::kSP);
+    testing::ObservedTraffic seen = testing::observed_traffic({group});
+    // The counter knows a communicator once it carries traffic: under
+    // hybrid the sp group's carries none, its subgroups' all of it.
+    EXPECT_EQ(seen.communicators, c.mode == "hybrid" ? 0 : 1);
+    if (c.mode == "hybrid") {
+      // The subgroups hybrid.cpp splits from the sp group, by name; a ring
+      // of one rank sends nothing.
+      for (const std::string sub : {"/ulysses", "/ring"}) {
+        std::array<kolos_pmpi_count, KOLOS_PMPI_KINDS> counts{};
+        const int found = kolos_pmpi_counts_by_name(
+            testing::mpi_name_of(group->name() + sub).c_str(), counts.data());
+        if (sub == "/ulysses" || sp > 2) EXPECT_EQ(found, 1) << sub;
+        for (int k = 0; k < KOLOS_PMPI_KINDS; ++k) seen.kinds[k].sent_bytes += counts[k].sent_bytes;
+      }
+    }
     const uint64_t micro_batches = static_cast<uint64_t>(engine.accumulation());
     EXPECT_EQ(seen.sent() % (layers * micro_batches), 0u);
     EXPECT_EQ(seen.sent() / (layers * micro_batches), per_layer)
@@ -86,7 +110,8 @@ TEST_P(SequenceTraffic, BytesPerLayerEqualTheFormula) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, SequenceTraffic,
                          ::testing::Values(Case{"ulysses", "gpt"}, Case{"ulysses", "llama"},
-                                           Case{"ring", "gpt"}, Case{"ring", "llama"}),
+                                           Case{"ring", "gpt"}, Case{"ring", "llama"},
+                                           Case{"hybrid", "gpt"}, Case{"hybrid", "llama"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.mode + "_" + info.param.model;
                          });

@@ -459,10 +459,6 @@ TEST(RunConfigRoles, WhatThisVersionCannotRunIsRefusedAtOnce) {
                       {"plugins.planner: the planner role is not available"}));
   EXPECT_TRUE(has_all(parse_error("[memory]\ncompute_budget = 1\n"),
                       {"run.toml:1", "[memory]: the memory role is not available"}));
-  // Sequence modes kolos knows but does not build yet.
-  EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"hybrid\" }\n"),
-                      {"run.toml:2:31", "parallel.sequence.mode", "\"hybrid\" is not built",
-                       "modes that run: ulysses, ring, megatron."}));
   EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"ulises\" }\n"),
                       {"parallel.sequence.mode", "ulises", "ulysses"}));
 }
