@@ -4,11 +4,11 @@
 # sequence mode at sp = 1, 2 and 4, with tokens/s; all measured in this one
 # invocation on the same model and data.
 #
-#   bench/run_sequence_bench.sh [--modes "ulysses ring megatron tp1d"]
+#   bench/run_sequence_bench.sh [--modes "ulysses ring hybrid megatron tp1d"]
 #                               [--sizes "2 4"]
-#                               [--limit-mib 1536] [--at 4096] [--base 512]
-#                               [--step 1024] [--max 16384]
-#                               [--layers 2] [--hidden 256] [--heads 4]
+#                               [--limit-mib 1024] [--at 4096] [--base 512]
+#                               [--step 1024] [--max 8192]
+#                               [--layers 2] [--hidden 128] [--heads 4]
 #                               [--vocab 1024] [--build build]
 #
 # Builds nothing: it needs build/bin/kolos and its plugins (ninja -C build
@@ -17,7 +17,8 @@
 # steps, with a metrics file; sp 1 is the serial run (no sequence plugin),
 # the same for every mode. "megatron" runs sp = parallel.tensor.size with
 # tensor mode "1d" (its sequence group is the tensor group); "tp1d" is that
-# tensor parallelism without a sequence mode, megatron's reference. A run's memory is its peak RSS per rank (the
+# tensor parallelism without a sequence mode, megatron's reference.
+# "hybrid" runs with parallel.sequence.ulysses = 2. A run's memory is its peak RSS per rank (the
 # largest of every rank's ru_maxrss, which includes LibTorch's and MPI's
 # own ~200-300 MiB) and its speed is tokens/s of the second step.
 #
@@ -38,8 +39,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-modes="ulysses ring megatron tp1d" sizes="2 4" limit_mib=1536 at=4096 base=512 step=1024 max=16384
-layers=2 hidden=256 heads=4 vocab=1024 build=build
+modes="ulysses ring hybrid megatron tp1d" sizes="2 4" limit_mib=1024 at=4096 base=512 step=1024 max=8192
+layers=2 hidden=128 heads=4 vocab=1024 build=build
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --modes) modes=$2 ;;
@@ -54,7 +55,7 @@ while [[ $# -gt 0 ]]; do
     --heads) heads=$2 ;;
     --vocab) vocab=$2 ;;
     --build) build=$2 ;;
-    -h|--help) sed -n '2,38p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_sequence_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -97,6 +98,9 @@ run() {
         megatron) args+=(--set parallel.tensor.size="$sp" --set parallel.tensor.mode=\"1d\"
                          --set parallel.sequence.mode=\"megatron\") ;;
         tp1d) args+=(--set parallel.tensor.size="$sp" --set parallel.tensor.mode=\"1d\") ;;
+        # hybrid: Ulysses degree 2 (sp 2: Ulysses alone; sp 4: 2 x ring 2).
+        hybrid) args+=(--set parallel.sequence.size="$sp" --set parallel.sequence.mode=\"hybrid\"
+                       --set parallel.sequence.ulysses=2) ;;
         *) args+=(--set parallel.sequence.size="$sp" --set parallel.sequence.mode=\""$mode"\") ;;
       esac
     fi

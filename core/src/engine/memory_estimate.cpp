@@ -181,20 +181,31 @@ Piece piece_of(const Shape& s, const MeshShape& mesh, int64_t stage) {
 // whole and cuts the rest by tp; the grid modes cut everything by tp.
 // Sequence parallelism: a rank holds seq/sp positions, and its attention
 // (ulysses: heads/sp over the whole sequence) heads x seq x seq / sp
-// probabilities.
+// probabilities. ring and hybrid attend through the ring kernel, which keeps
+// no seq x seq tensor (q, k, v and the output, counted, and a float32
+// log-sum-exp per query and head). megatron (sp = 1 in the mesh) splits the
+// norms' tensors over the tensor group, but each column layer keeps its
+// gathered input whole for its backward: the two norm outputs stay whole.
+bool ring_kernel(const std::string& sequence) { return sequence == "ring" || sequence == "hybrid"; }
+
 double block_activations(const Shape& s, const MeshShape& mesh, const std::string& layers,
-                         double micro, double elem) {
+                         const std::string& sequence, double micro, double elem) {
   const double tp = static_cast<double>(mesh.tp);
   const double tokens = s.seq / static_cast<double>(mesh.sp);
   const double bsh = micro * tokens * s.hidden;
   // LayerNorm (one fused op) keeps its input and output; RMSNorm, written
   // as ops, also the normalised product before the weight.
-  const double norms = (s.llama ? 6 : 4) * bsh;
+  double norms = (s.llama ? 6 : 4) * bsh;
+  if (sequence == "megatron") norms = (norms - 2 * bsh) / tp + 2 * bsh;
   // SwiGLU keeps four inner-wide tensors (gate, silu(gate), up, their
   // product), GELU two.
   const double wide = s.llama ? 4 : 2;
-  const double cut =
-      4 * bsh + wide * micro * tokens * s.inner + micro * s.heads * tokens * s.seq;
+  // The ring kernel saves contiguous copies of q, k and v (the serial core
+  // reads them as views of the projection's output) besides the output
+  // (counted), and the log-sum-exp.
+  const double attention = ring_kernel(sequence) ? micro * s.heads * tokens * 4 / elem + 3 * bsh
+                                                 : micro * s.heads * tokens * s.seq;
+  const double cut = 4 * bsh + wide * micro * tokens * s.inner + attention;
   if (layers == "tp1d") return elem * (norms + cut / tp);
   return elem * (norms + cut) / tp;
 }
@@ -271,7 +282,7 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   const double sp = static_cast<double>(mesh.sp);  // positions per rank: seq / sp
   const std::string schedule = mesh.pp > 1 ? pipeline_schedule(config) : "";
   const double flight = in_flight(schedule, mesh.pp, pipeline_chunks(config), accumulation);
-  const double per_block = block_activations(s, mesh, roles.layers, micro, elem);
+  const double per_block = block_activations(s, mesh, roles.layers, roles.sequence, micro, elem);
   double act = p.blocks * per_block * flight;
   std::string detail = "micro-batch " + std::to_string(config.train.micro_batch) + ", " +
                        fmt_count(p.blocks) + " blocks";
@@ -283,9 +294,10 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
     const double input = elem * micro * s.seq / sp * s.hidden / tp;
     act = (chosen * input + (p.blocks - chosen) * per_block) * flight + per_block;
     detail += " (" + fmt_count(chosen) + " recomputed: their inputs + one block)";
-  } else if (chosen > 0 && config.train.recompute == "selective") {
+  } else if (chosen > 0 && config.train.recompute == "selective" && !ring_kernel(roles.sequence)) {
     // A recomputed attention core keeps q, k, v (counted) but not the
-    // batch x heads x seq x seq probabilities.
+    // batch x heads x seq x seq probabilities (the ring kernel keeps none
+    // to drop).
     const double probs =
         elem * micro * s.heads * s.seq * s.seq / static_cast<double>(mesh.tp) / sp;
     act -= chosen * probs * flight;
@@ -308,8 +320,18 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   // tensors) and the gradients of the largest weights (the embedding's
   // dense gradient and the tied head's) before they are added into the
   // buffers that keep them.
+  // The ring kernel's backward holds one tile pair's float32 scores,
+  // probabilities and their gradients at a time (tiles of at most 512 rows;
+  // a rank's two zigzag chunks are separate tiles), and float32 blocks of
+  // the rank's size X = micro x seq/sp x hidden/tp: the output gradient, dq,
+  // two stacked K/V blocks (sent and arriving) and two stacked dK/dV
+  // accumulators, ten X.
   const double tp = static_cast<double>(mesh.tp);
-  const double scores = 3 * elem * micro * s.heads * s.seq * s.seq / tp / sp;
+  const double tile = std::min(512.0, s.seq / sp / 2);
+  const double ring_blocks = 10 * 4 * micro * s.seq / sp * s.hidden / tp;
+  const double scores = ring_kernel(roles.sequence)
+                            ? 4 * 4 * micro * s.heads / tp * tile * tile + ring_blocks
+                            : 3 * elem * micro * s.heads * s.seq * s.seq / tp / sp;
   const double weights = 2 * elem * p.largest / tp;
   add(e.terms, "temporaries", scores + weights,
       "attention gradients " + format_bytes(scores) + " + 2 largest weight gradients " +

@@ -48,6 +48,8 @@ case "$case_name" in
       "activations-full|2|activations.toml|--set train.recompute=\"full\""
       "activations-sel|2|activations.toml|--set train.recompute=\"selective\""
       "activations-sp2|2|activations.toml|--set parallel.sequence.size=2"
+      "activations-ring2|2|activations.toml|--set parallel.sequence.size=2 --set parallel.sequence.mode=\"ring\""
+      "activations-meg2|2|activations.toml|--set parallel.tensor.size=2 --set parallel.sequence.mode=\"megatron\""
       "bf16|2|states.toml|--set train.precision=\"bf16\""
       "llama|2|states.toml|--set model.name=\"llama\" --set model.kv_heads=2"
       "llama-act|2|activations.toml|--set model.name=\"llama\""
