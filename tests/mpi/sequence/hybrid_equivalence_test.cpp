@@ -19,28 +19,15 @@
 #include <vector>
 
 #include "equivalence.h"
+#include "sequence_cases.h"
 
 namespace kolos {
 namespace {
 
 using testing::world_size;
-
-#define REQUIRE_RANKS(...)                                                        \
-  do {                                                                            \
-    const std::vector<int> allowed{__VA_ARGS__};                                  \
-    if (std::find(allowed.begin(), allowed.end(), world_size()) == allowed.end()) \
-      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                           \
-  } while (0)
-
-std::vector<std::string> base(std::vector<std::string> overrides) {
-  overrides.insert(overrides.begin(), {"train.steps=8", "optim.grad_clip=0.05"});
-  return overrides;
-}
-
-RunConfig serial(std::vector<std::string> overrides = {}) {
-  overrides.push_back("parallel.data=1");
-  return testing::tiny_gpt_config(base(std::move(overrides)));
-}
+using testing::sequence::base;
+using testing::sequence::llama;
+using testing::sequence::serial;
 
 // sp = a x r ranks of mode hybrid, Ulysses degree a (x whatever else
 // `overrides` sets).
@@ -49,17 +36,6 @@ RunConfig hybrid(int a, int r, std::vector<std::string> overrides = {}) {
   overrides.push_back("parallel.sequence.mode=\"hybrid\"");
   overrides.push_back("parallel.sequence.ulysses=" + std::to_string(a));
   return testing::tiny_gpt_config(base(std::move(overrides)));
-}
-
-RunConfig mode(const std::string& name, int sp) {
-  return testing::tiny_gpt_config(base(
-      {"parallel.sequence.size=" + std::to_string(sp), "parallel.sequence.mode=\"" + name + "\""}));
-}
-
-std::vector<std::string> llama(std::vector<std::string> overrides) {
-  overrides.insert(overrides.begin(),
-                   {"model.name=llama", "model.vocab=65", "model.rope_theta=500.0"});
-  return overrides;
 }
 
 TEST(Hybrid, TwoByTwoMatchesSerial) {
@@ -94,6 +70,14 @@ TEST(HybridLlama, WithThePipelineAndGqaMatchesSerial) {
   testing::expect_equivalent(serial(llama(gqa)), hybrid(1, 2, mix));
 }
 
+TEST(Hybrid, TwoByTwoWithThePipelineMatchesSerial) {
+  // hybrid 2 x 2 x 2 stages (8 ranks): each stage's four sp ranks run both
+  // the all-to-alls and the ring, 1F1B over 4 micro-batches.
+  REQUIRE_RANKS(8);
+  testing::expect_equivalent(
+      serial(), hybrid(2, 2, {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""}));
+}
+
 TEST(Hybrid, WithRecomputeMatchesSerial) {
   // "selective" recomputes nothing inside attention (the ring kernel keeps
   // no T x T scores); "full" re-runs whole blocks in backward, the forward
@@ -117,9 +101,10 @@ TEST(Hybrid, UlyssesOnlyMatchesSerialAndUlysses) {
   REQUIRE_RANKS(2);
   testing::expect_equivalent(serial(), hybrid(2, 1));
   const auto group = testing::world_group();
-  testing::expect_records_match(testing::run_and_record(mode("ulysses", 2), group),
-                                testing::run_and_record(hybrid(2, 1), group), testing::Tolerance{},
-                                "hybrid 2 x 1 vs ulysses sp2");
+  testing::expect_records_match(
+      testing::run_and_record(testing::sequence::mode("ulysses", 2), group),
+      testing::run_and_record(hybrid(2, 1), group), testing::Tolerance{},
+      "hybrid 2 x 1 vs ulysses sp2");
 }
 
 TEST(Hybrid, RingOnlyMatchesSerialAndRing) {
@@ -127,7 +112,7 @@ TEST(Hybrid, RingOnlyMatchesSerialAndRing) {
   REQUIRE_RANKS(2);
   testing::expect_equivalent(serial(), hybrid(1, 2));
   const auto group = testing::world_group();
-  testing::expect_records_match(testing::run_and_record(mode("ring", 2), group),
+  testing::expect_records_match(testing::run_and_record(testing::sequence::mode("ring", 2), group),
                                 testing::run_and_record(hybrid(1, 2), group), testing::Tolerance{},
                                 "hybrid 1 x 2 vs ring sp2");
 }

@@ -24,28 +24,15 @@
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 #include "observed_traffic.h"
+#include "sequence_cases.h"
 
 namespace kolos {
 namespace {
 
 using testing::world_size;
-
-#define REQUIRE_RANKS(...)                                                        \
-  do {                                                                            \
-    const std::vector<int> allowed{__VA_ARGS__};                                  \
-    if (std::find(allowed.begin(), allowed.end(), world_size()) == allowed.end()) \
-      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                           \
-  } while (0)
-
-std::vector<std::string> base(std::vector<std::string> overrides) {
-  overrides.insert(overrides.begin(), {"train.steps=8", "optim.grad_clip=0.05"});
-  return overrides;
-}
-
-RunConfig serial(std::vector<std::string> overrides = {}) {
-  overrides.push_back("parallel.data=1");
-  return testing::tiny_gpt_config(base(std::move(overrides)));
-}
+using testing::sequence::base;
+using testing::sequence::llama;
+using testing::sequence::serial;
 
 // tp1d over `tp` ranks with sequence mode megatron (size left out: the
 // sequence group is the tensor group), x whatever else `overrides` sets.
@@ -54,12 +41,6 @@ RunConfig megatron(int tp, std::vector<std::string> overrides = {}) {
   overrides.push_back("parallel.tensor.mode=\"1d\"");
   overrides.push_back("parallel.sequence.mode=\"megatron\"");
   return testing::tiny_gpt_config(base(std::move(overrides)));
-}
-
-std::vector<std::string> llama(std::vector<std::string> overrides) {
-  overrides.insert(overrides.begin(),
-                   {"model.name=llama", "model.vocab=65", "model.rope_theta=500.0"});
-  return overrides;
 }
 
 TEST(Megatron, MatchesSerial) {

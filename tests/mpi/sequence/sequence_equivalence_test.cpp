@@ -16,40 +16,19 @@
 #include <vector>
 
 #include "equivalence.h"
+#include "sequence_cases.h"
 
 namespace kolos {
 namespace {
 
 using testing::world_size;
-
-#define REQUIRE_RANKS(...)                                                        \
-  do {                                                                            \
-    const std::vector<int> allowed{__VA_ARGS__};                                  \
-    if (std::find(allowed.begin(), allowed.end(), world_size()) == allowed.end()) \
-      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                           \
-  } while (0)
-
-std::vector<std::string> base(std::vector<std::string> overrides) {
-  overrides.insert(overrides.begin(), {"train.steps=8", "optim.grad_clip=0.05"});
-  return overrides;
-}
-
-RunConfig serial(std::vector<std::string> overrides = {}) {
-  overrides.push_back("parallel.data=1");
-  return testing::tiny_gpt_config(base(std::move(overrides)));
-}
+using testing::sequence::base;
+using testing::sequence::llama;
+using testing::sequence::serial;
 
 // sp ranks of mode ulysses (x whatever else `overrides` sets).
 RunConfig sequence(int sp, std::vector<std::string> overrides = {}) {
-  overrides.push_back("parallel.sequence.size=" + std::to_string(sp));
-  overrides.push_back("parallel.sequence.mode=\"ulysses\"");
-  return testing::tiny_gpt_config(base(std::move(overrides)));
-}
-
-std::vector<std::string> llama(std::vector<std::string> overrides) {
-  overrides.insert(overrides.begin(),
-                   {"model.name=llama", "model.vocab=65", "model.rope_theta=500.0"});
-  return overrides;
+  return testing::sequence::mode("ulysses", sp, std::move(overrides));
 }
 
 TEST(Ulysses, MatchesSerial) {
