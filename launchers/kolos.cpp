@@ -272,9 +272,9 @@ int check(const std::vector<std::string>& args) {
             << ": mesh pp=" << plan.shape.pp << " dp=" << plan.shape.dp << " sp=" << plan.shape.sp
             << " tp=" << plan.shape.tp << " | layers " << plan.roles.layers << ", pipeline "
             << plan.roles.pipeline << ", gradients " << plan.roles.gradients
-            << (plan.roles.sequence.empty() ? "" : ", sequence " + plan.roles.sequence) << " | batch "
-            << config.train.global_batch << " = " << config.train.micro_batch << " x "
-            << plan.accumulation << " accum x " << plan.shape.dp << " dp | memory about "
+            << (plan.roles.sequence.empty() ? "" : ", sequence " + plan.roles.sequence)
+            << " | batch " << config.train.global_batch << " = " << config.train.micro_batch
+            << " x " << plan.accumulation << " accum x " << plan.shape.dp << " dp | memory about "
             << detail::format_bytes(memory.peak()) << " per rank of "
             << detail::format_bytes(budget.bytes) << "\n";
   if (effective) std::cout << "\n" << to_toml(config);

@@ -15,11 +15,11 @@
 #include <sstream>
 
 #include "engine_detail.h"
+#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/config_located.h"
 #include "kolos/core/error.h"
 #include "kolos/core/optimizer.h"
 #include "kolos/core/plugin_registry.h"
-#include "kolos/core/comm/watchdog.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/sequence.h"
 #include "kolos/core/signals.h"
@@ -478,9 +478,8 @@ std::string Engine::describe() const {
   out << static_cast<double>(params) / 1e6 << "M params | mesh " << mesh_->layout().describe()
       << " | layers " << roles_.layers << ", pipeline " << roles_.pipeline << ", gradients "
       << roles_.gradients << (roles_.sequence.empty() ? "" : ", sequence " + roles_.sequence)
-      << " | batch " << config_.train.global_batch << " = "
-      << config_.train.micro_batch << " x " << accumulation_ << " accum x "
-      << mesh_->size(Axis::kDP) << " dp";
+      << " | batch " << config_.train.global_batch << " = " << config_.train.micro_batch << " x "
+      << accumulation_ << " accum x " << mesh_->size(Axis::kDP) << " dp";
   return out.str();
 }
 

@@ -87,8 +87,8 @@ class DenseRmsNorm : public Layer {
 // pairs (2i, 2i+1) instead; Hugging Face permutes the q/k weights once when
 // converting, so with its layout Hugging Face LLaMA weights load as they are.
 // cos/sin as transformers computes them (float32), for [batch, heads, seq, d].
-std::pair<at::Tensor, at::Tensor> rope_angles(const at::Tensor& positions, int64_t dim, double theta,
-                                              const at::TensorOptions& options) {
+std::pair<at::Tensor, at::Tensor> rope_angles(const at::Tensor& positions, int64_t dim,
+                                              double theta, const at::TensorOptions& options) {
   at::Tensor exponent = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / double(dim);
   at::Tensor inv_freq = 1.0 / torch::pow(theta, exponent);
   at::Tensor freqs = torch::outer(positions.to(torch::kFloat32), inv_freq);

@@ -298,8 +298,7 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
     // A recomputed attention core keeps q, k, v (counted) but not the
     // batch x heads x seq x seq probabilities (the ring kernel keeps none
     // to drop).
-    const double probs =
-        elem * micro * s.heads * s.seq * s.seq / static_cast<double>(mesh.tp) / sp;
+    const double probs = elem * micro * s.heads * s.seq * s.seq / static_cast<double>(mesh.tp) / sp;
     act -= chosen * probs * flight;
     detail += " (" + fmt_count(chosen) + " without attention probabilities)";
   }
@@ -309,8 +308,7 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
     // Under bf16/fp16 the loss widens the logits: the low-precision logits
     // and its gradient, and the fp32 copy, its log-softmax and its gradient.
     const double per_logit = mixed ? 2 * elem + 3 * 4 : 3 * elem;
-    const double logits =
-        per_logit * micro * s.seq / sp * s.vocab / static_cast<double>(mesh.tp);
+    const double logits = per_logit * micro * s.seq / sp * s.vocab / static_cast<double>(mesh.tp);
     act += logits;
     detail += " + logits " + format_bytes(logits);
   }
@@ -560,8 +558,8 @@ std::string format_memory_table(const MemoryEstimate& e, const MemoryBudget& bud
     out << line;
   };
   out << "mesh pp=" << e.shape.pp << " dp=" << e.shape.dp << " sp=" << e.shape.sp
-      << " tp=" << e.shape.tp << " | layers " << e.roles.layers << ", pipeline "
-      << e.roles.pipeline << ", gradients " << e.roles.gradients
+      << " tp=" << e.shape.tp << " | layers " << e.roles.layers << ", pipeline " << e.roles.pipeline
+      << ", gradients " << e.roles.gradients
       << (e.roles.sequence.empty() ? "" : ", sequence " + e.roles.sequence) << " | "
       << fmt_count(e.model_parameters) << " parameters | per rank, " << e.rank << ":\n";
   for (const auto& t : e.terms) row(t.name, t.bytes, t.detail);

@@ -283,9 +283,10 @@ TEST(RunConfigErrors, UnknownKeyInInlineTablePointsAtTheKey) {
   // At size 1 no sequence plugin runs: the core refuses the table's other
   // keys (a plugin's own keys are checked by the plugin).
   const std::string msg = parse_error("[parallel]\nsequence = { size = 1, szie = 2 }\n");
-  EXPECT_TRUE(has_all(msg, {"run.toml:2:24: ", "unknown key `parallel.sequence.szie`",
-                            "valid keys in [parallel.sequence] (no sequence plugin runs): size, mode",
-                            "Did you mean `size`?"}));
+  EXPECT_TRUE(
+      has_all(msg, {"run.toml:2:24: ", "unknown key `parallel.sequence.szie`",
+                    "valid keys in [parallel.sequence] (no sequence plugin runs): size, mode",
+                    "Did you mean `size`?"}));
 }
 
 TEST(RunConfigErrors, TheFirstUnknownKeyInFileOrderIsReported) {
