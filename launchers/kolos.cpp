@@ -257,10 +257,7 @@ int check(const std::vector<std::string>& args) {
   if (parsed.help) return 0;
   const RunConfig config = load_run_config(config_path, overrides);
   if (ranks <= 0) {
-    const auto& p = config.parallel;
-    // Sequence mode "megatron" splits over the tensor group: no sp axis.
-    const int64_t sp = p.sequence.mode == "megatron" ? 1 : p.sequence.size;
-    ranks = std::max<int64_t>(p.data, 1) * p.pipeline.size * sp * p.tensor.size;
+    ranks = std::max<int64_t>(config.parallel.data, 1) * non_data_ranks(config);
   }
   const RunPlan plan = check_run(config, ranks);
   const MemoryEstimate memory = estimate_memory(config, ranks, resident_bytes());

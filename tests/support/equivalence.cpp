@@ -13,6 +13,7 @@
 
 #include "kolos/core/comm/mpi.h"
 #include "kolos/core/error.h"
+#include "kolos/core/memory_estimate.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 
@@ -92,10 +93,7 @@ std::string config_error(const std::vector<std::string>& overrides) {
   try {
     // At the fewest ranks the config's mesh fits, as `kolos check` does.
     const RunConfig config = tiny_gpt_config(overrides);
-    const auto& p = config.parallel;
-    // Sequence mode "megatron" splits over the tensor group: no sp axis.
-    const int64_t sp = p.sequence.mode == "megatron" ? 1 : p.sequence.size;
-    plan_run(config, std::max<int64_t>(p.data, 1) * p.pipeline.size * sp * p.tensor.size);
+    plan_run(config, std::max<int64_t>(config.parallel.data, 1) * non_data_ranks(config));
   } catch (const ConfigError& e) {
     return e.what();
   }

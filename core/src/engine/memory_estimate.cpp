@@ -369,6 +369,11 @@ const MemoryTerm& MemoryEstimate::largest() const {
                            [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes < b.bytes; });
 }
 
+int64_t non_data_ranks(const RunConfig& config) {
+  const auto& p = config.parallel;
+  return p.pipeline.size * (p.sequence.mode == "megatron" ? 1 : p.sequence.size) * p.tensor.size;
+}
+
 MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, double runtime_bytes) {
   const MeshShape mesh = resolve_mesh_shape(config, world_size);
   const RoleChoice roles = choose_plugins(config);
@@ -501,10 +506,7 @@ std::vector<Alternative> alternatives(const RunConfig& config, int64_t world, do
   RunConfig v = config;
   v.parallel.zero.stage = 3;
   v.parallel.data = 0;
-  const int64_t others =
-      config.parallel.tensor.size * config.parallel.pipeline.size *
-      (config.parallel.sequence.mode == "megatron" ? 1  // the tensor group
-                                                   : config.parallel.sequence.size);
+  const int64_t others = non_data_ranks(config);
   for (int64_t ranks = world * 2; ranks <= 4096; ranks *= 2) {
     if (ranks % others != 0) continue;
     if (try_variant(v, ranks, std::to_string(ranks) + " ranks with parallel.zero.stage = 3 (" +

@@ -53,6 +53,11 @@ struct MemoryBudget {
 // fit the world (resolve_mesh_shape's message).
 MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, double runtime_bytes);
 
+// The ranks of the mesh's axes other than data: pipeline x sequence x
+// tensor (sequence mode "megatron" adds no axis: it splits over the tensor
+// group). The fewest ranks a config fits are this times max(data, 1).
+int64_t non_data_ranks(const RunConfig& config);
+
 // The budget of one rank when `ranks_per_node` ranks share this machine:
 // [runtime] memory_limit when set, else the node's available memory (the
 // smaller of /proc/meminfo's MemAvailable and a cgroup limit) divided by the
