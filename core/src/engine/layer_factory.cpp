@@ -1,6 +1,8 @@
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "kolos/core/error.h"
@@ -214,6 +216,41 @@ class SerialLayerFactory : public LayerFactory {
   std::string name() const override { return "serial"; }
 };
 
+// Sets the causal positions of [..., T, T] `x` (column > row) to `value` in
+// place, a band of rows at a time: the columns right of a band are all
+// masked (a fill, no mask), and only its [band, band] diagonal square needs a
+// mask. No [T, T] mask exists at any time (16 MiB at 4096 tokens, 1 GiB at
+// 32768, not divided by tensor or sequence parallelism).
+void fill_causal_(at::Tensor& x, double value) {
+  constexpr int64_t kBand = 256;
+  const int64_t seq = x.size(-1);
+  const int64_t band = std::min(kBand, seq);
+  const at::Tensor square = at::ones({band, band}, x.options().dtype(at::kBool)).triu(1);
+  for (int64_t row = 0; row < seq; row += band) {
+    const int64_t rows = std::min(band, seq - row);
+    at::Tensor slab = x.narrow(-2, row, rows);
+    slab.narrow(-1, row, rows).masked_fill_(square.narrow(0, 0, rows).narrow(1, 0, rows), value);
+    if (row + rows < seq) slab.narrow(-1, row + rows, seq - row - rows).fill_(value);
+  }
+}
+
+// scores.masked_fill(causal mask, -inf) whose backward zeroes the same
+// positions of the gradient: what it keeps for backward is nothing (plain
+// masked_fill keeps its [T, T] mask, once per layer).
+struct CausalMaskFill : public torch::autograd::Function<CausalMaskFill> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& scores) {
+    at::Tensor out = scores.clone();
+    fill_causal_(out, -std::numeric_limits<double>::infinity());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    at::Tensor grad = grads[0].clone();
+    fill_causal_(grad, 0.0);
+    return {grad};
+  }
+};
+
 }  // namespace
 
 // softmax(QK^T / sqrt(d)) V with the causal mask, over [B, h, T, d] q, k, v:
@@ -221,10 +258,8 @@ class SerialLayerFactory : public LayerFactory {
 // scores and probabilities are most of what a block keeps).
 at::Tensor causal_attention(const std::vector<at::Tensor>& qkv) {
   const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
-  const int64_t seq = q.size(2);
   at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(3)));
-  at::Tensor mask = torch::ones({seq, seq}, torch::kBool).triu(1);
-  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  scores = CausalMaskFill::apply(scores);
   return torch::matmul(torch::softmax(scores, -1), v);
 }
 
