@@ -1,7 +1,8 @@
 // Activation recomputation (kolos/core/recompute.h, Model::set_recompute):
 // bit-equal gradients for "full" and "selective", random draws replayed, the
 // blocks recompute_every chooses, and the activation memory "full" saves,
-// measured with a counting CPU allocator.
+// measured with a counting CPU allocator; the attention core it recomputes
+// (causal_attention) against a whole-mask reference, and what it keeps.
 #include "kolos/core/recompute.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -10,10 +11,13 @@
 #include <torch/version.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 
 #include "kolos/core/model.h"
+#include "kolos/core/sequence.h"
 #include "kolos/modules/gpt.h"
 
 namespace kolos {
@@ -253,6 +257,61 @@ TEST(RecomputeMemory, FullHoldsAtMostAThirdOfTheActivations) {
   EXPECT_LE(3 * full.after_forward, none.after_forward);
   EXPECT_LT(selective.peak, none.peak);
   EXPECT_LT(full.peak, selective.peak);
+}
+
+// ---- the attention core ------------------------------------------------------
+
+struct Attended {
+  at::Tensor out, dq, dk, dv;
+  int64_t after_forward = 0;  // bytes held when the forward has returned
+};
+
+at::Tensor whole_mask_attention(const std::vector<at::Tensor>& qkv) {
+  const int64_t seq = qkv[0].size(2);
+  at::Tensor scores =
+      torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) / std::sqrt(double(qkv[0].size(3)));
+  scores = scores.masked_fill(torch::ones({seq, seq}, torch::kBool).triu(1),
+                              -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), qkv[2]);
+}
+
+// `attend` on [2, 3, seq, 8] q, k, v, forward and backward, counting what
+// the forward leaves held (its output and what autograd keeps).
+template <typename Attend>
+Attended attend_counted(Attend attend, int64_t seq) {
+  torch::manual_seed(5);
+  std::vector<at::Tensor> qkv;
+  for (int i = 0; i < 3; ++i) qkv.push_back(torch::randn({2, 3, seq, 8}).requires_grad_(true));
+  const at::Tensor grad_out = torch::randn({2, 3, seq, 8});
+  c10::Allocator* base = c10::GetCPUAllocator();
+  CountingAllocator counting(base);
+  c10::SetCPUAllocator(&counting, /*priority=*/UINT8_MAX);
+  Attended a;
+  const int64_t start = live_bytes.load();
+  a.out = attend(qkv);
+  a.after_forward = live_bytes.load() - start;
+  a.out.backward(grad_out);
+  c10::SetCPUAllocator(base, /*priority=*/UINT8_MAX);
+  a.dq = qkv[0].grad(), a.dk = qkv[1].grad(), a.dv = qkv[2].grad();
+  return a;
+}
+
+// The causal mask applied a band of rows at a time (a length of two whole
+// bands and a part) gives bit for bit what a whole [T, T] mask gives, in
+// forward and backward, and keeps no [T, T] mask for backward.
+TEST(CausalAttention, BitEqualToAWholeMaskAndKeepsNoMask) {
+  const int64_t seq = 600;
+  const Attended banded = attend_counted(&causal_attention, seq);
+  const Attended whole = attend_counted(&whole_mask_attention, seq);
+  EXPECT_TRUE(torch::equal(banded.out, whole.out));
+  EXPECT_TRUE(torch::equal(banded.dq, whole.dq));
+  EXPECT_TRUE(torch::equal(banded.dk, whole.dk));
+  EXPECT_TRUE(torch::equal(banded.dv, whole.dv));
+  std::cout << "held after forward, seq " << seq << ": banded " << banded.after_forward
+            << " B, whole mask " << whole.after_forward << " B" << std::endl;
+  // The whole mask is seq * seq bool bytes; both keep the probabilities.
+  EXPECT_LE(banded.after_forward + seq * seq, whole.after_forward);
+  EXPECT_GE(banded.after_forward, 2 * 3 * seq * seq * 4);
 }
 
 }  // namespace
