@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
+#include <map>
 #include <random>
 #include <set>
 
@@ -192,6 +195,62 @@ TEST(PlacementAuto, RandomTracesStayInBudgetAndNeverLoseToLru) {
     }
   }
   EXPECT_GT(evicting, 100);  // the random budgets do force evictions
+}
+
+// The fewest loads any policy can do on equal-size chunks, by exhaustive
+// search over which chunks leave when room is needed (evicting later than
+// needed never helps, so only those choices are tried). Small traces only.
+int64_t optimal_loads(const AccessTrace& trace, std::size_t capacity) {
+  const std::size_t n = trace.chunks.size();
+  std::map<std::pair<std::size_t, uint32_t>, int64_t> memo;
+  std::function<int64_t(std::size_t, uint32_t)> best = [&](std::size_t i, uint32_t resident) {
+    if (i == trace.steps.size()) return int64_t{0};
+    const auto key = std::make_pair(i, resident);
+    if (auto it = memo.find(key); it != memo.end()) return it->second;
+    uint32_t need = 0;
+    for (ChunkId c : trace.steps[i]) need |= 1u << c;
+    const uint32_t missing = need & ~resident;
+    const std::size_t over =
+        static_cast<std::size_t>(__builtin_popcount(resident | need)) > capacity
+            ? __builtin_popcount(resident | need) - capacity
+            : 0;
+    const uint32_t evictable = resident & ~need;
+    int64_t result = std::numeric_limits<int64_t>::max();
+    // Every subset of the evictable chunks with exactly `over` members.
+    for (uint32_t out = evictable;; out = (out - 1) & evictable) {
+      if (static_cast<std::size_t>(__builtin_popcount(out)) == over) {
+        result = std::min(result, best(i + 1, (resident & ~out) | need));
+      }
+      if (out == 0) break;
+    }
+    result += __builtin_popcount(missing);
+    memo[key] = result;
+    return result;
+  };
+  EXPECT_LE(n, 16u);
+  return best(0, 0);
+}
+
+TEST(PlacementAuto, EqualChunksLoadTheFewestBytesPossible) {
+  std::mt19937_64 rng(2026);
+  for (int round = 0; round < 150; ++round) {
+    AccessTrace trace;
+    const std::size_t n = 3 + rng() % 6;
+    for (std::size_t c = 0; c < n; ++c) trace.chunks.push_back({1000, StateKind::kParam});
+    const std::size_t steps = 4 + rng() % 10;
+    for (std::size_t i = 0; i < steps; ++i) {
+      std::vector<ChunkId> step;
+      const std::size_t width = 1 + rng() % 3;
+      for (std::size_t k = 0; k < width; ++k) step.push_back(rng() % n);
+      trace.steps.push_back(step);
+    }
+    const std::size_t widest = static_cast<std::size_t>(widest_step(trace) / 1000);
+    const std::size_t capacity = widest + rng() % (n - widest + 1);
+    SCOPED_TRACE("round " + std::to_string(round) + ", capacity " + std::to_string(capacity));
+    const Plan plan = plan_auto(trace, static_cast<int64_t>(capacity) * 1000, 1);
+    expect_consistent(trace, plan);
+    EXPECT_EQ(plan.bytes_loaded, optimal_loads(trace, capacity) * 1000);
+  }
 }
 
 TEST(PlacementAuto, TrainingTraceBeatsLruAtEveryBudget) {
