@@ -192,7 +192,7 @@ Plan plan_auto(const AccessTrace& trace, int64_t budget_bytes, std::size_t prefe
     }
     // Prefetch into free room only: evicting for a prefetch could throw out
     // a chunk needed sooner than the one fetched.
-    for (std::size_t j = i + 1; j < steps.size() && j <= i + prefetch_depth; ++j) {
+    for (std::size_t j = i + 1; j < steps.size() && j - i <= prefetch_depth; ++j) {
       for (ChunkId c : steps[j]) {
         if (!tier.resident[c] && tier.bytes + trace.chunks[c].bytes <= budget_bytes) {
           tier.bring(c, moves.prefetch);

@@ -126,6 +126,11 @@ TEST(PlacementAuto, HandMadeForwardBackward) {
   EXPECT_TRUE(plan.steps[5].load.empty());
   EXPECT_EQ(plan.bytes_loaded, 600);
   EXPECT_EQ(plan.peak_resident_bytes, 200);
+  const std::string summary = plan.summary();
+  EXPECT_NE(summary.find("placement auto"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("loaded 600 B"), std::string::npos) << summary;
+  // A depth past the end of the trace prefetches what fits and no more.
+  expect_consistent(trace, plan_auto(trace, 200, std::numeric_limits<std::size_t>::max()));
 }
 
 TEST(PlacementAuto, PrefetchFillsFreeRoomOnly) {

@@ -82,7 +82,9 @@ int64_t working_set_bytes(const AccessTrace& trace, std::size_t step);
 // message names the budget, the bytes needed and the step (or chunk).
 void check_budget(const AccessTrace& trace, int64_t budget_bytes);
 
-// Belady plan. `prefetch_depth` is how many following steps' chunks may be
+// Belady plan. Among chunks whose next use is equally far (never again,
+// typically) the larger leaves first, then the higher id, so a plan is a
+// function of its inputs. `prefetch_depth` is how many following steps' chunks may be
 // prefetched into free room (0: none). With depth 1 prefetching never adds
 // a byte of traffic: a chunk prefetched for step i+1 is needed by the very
 // next step and so is never the one evicted before its use. Deeper
