@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -186,9 +185,17 @@ struct NvmeStore::Impl {
   int fd = -1;
   std::string folder;
   std::string file;
-  // 1 once a write of the slot has completed; 0 before, while one is queued
-  // or running, and after one failed. Reads need 1.
-  std::unique_ptr<std::atomic<uint8_t>[]> written;
+  // What each slot holds, guarded by `mutex`. A read needs `written` and no
+  // write queued or running; a write needs no read queued or running, so a
+  // read never sees a half-written slot and a write never changes a buffer
+  // being read into.
+  struct SlotState {
+    int32_t writes = 0;    // queued or running
+    int32_t reads = 0;     // queued or running
+    bool written = false;  // the last write completed and nothing failed since
+    bool failed = false;   // a write failed since the slot was last idle
+  };
+  std::vector<SlotState> state;
 
   std::mutex mutex;
   std::condition_variable ready;
@@ -246,12 +253,31 @@ void NvmeStore::Impl::run_worker() {
       op = std::move(queue.front());
       queue.pop_front();
     }
+    std::exception_ptr error;
     try {
       transfer(op);
-      if (op.is_write) written[op.slot].store(1, std::memory_order_release);
-      op.done.set_value();
     } catch (...) {
-      op.done.set_exception(std::current_exception());
+      error = std::current_exception();
+    }
+    {
+      // Before the future is ready: whoever waited on it may read or
+      // write the slot next.
+      std::lock_guard<std::mutex> lock(mutex);
+      SlotState& slot = state[static_cast<std::size_t>(op.slot)];
+      if (op.is_write) {
+        slot.failed = slot.failed || error != nullptr;
+        if (--slot.writes == 0) {
+          slot.written = !slot.failed;
+          slot.failed = false;
+        }
+      } else {
+        --slot.reads;
+      }
+    }
+    if (error) {
+      op.done.set_exception(error);
+    } else {
+      op.done.set_value();
     }
   }
 }
@@ -407,8 +433,7 @@ NvmeStore::NvmeStore(const NvmeOptions& options, int64_t slot_bytes, int64_t slo
 
   s.slot_bytes = slot_bytes;
   s.slots = slots;
-  s.written = std::make_unique<std::atomic<uint8_t>[]>(static_cast<std::size_t>(slots));
-  for (int64_t i = 0; i < slots; ++i) s.written[i].store(0, std::memory_order_relaxed);
+  s.state.resize(static_cast<std::size_t>(slots));
   s.workers.reserve(static_cast<std::size_t>(options.threads));
   try {
     for (int i = 0; i < options.threads; ++i) s.workers.emplace_back([&s] { s.run_worker(); });
@@ -465,7 +490,15 @@ std::future<void> NvmeStore::write(int64_t slot, const void* src) {
   auto future = op.done.get_future();
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    s.written[slot].store(0, std::memory_order_release);
+    Impl::SlotState& state = s.state[static_cast<std::size_t>(slot)];
+    if (state.reads > 0) {
+      throw Error(detail::concat("NVMe store write of slot ", slot, " in '", s.file,
+                                 "': ", state.reads,
+                                 " read(s) of the slot are still queued or running; wait for "
+                                 "their futures before writing the slot"));
+    }
+    ++state.writes;
+    state.written = false;
     s.queue.push_back(std::move(op));
   }
   s.ready.notify_one();
@@ -481,12 +514,14 @@ std::future<void> NvmeStore::read(int64_t slot, void* dst) {
   auto future = op.done.get_future();
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.written[slot].load(std::memory_order_acquire) == 0) {
+    Impl::SlotState& state = s.state[static_cast<std::size_t>(slot)];
+    if (!state.written || state.writes > 0) {
       throw Error(detail::concat(
           "NVMe store read of slot ", slot, " in '", s.file,
           "': the slot holds nothing this store wrote (never written, its write not yet "
           "complete, or its write failed); wait for a write's future before reading the slot"));
     }
+    ++state.reads;
     s.queue.push_back(std::move(op));
   }
   s.ready.notify_one();

@@ -75,11 +75,13 @@ class NvmeStore {
   // stay valid and unchanged until the future is ready, and be aligned to
   // alignment() when direct_io(). The future throws kolos::Error (naming the
   // file, offset and errno text) when the write failed; the slot then reads
-  // as never written.
+  // as never written. While a read of the slot is queued or running,
+  // write() throws kolos::Error at once.
   std::future<void> write(int64_t slot, const void* src);
   // Queues a read of `slot` into `dst` (slot_bytes() bytes, aligned as for
-  // write). The slot must have been written, and that write completed,
-  // before read() is called: otherwise read() throws kolos::Error at once.
+  // write). The slot must have been written, with no write of it queued or
+  // running, when read() is called: otherwise read() throws kolos::Error at
+  // once.
   std::future<void> read(int64_t slot, void* dst);
 
   int64_t slot_bytes() const noexcept;
