@@ -114,7 +114,7 @@ bool process_gone(const FolderName& folder) {
   // An unreadable /proc entry (another user's process under hidepid) is
   // taken as alive: a folder left is only disk space, a folder removed under
   // a live run would break it.
-  return !now.empty() && now != folder.start;
+  return !now.empty() && folder.start != "0" && now != folder.start;
 }
 
 // The direct-I/O alignment the kernel reports for `path` (statx
@@ -340,10 +340,13 @@ NvmeStore::NvmeStore(const NvmeOptions& options, int64_t slot_bytes, int64_t slo
   // Writable: mode bits do not say (root bypasses them; a read-only mount
   // or /proc refuses root too), so create the folder and see.
   const long pid = static_cast<long>(::getpid());
-  const std::string folder =
-      (fs::path(dir) / (std::string(folder_prefix()) + std::to_string(pid) + "." + start_time(pid) +
-                        "." + random_tag() + "." + host))
-          .string();
+  // Without /proc the start time is unknown: "0" keeps the name parseable,
+  // and such a folder is stale only once its pid is gone.
+  std::string started = start_time(pid);
+  if (started.empty()) started = "0";
+  const std::string folder = (fs::path(dir) / (std::string(folder_prefix()) + std::to_string(pid) +
+                                               "." + started + "." + random_tag() + "." + host))
+                                 .string();
   if (::mkdir(folder.c_str(), 0700) != 0) {
     const int err = errno;
     throw Error(where + " is not writable: creating '" + folder + "' failed: " + errno_text(err) +
