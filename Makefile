@@ -83,7 +83,8 @@ test-torch2:
 # into build-asan with the `asan` preset (ASan + UBSan); any report fails
 # its test. `make test` (CI) runs its LibTorch-free part, test-asan: the
 # config reader, the token-file reader, the plugin registry (its test
-# plugins built with the sanitizers too) and the pipeline plans; a cold
+# plugins built with the sanitizers too), the pipeline plans and the memory
+# tiers' building blocks; a cold
 # build of it costs minutes. test-asan-full adds the LibTorch side (dtype
 # table, mesh, placements, CPU kernels, the checkpoint fault tests and
 # ProcessGroupMPI's collectives on 2 and 3 ranks under mpirun), whose cold
@@ -96,11 +97,12 @@ test-torch2:
 # suppression can name. The others keep the fast unwinder (full unwinding
 # made them 3-10x slower).
 ASAN_BUILD     ?= build-asan
-ASAN_TARGETS   := config_test data_test plugin_registry_test pipeline_plan_test pipeline_config_test
-ASAN_TESTS     := ^(config_test|data_test|plugin_registry_test|pipeline_plan_test|pipeline_config_test)$$
+ASAN_TARGETS   := config_test data_test plugin_registry_test pipeline_plan_test pipeline_config_test \
+                  memory_chunk_layout_test memory_placement_test memory_nvme_store_test
+ASAN_TESTS     := ^(config_test|data_test|plugin_registry_test|pipeline_plan_test|pipeline_config_test|memory_.*_test)$$
 ASAN_FULL_TARGETS := $(ASAN_TARGETS) dtype_test mesh_test placement_test kernels_cpu_test \
                   checkpoint_faults_test comm_collectives_test
-ASAN_FULL_TESTS := ^(config_test|data_test|plugin_registry_test|pipeline_plan_test|pipeline_config_test|dtype_test|mesh_test|placement_test|kernels_cpu_test)$$
+ASAN_FULL_TESTS := ^(config_test|data_test|plugin_registry_test|pipeline_plan_test|pipeline_config_test|memory_.*_test|dtype_test|mesh_test|placement_test|kernels_cpu_test)$$
 ASAN_MPI_TESTS := ^(checkpoint_faults_test|comm_collectives_test_np[23])$$
 SAN_ENV = LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(CURDIR)/tests/sanitizers/ubsan.supp
