@@ -173,6 +173,7 @@ struct NvmeStore::Impl {
   struct Op {
     bool is_write = false;
     int64_t slot = 0;
+    int64_t bytes = 0;  // from the slot's start; a multiple of the alignment
     std::byte* buffer = nullptr;
     std::promise<void> done;
   };
@@ -224,8 +225,8 @@ void NvmeStore::Impl::remove_folder() noexcept {
 void NvmeStore::Impl::transfer(Op& op) {
   const int64_t offset = op.slot * slot_bytes;
   int64_t done = 0;
-  while (done < slot_bytes) {
-    const auto length = static_cast<std::size_t>(slot_bytes - done);
+  while (done < op.bytes) {
+    const auto length = static_cast<std::size_t>(op.bytes - done);
     const ssize_t n = op.is_write ? ::pwrite(fd, op.buffer + done, length, offset + done)
                                   : ::pread(fd, op.buffer + done, length, offset + done);
     if (n < 0 && errno == EINTR) continue;
@@ -234,7 +235,7 @@ void NvmeStore::Impl::transfer(Op& op) {
       std::ostringstream what;
       what << "NVMe store: " << (op.is_write ? "pwrite of slot " : "pread of slot ") << op.slot
            << (op.is_write ? " to '" : " from '") << file << "' at offset " << offset + done << " ("
-           << slot_bytes - done << " of " << slot_bytes << " bytes left) failed: "
+           << op.bytes - done << " of " << op.bytes << " bytes left) failed: "
            << (n == 0 ? std::string("unexpected end of file") : errno_text(err));
       if (n < 0 && err == ENOSPC) what << "; free space on the drive of memory.nvme_dir";
       throw Error(what.str());
@@ -466,7 +467,8 @@ NvmeStore::~NvmeStore() {
 
 namespace {
 
-void check_request(const NvmeStore& store, const char* what, int64_t slot, const void* buffer) {
+void check_request(const NvmeStore& store, const char* what, int64_t slot, const void* buffer,
+                   int64_t bytes) {
   if (slot < 0 || slot >= store.slots()) {
     throw Error(detail::concat("NVMe store ", what, ": slot ", slot, " is out of range [0, ",
                                store.slots(), ")"));
@@ -478,16 +480,26 @@ void check_request(const NvmeStore& store, const char* what, int64_t slot, const
                                " bytes, which direct I/O needs; allocate it with "
                                "kolos::memory::allocate_aligned"));
   }
+  if (bytes <= 0 || bytes > store.slot_bytes() || bytes % store.alignment() != 0) {
+    throw Error(detail::concat("NVMe store ", what, " of slot ", slot, ": ", bytes,
+                               " bytes; give a multiple of the alignment ", store.alignment(),
+                               " in (0, ", store.slot_bytes(), "] (the slot size)"));
+  }
 }
 
 }  // namespace
 
 std::future<void> NvmeStore::write(int64_t slot, const void* src) {
-  check_request(*this, "write", slot, src);
+  return write(slot, src, impl_->slot_bytes);
+}
+
+std::future<void> NvmeStore::write(int64_t slot, const void* src, int64_t bytes) {
+  check_request(*this, "write", slot, src, bytes);
   Impl& s = *impl_;
   Impl::Op op;
   op.is_write = true;
   op.slot = slot;
+  op.bytes = bytes;
   // pwrite only reads the buffer; the queue holds one pointer type.
   op.buffer = const_cast<std::byte*>(static_cast<const std::byte*>(src));
   auto future = op.done.get_future();
@@ -509,10 +521,15 @@ std::future<void> NvmeStore::write(int64_t slot, const void* src) {
 }
 
 std::future<void> NvmeStore::read(int64_t slot, void* dst) {
-  check_request(*this, "read", slot, dst);
+  return read(slot, dst, impl_->slot_bytes);
+}
+
+std::future<void> NvmeStore::read(int64_t slot, void* dst, int64_t bytes) {
+  check_request(*this, "read", slot, dst, bytes);
   Impl& s = *impl_;
   Impl::Op op;
   op.slot = slot;
+  op.bytes = bytes;
   op.buffer = static_cast<std::byte*>(dst);
   auto future = op.done.get_future();
   {

@@ -84,6 +84,14 @@ class NvmeStore {
   // once.
   std::future<void> read(int64_t slot, void* dst);
 
+  // The same for the first `bytes` bytes of the slot only (a multiple of
+  // alignment(), at most slot_bytes()), so that a chunk smaller than the
+  // slot moves without a slot-sized buffer. A read of a slot returns the
+  // bytes of its last write; reading past what that write covered gives
+  // unspecified bytes.
+  std::future<void> write(int64_t slot, const void* src, int64_t bytes);
+  std::future<void> read(int64_t slot, void* dst, int64_t bytes);
+
   int64_t slot_bytes() const noexcept;
   int64_t slots() const noexcept;
   int64_t alignment() const noexcept;

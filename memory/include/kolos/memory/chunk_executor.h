@@ -1,0 +1,165 @@
+// Executing a placement plan with real bytes: a compute arena that cannot
+// exceed the plan's budget, and a lower tier (NVMe slots or host buffers)
+// that holds every chunk not in the arena.
+//
+// The planner (placement.h) decides, before anything runs, which chunks
+// enter and leave the compute tier at each step; the executor carries that
+// out: before step i it evicts (writing back only chunks the caller marked
+// dirty, since a clean chunk's tier copy is still valid), waits for the
+// step's loads, and starts the plan's prefetches without waiting for them,
+// so that their reads run while the caller computes step i.
+//
+// The arena is the compute tier for now: host memory obtained from the
+// kernel per chunk (mmap) and returned on eviction (munmap), so that the
+// process's resident memory follows the arena's live bytes. A later step
+// replaces it with device memory; the budget logic stays.
+//
+// Torch-free; not thread-safe (one caller drives the steps).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolos/memory/nvme_store.h"
+#include "kolos/memory/placement.h"
+
+namespace kolos::memory {
+
+// A hard byte budget over aligned buffers. allocate() beyond the budget
+// throws kolos::Error (an internal error: the executor only allocates what
+// a replayed plan says fits). Buffers are zero-filled when allocated (fresh
+// anonymous pages).
+class ComputeArena {
+ public:
+  // `alignment`: a power of two; buffers start at a multiple of it and their
+  // sizes are rounded up to it, and the rounded size is what counts.
+  ComputeArena(int64_t budget_bytes, int64_t alignment);
+  ~ComputeArena();
+  ComputeArena(const ComputeArena&) = delete;
+  ComputeArena& operator=(const ComputeArena&) = delete;
+
+  std::byte* allocate(int64_t bytes);
+  // `bytes` as given to allocate().
+  void release(std::byte* buffer, int64_t bytes) noexcept;
+
+  int64_t budget_bytes() const noexcept { return budget_; }
+  int64_t alignment() const noexcept { return alignment_; }
+  int64_t live_bytes() const noexcept { return live_; }
+  int64_t peak_bytes() const noexcept { return peak_; }
+
+ private:
+  int64_t rounded(int64_t bytes) const noexcept;
+
+  int64_t budget_ = 0;
+  int64_t alignment_ = 0;
+  int64_t live_ = 0;
+  int64_t peak_ = 0;
+};
+
+// Where chunks live while they are not in the compute tier.
+enum class LowerTier { kNvme, kHost };
+const char* to_string(LowerTier tier);
+
+struct ExecutorOptions {
+  LowerTier tier = LowerTier::kNvme;
+  // Used when tier is kNvme; the store has one slot per chunk, each the
+  // largest chunk's size.
+  NvmeOptions nvme;
+  // Fills chunk `id`'s `bytes` bytes once, at construction, before they go
+  // to the lower tier. Empty: every chunk starts zeroed.
+  std::function<void(ChunkId id, std::byte* dst, int64_t bytes)> init;
+};
+
+// What moved, for tests and logs.
+struct ExecutorStats {
+  int64_t bytes_read = 0;     // lower tier -> arena (loads, prefetches, the initial set)
+  int64_t bytes_written = 0;  // arena -> lower tier (dirty evictions and flushes)
+  int64_t clean_drops = 0;    // evictions that wrote nothing
+  int64_t iterations = 0;     // completed passes over the trace
+};
+
+class ChunkExecutor {
+ public:
+  // Checks the plan against the trace with replay() (a plan that could
+  // exceed its budget is refused here, not found out half-way), checks that
+  // every chunk's bytes are a multiple of the lower tier's alignment (so
+  // the arena's rounded bytes are the plan's bytes), opens the lower tier
+  // and writes every chunk's initial contents into it. The trace and the
+  // plan are copied. Throws kolos::Error naming what is wrong.
+  ChunkExecutor(const AccessTrace& trace, const Plan& plan, const ExecutorOptions& options);
+  // Waits for reads in flight; dirty chunks are NOT written back (call
+  // flush() first to keep them); the NVMe store's folder is removed.
+  ~ChunkExecutor();
+  ChunkExecutor(const ChunkExecutor&) = delete;
+  ChunkExecutor& operator=(const ChunkExecutor&) = delete;
+
+  // Runs step i's moves; steps come in trace order, and after the last one
+  // step 0 starts the next iteration. Each iteration starts from the plan's
+  // initial set: at step 0 chunks left resident by the previous iteration
+  // that the plan does not hold initially are evicted (written back if
+  // dirty) and the initial chunks are loaded. Then: the step's evictions,
+  // its loads (waited for), the wait for earlier prefetches of chunks it
+  // needs, and its prefetches (started, not waited for). Afterwards every
+  // chunk of step i is in the arena and chunk() gives its buffer. Throws
+  // kolos::Error for a step out of order or a failed transfer; after a
+  // failed transfer the executor refuses every further call but read_chunk.
+  void begin_step(std::size_t step);
+
+  // The arena buffer of chunk `id` (its trace bytes long), which the current
+  // step must need; valid until the next begin_step() or flush(). Throws
+  // kolos::Error otherwise.
+  std::byte* chunk(ChunkId id);
+  // The current step wrote chunk `id`: its next eviction writes it back.
+  void mark_dirty(ChunkId id);
+
+  // Writes every dirty resident chunk back to the lower tier and waits;
+  // they stay resident, now clean.
+  void flush();
+
+  // Copies chunk `id`'s current bytes (trace bytes long) into `dst`, from
+  // the arena when it is resident (after its read in flight, if any) or
+  // from the lower tier otherwise. Any alignment of `dst` works.
+  void read_chunk(ChunkId id, void* dst);
+
+  const ComputeArena& arena() const noexcept { return *arena_; }
+  const ExecutorStats& stats() const noexcept { return stats_; }
+  LowerTier tier() const noexcept { return tier_; }
+  bool resident(ChunkId id) const;
+  // The NVMe store, or null for the host tier.
+  const NvmeStore* nvme_store() const noexcept { return store_.get(); }
+
+ private:
+  struct Chunk;
+
+  void check_usable(const char* what) const;
+  void check_id(ChunkId id, const char* what) const;
+  void wait_read(ChunkId id);
+  void start_read(ChunkId id, bool wait);
+  void evict(const std::vector<ChunkId>& ids);
+  void load(const std::vector<ChunkId>& ids);
+  void prefetch(const std::vector<ChunkId>& ids);
+  std::string where() const;
+
+  AccessTrace trace_;
+  Plan plan_;
+  LowerTier tier_ = LowerTier::kNvme;
+  int64_t alignment_ = 0;
+  std::vector<std::vector<bool>> needs_;  // needs_[step][chunk]
+  std::unique_ptr<ComputeArena> arena_;
+  // Declared after the arena, so destroyed before it: its I/O threads are
+  // joined before the buffers they may still write into are unmapped.
+  std::unique_ptr<NvmeStore> store_;
+  std::vector<Chunk> chunks_;
+  AlignedBuffer bounce_;  // read_chunk() from NVMe into an unaligned buffer
+  ExecutorStats stats_;
+  std::size_t next_step_ = 0;
+  std::size_t current_step_ = 0;
+  bool in_step_ = false;
+  bool broken_ = false;
+};
+
+}  // namespace kolos::memory
