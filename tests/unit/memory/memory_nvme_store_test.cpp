@@ -304,6 +304,36 @@ TEST(NvmeStore, BadRequestsAreRefused) {
   }
 }
 
+// A transfer of a slot's first bytes moves exactly those: the rest of the
+// destination is untouched, and the neighbouring slot is not overwritten.
+TEST(NvmeStore, PartialSlotRoundTrip) {
+  TempDir dir;
+  NvmeStore store(options_for(dir.path()), 3 * 4096, 2);
+  const int64_t align = store.alignment();
+  if (align != 4096) GTEST_SKIP() << "direct-I/O alignment " << align << ", not 4096";
+  AlignedBuffer full = allocate_aligned(3 * 4096);
+  fill_random(full.get(), 3 * 4096, 1);
+  store.write(1, full.get()).get();
+  AlignedBuffer part = allocate_aligned(4096);
+  fill_random(part.get(), 4096, 2);
+  store.write(0, part.get(), 4096).get();
+
+  AlignedBuffer got = allocate_aligned(3 * 4096);
+  std::memset(got.get(), 0x5a, 3 * 4096);
+  store.read(0, got.get(), 4096).get();
+  EXPECT_EQ(std::memcmp(got.get(), part.get(), 4096), 0);
+  for (int64_t i = 4096; i < 3 * 4096; ++i) ASSERT_EQ(got[i], std::byte{0x5a}) << i;
+  store.read(1, got.get()).get();
+  EXPECT_EQ(std::memcmp(got.get(), full.get(), 3 * 4096), 0);
+
+  for (int64_t bad : {int64_t{0}, int64_t{512}, int64_t{4 * 4096}}) {
+    const std::string message = error_of([&] { store.read(1, got.get(), bad); });
+    EXPECT_NE(message.find("give a multiple of the alignment 4096 in (0, 12288]"),
+              std::string::npos)
+        << message;
+  }
+}
+
 // An I/O error in a worker thread reaches the caller through the future,
 // as a kolos::Error naming the file, the offset and the errno text. The
 // file is cut short behind the store's back, so the read hits its end.
