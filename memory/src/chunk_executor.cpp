@@ -96,6 +96,7 @@ struct ChunkExecutor::Chunk {
   std::byte* buffer = nullptr;  // in the arena while resident
   bool dirty = false;           // the arena copy is newer than the tier's
   bool reading = false;         // `read` is in flight into `buffer`
+  bool read_failed = false;     // `buffer` holds no valid bytes; the tier's copy does
   std::future<void> read;
   AlignedBuffer host;  // the host tier's copy
 };
@@ -237,6 +238,7 @@ void ChunkExecutor::wait_read(ChunkId id) {
   try {
     c.read.get();
   } catch (...) {
+    c.read_failed = true;
     broken_ = true;
     throw;
   }
@@ -259,6 +261,7 @@ void ChunkExecutor::start_read(ChunkId id, bool wait) {
   try {
     c.read = store_->read(static_cast<int64_t>(id), c.buffer, c.bytes);
   } catch (...) {
+    c.read_failed = true;
     broken_ = true;
     throw;
   }
@@ -415,7 +418,7 @@ void ChunkExecutor::read_chunk(ChunkId id, void* dst) {
   check_id(id, "read_chunk()");
   Chunk& c = chunks_[id];
   const auto bytes = static_cast<std::size_t>(c.bytes);
-  if (c.buffer) {
+  if (c.buffer && !c.read_failed) {
     wait_read(id);
     std::memcpy(dst, c.buffer, bytes);
     return;

@@ -27,6 +27,17 @@
 #include "kolos/memory/chunk_executor.h"
 #include "kolos/memory/placement.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define KOLOS_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KOLOS_TEST_ASAN 1
+#endif
+#endif
+#ifndef KOLOS_TEST_ASAN
+#define KOLOS_TEST_ASAN 0
+#endif
+
 namespace fs = std::filesystem;
 using namespace kolos::memory;
 
@@ -312,6 +323,24 @@ TEST(ChunkExecutor, RefusesMisuse) {
   EXPECT_NE(message.find("replay:"), std::string::npos) << message;
 }
 
+// A failed read (the store's file cut short behind its back) reaches the
+// caller from begin_step; the executor then refuses to go on rather than
+// run a step on bytes it could not load, and still shuts down cleanly.
+TEST(ChunkExecutor, FailedTransferStopsTheExecutor) {
+  const AccessTrace trace = random_trace(13, 12, 20, 2);
+  const Plan plan = plan_auto(trace, quarter_budget(trace));
+  TempDir dir;
+  ChunkExecutor exec(trace, plan, options_for(LowerTier::kNvme, dir.path()));
+  ASSERT_EQ(::truncate(exec.nvme_store()->file().c_str(), 0), 0);
+  std::string message = error_of([&] { exec.begin_step(0); });
+  EXPECT_NE(message.find("unexpected end of file"), std::string::npos) << message;
+  message = error_of([&] { exec.begin_step(1); });
+  EXPECT_NE(message.find("begin_step refused: an earlier transfer failed"), std::string::npos)
+      << message;
+  message = error_of([&] { exec.flush(); });
+  EXPECT_NE(message.find("flush refused"), std::string::npos) << message;
+}
+
 TEST(ComputeArena, NeverExceedsItsBudget) {
   ComputeArena arena(4 * kPage, kPage);
   std::byte* a = arena.allocate(2 * kPage);
@@ -360,6 +389,12 @@ int64_t current_rss_kib() {
 constexpr int64_t kRssOverheadBytes = 8ll << 20;
 
 TEST(ChunkExecutor, PeakRssStaysWithinBudgetPlusOverhead) {
+#if KOLOS_TEST_ASAN
+  // ASan keeps freed host memory in its quarantine and maps shadow memory,
+  // both counted in the resident set; the bound holds for the allocator the
+  // library runs with, so it is checked in the plain build only.
+  GTEST_SKIP() << "resident memory is not comparable under AddressSanitizer";
+#endif
   // 64 chunks of 4 MiB (256 MiB) on NVMe through a 64 MiB arena.
   constexpr int64_t kChunk = 4ll << 20;
   constexpr int64_t kBudget = 64ll << 20;

@@ -110,8 +110,8 @@ class ChunkExecutor {
   void begin_step(std::size_t step);
 
   // The arena buffer of chunk `id` (its trace bytes long), which the current
-  // step must need; valid until the next begin_step() or flush(). Throws
-  // kolos::Error otherwise.
+  // step must need; valid until the next begin_step(). Throws kolos::Error
+  // otherwise.
   std::byte* chunk(ChunkId id);
   // The current step wrote chunk `id`: its next eviction writes it back.
   void mark_dirty(ChunkId id);
@@ -122,7 +122,9 @@ class ChunkExecutor {
 
   // Copies chunk `id`'s current bytes (trace bytes long) into `dst`, from
   // the arena when it is resident (after its read in flight, if any) or
-  // from the lower tier otherwise. Any alignment of `dst` works.
+  // from the lower tier otherwise (also when its read into the arena
+  // failed: the tier's copy is then the current one). Any alignment of
+  // `dst` works.
   void read_chunk(ChunkId id, void* dst);
 
   const ComputeArena& arena() const noexcept { return *arena_; }
