@@ -79,7 +79,7 @@ struct ExecutorStats {
   int64_t bytes_read = 0;     // lower tier -> arena (loads, prefetches, the initial set)
   int64_t bytes_written = 0;  // arena -> lower tier (dirty evictions and flushes)
   int64_t clean_drops = 0;    // evictions that wrote nothing
-  int64_t iterations = 0;     // completed passes over the trace
+  int64_t iterations = 0;     // passes over the trace whose last step has begun
 };
 
 class ChunkExecutor {
