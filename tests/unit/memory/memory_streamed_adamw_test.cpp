@@ -138,9 +138,13 @@ TEST_P(StreamedAdamWBitEqual, ThreeStepsMatchTheInMemoryKernel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Chunks, StreamedAdamWBitEqual,
-                         ::testing::Values(Case{65536, 1},    // chunk fills its slot
-                                           Case{60000, 0},    // slot tail unused, no read-ahead
-                                           Case{65536, 3}));  // deeper read-ahead
+                         ::testing::Values(Case{65536, 1},   // chunk fills its slot
+                                           Case{60000, 0},   // slot tail unused, no read-ahead
+                                           Case{65536, 3}),  // deeper read-ahead
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return "chunk" + std::to_string(info.param.chunk_numel) + "_prefetch" +
+                                  std::to_string(info.param.prefetch);
+                         });
 
 // A read that fails in an I/O thread (the store's file is cut short behind
 // its back, in the middle of chunk 5's slots) surfaces from step() as a
