@@ -16,6 +16,7 @@
 #include "kolos/core/error.h"
 #include "kolos/kernels/adamw.h"
 #include "kolos/memory/nvme_store.h"
+#include "memory_test_support.h"
 
 namespace fs = std::filesystem;
 using kolos::kernels::AdamWConfig;
@@ -26,24 +27,8 @@ using kolos::memory::StreamedAdamWOptions;
 
 namespace {
 
-// A fresh directory under /tmp, removed with everything in it at the end.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/kolos-streamed-adamw-test.XXXXXX";
-    char* made = ::mkdtemp(pattern.data());
-    if (made == nullptr) throw std::runtime_error("mkdtemp in /tmp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using kolos::memory::testing::error_of;
+using kolos::memory::testing::TempDir;
 
 NvmeOptions options_for(const std::string& dir) {
   NvmeOptions options;
@@ -58,20 +43,6 @@ std::vector<float> random_floats(int64_t n, uint64_t seed, float lo, float hi) {
   std::vector<float> out(static_cast<size_t>(n));
   for (auto& x : out) x = dist(rng);
   return out;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const kolos::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a kolos::Error: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no error thrown";
-  return {};
 }
 
 constexpr int64_t kSlotBytes = 256 * 1024;  // 65536 floats
