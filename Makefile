@@ -75,6 +75,9 @@ test-suite: venv build
 TORCH2_TESTS := -L;unit;-LE;fuzz
 test-torch2:
 	@$(MAKE) --no-print-directory TORCH=wheel BUILD=build-torch2 configure
+	@# An existing tree is regenerated first when CMakeLists changed, so the
+	@# listing below sees every test the sources now define.
+	@cmake --build build-torch2 --target build.ninja
 	@outputs=$$(cmake -DBUILD=build-torch2 "-DARGS=$(TORCH2_TESTS)" -P cmake/TestOutputs.cmake) && \
 	  cmake --build build-torch2 -j $(JOBS) --target runtime $$outputs
 	@cd build-torch2 && ctest $(subst ;, ,$(TORCH2_TESTS)) --output-on-failure -j $(JOBS) --timeout 900
