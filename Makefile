@@ -75,6 +75,9 @@ test-suite: venv build
 TORCH2_TESTS := -L;unit;-LE;fuzz
 test-torch2:
 	@$(MAKE) --no-print-directory TORCH=wheel BUILD=build-torch2 configure
+	@# An existing tree is regenerated first when CMakeLists changed, so the
+	@# listing below sees every test the sources now define.
+	@cmake --build build-torch2 --target build.ninja
 	@outputs=$$(cmake -DBUILD=build-torch2 "-DARGS=$(TORCH2_TESTS)" -P cmake/TestOutputs.cmake) && \
 	  cmake --build build-torch2 -j $(JOBS) --target runtime $$outputs
 	@cd build-torch2 && ctest $(subst ;, ,$(TORCH2_TESTS)) --output-on-failure -j $(JOBS) --timeout 900
@@ -99,7 +102,7 @@ test-torch2:
 ASAN_BUILD     ?= build-asan
 ASAN_TARGETS   := config_test data_test plugin_registry_test pipeline_plan_test pipeline_config_test \
                   memory_chunk_layout_test memory_placement_test memory_nvme_store_test \
-                  memory_chunk_executor_test
+                  memory_chunk_executor_test memory_streamed_adamw_test
 ASAN_TESTS     := ^(config_test|data_test|plugin_registry_test|pipeline_plan_test|pipeline_config_test|memory_.*_test)$$
 ASAN_FULL_TARGETS := $(ASAN_TARGETS) dtype_test mesh_test placement_test kernels_cpu_test \
                   checkpoint_faults_test comm_collectives_test

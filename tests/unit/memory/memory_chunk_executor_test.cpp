@@ -26,6 +26,7 @@
 #include "kolos/core/error.h"
 #include "kolos/memory/chunk_executor.h"
 #include "kolos/memory/placement.h"
+#include "memory_test_support.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KOLOS_TEST_ASAN 1
@@ -43,39 +44,10 @@ using namespace kolos::memory;
 
 namespace {
 
+using kolos::memory::testing::error_of;
+using kolos::memory::testing::TempDir;
+
 constexpr int64_t kPage = 4096;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/kolos-exec-test.XXXXXX";
-    char* made = ::mkdtemp(pattern.data());
-    if (made == nullptr) throw std::runtime_error("mkdtemp in /tmp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const kolos::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a kolos::Error: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no error thrown";
-  return {};
-}
 
 // `chunks` chunks of 1 to `max_pages` pages of random kinds; `steps` steps
 // of 1 to 3 distinct random chunks.

@@ -26,6 +26,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/memory/nvme_store.h"
+#include "memory_test_support.h"
 
 namespace fs = std::filesystem;
 using kolos::memory::AlignedBuffer;
@@ -35,25 +36,8 @@ using kolos::memory::NvmeStore;
 
 namespace {
 
-// A fresh directory under /tmp (a disk file system here, unlike /dev/shm),
-// removed with everything in it at the end of the test.
-class TempDir {
- public:
-  explicit TempDir(const std::string& base = "/tmp") {
-    std::string pattern = base + "/kolos-nvme-test.XXXXXX";
-    char* made = ::mkdtemp(pattern.data());
-    if (made == nullptr) throw std::runtime_error("mkdtemp in " + base + " failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using kolos::memory::testing::error_of;
+using kolos::memory::testing::TempDir;
 
 NvmeOptions options_for(const std::string& dir, int threads = 4) {
   NvmeOptions options;
@@ -68,22 +52,6 @@ void fill_random(std::byte* p, int64_t bytes, uint64_t seed) {
     const uint64_t v = rng();
     std::memcpy(p + i, &v, 8);
   }
-}
-
-// The message of the kolos::Error `f` throws; fails the test if it throws
-// nothing or something else.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const kolos::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a kolos::Error: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no error thrown";
-  return {};
 }
 
 std::vector<std::string> store_folders(const std::string& dir) {

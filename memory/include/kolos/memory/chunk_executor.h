@@ -9,10 +9,11 @@
 // step's loads, and starts the plan's prefetches without waiting for them,
 // so that their reads run while the caller computes step i.
 //
-// The arena is the compute tier for now: host memory obtained from the
-// kernel per chunk (mmap) and returned on eviction (munmap), so that the
-// process's resident memory follows the arena's live bytes. A later step
-// replaces it with device memory; the budget logic stays.
+// The arena is host memory obtained from the kernel per chunk (mmap) and
+// returned on eviction (munmap), so that the process's resident memory
+// follows the arena's live bytes: the compute tier of a CPU run. Device
+// memory as the compute tier is not implemented; the budget logic does not
+// depend on where the bytes are.
 //
 // Torch-free; not thread-safe (one caller drives the steps).
 #pragma once
