@@ -273,35 +273,19 @@ void ChunkExecutor::evict(const std::vector<ChunkId>& ids) {
   // A prefetched chunk can be evicted before its use (deep prefetching):
   // its read must be finished before the buffer goes.
   for (ChunkId id : ids) wait_read(id);
-  std::vector<std::future<void>> writes;
+  std::vector<ChunkId> dirty;
   for (ChunkId id : ids) {
-    Chunk& c = chunks_[id];
+    const Chunk& c = chunks_[id];
     KOLOS_CHECK(c.buffer != nullptr, "internal error: chunk ", id, " evicted while not resident");
-    if (!c.dirty) {
-      ++stats_.clean_drops;
-      continue;
-    }
-    stats_.bytes_written += c.bytes;
-    if (store_) {
-      try {
-        writes.push_back(store_->write(static_cast<int64_t>(id), c.buffer, c.bytes));
-      } catch (...) {
-        broken_ = true;
-        wait_all(writes);
-        throw;
-      }
+    if (c.dirty) {
+      dirty.push_back(id);
     } else {
-      std::memcpy(c.host.get(), c.buffer, static_cast<std::size_t>(c.bytes));
+      ++stats_.clean_drops;
     }
   }
   // The evicted room is reused by this step's loads, so the writes finish
   // before their buffers return to the arena.
-  try {
-    wait_all(writes);
-  } catch (...) {
-    broken_ = true;
-    throw;
-  }
+  write_back(dirty);
   for (ChunkId id : ids) {
     Chunk& c = chunks_[id];
     arena_->release(c.buffer, c.bytes);
@@ -386,13 +370,18 @@ void ChunkExecutor::mark_dirty(ChunkId id) {
 
 void ChunkExecutor::flush() {
   check_usable("flush");
-  std::vector<std::future<void>> writes;
-  std::vector<ChunkId> written;
+  std::vector<ChunkId> dirty;
   for (ChunkId id = 0; id < chunks_.size(); ++id) {
+    if (chunks_[id].buffer && chunks_[id].dirty) dirty.push_back(id);
+  }
+  write_back(dirty);
+}
+
+void ChunkExecutor::write_back(const std::vector<ChunkId>& ids) {
+  std::vector<std::future<void>> writes;
+  for (ChunkId id : ids) {
     Chunk& c = chunks_[id];
-    if (!c.buffer || !c.dirty) continue;
     stats_.bytes_written += c.bytes;
-    written.push_back(id);
     if (store_) {
       try {
         writes.push_back(store_->write(static_cast<int64_t>(id), c.buffer, c.bytes));
@@ -411,7 +400,7 @@ void ChunkExecutor::flush() {
     broken_ = true;
     throw;
   }
-  for (ChunkId id : written) chunks_[id].dirty = false;
+  for (ChunkId id : ids) chunks_[id].dirty = false;
 }
 
 void ChunkExecutor::read_chunk(ChunkId id, void* dst) {

@@ -143,6 +143,8 @@ class ChunkExecutor {
   void wait_read(ChunkId id);
   void start_read(ChunkId id, bool wait);
   void evict(const std::vector<ChunkId>& ids);
+  // Writes `ids` (resident, dirty) to the lower tier, waits, marks them clean.
+  void write_back(const std::vector<ChunkId>& ids);
   void load(const std::vector<ChunkId>& ids);
   void prefetch(const std::vector<ChunkId>& ids);
   std::string where() const;
