@@ -4,6 +4,15 @@
 
 namespace kolos {
 
+// The key functions: the classes' vtables and type information are emitted
+// here, once, in libkolos_base.
+Error::~Error() = default;
+ConfigError::~ConfigError() = default;
+PluginError::~PluginError() = default;
+CommError::~CommError() = default;
+DataError::~DataError() = default;
+UsageError::~UsageError() = default;
+
 const char* to_string(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::kGeneric: return "error";

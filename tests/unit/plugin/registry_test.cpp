@@ -159,6 +159,26 @@ TEST_F(PluginRegistryTest, CreatesAnObjectThatKeepsItsLibraryLoaded) {
   EXPECT_FALSE(is_loaded(good_plugin()));
 }
 
+TEST_F(PluginRegistryTest, AnErrorAPluginThrowsOutlivesItsLibrary) {
+  // The object is the library's last holder: unwinding destroys it and
+  // unloads the library before the handler runs. The error must still be
+  // a readable ConfigError (its type and vtable belong to kolos_base, not
+  // to the plugin).
+  std::string message;
+  try {
+    std::shared_ptr<Greeter> greeter =
+        PluginRegistry({kGoodDir}).create<Greeter>("gradients", "testgood");
+    greeter->refuse("memory.compute_budget: too small");
+    ADD_FAILURE() << "refuse() did not throw";
+  } catch (const kolos::Error& e) {
+    EXPECT_FALSE(is_loaded(good_plugin()));
+    EXPECT_NE(dynamic_cast<const ConfigError*>(&e), nullptr);
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    message = e.what();
+  }
+  EXPECT_EQ(message, "memory.compute_budget: too small");
+}
+
 TEST_F(PluginRegistryTest, ScanThenCreateReusesTheOpenLibrary) {
   PluginRegistry registry({kGoodDir});
   registry.scan();
@@ -230,8 +250,8 @@ TEST_F(PluginRegistryTest, RoleMismatchNamesBothRoles) {
   EXPECT_THAT(message, HasSubstr("plugin `testgood` (" + good_plugin() +
                                  ") serves role `gradients`, not `layers`"));
   EXPECT_THAT(message, HasSubstr("plugins for role `layers`: testhandmade"));
-  EXPECT_THAT(create_error(registry, "memory", "testgood"),
-              HasSubstr("plugins for role `memory`: none found"));
+  EXPECT_THAT(create_error(registry, "planner", "testgood"),
+              HasSubstr("plugins for role `planner`: none found"));
 }
 
 TEST_F(PluginRegistryTest, UnknownRoleAskedForIsAnError) {

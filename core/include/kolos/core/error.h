@@ -16,10 +16,18 @@ enum class ErrorKind { kGeneric, kConfig, kPlugin, kComm, kData, kCheckpoint, kU
 
 const char* to_string(ErrorKind kind);
 
-class Error : public std::runtime_error {
+// The error classes' vtables and type information live in libkolos_base
+// (each has an out-of-line destructor there) and are exported from it, so
+// an error thrown by a plugin stays valid, and is caught by its type, after
+// the plugin's library is unloaded (an exception from a plugin's object
+// unwinds past that object, often its library's last holder).
+#define KOLOS_ERROR_API __attribute__((visibility("default")))
+
+class KOLOS_ERROR_API Error : public std::runtime_error {
  public:
   explicit Error(std::string message, ErrorKind kind = ErrorKind::kGeneric)
       : std::runtime_error(std::move(message)), kind_(kind) {}
+  ~Error() override;
   ErrorKind kind() const noexcept { return kind_; }
 
  private:
@@ -28,33 +36,38 @@ class Error : public std::runtime_error {
 
 // A bad configuration: malformed TOML, unknown key, wrong type, out of range,
 // a mesh that does not divide the world.
-class ConfigError : public Error {
+class KOLOS_ERROR_API ConfigError : public Error {
  public:
   explicit ConfigError(std::string message) : Error(std::move(message), ErrorKind::kConfig) {}
+  ~ConfigError() override;
 };
 
 // A plugin that cannot be found, loaded or used.
-class PluginError : public Error {
+class KOLOS_ERROR_API PluginError : public Error {
  public:
   explicit PluginError(std::string message) : Error(std::move(message), ErrorKind::kPlugin) {}
+  ~PluginError() override;
 };
 
 // A failed or timed-out collective / point-to-point operation.
-class CommError : public Error {
+class KOLOS_ERROR_API CommError : public Error {
  public:
   explicit CommError(std::string message) : Error(std::move(message), ErrorKind::kComm) {}
+  ~CommError() override;
 };
 
 // Bad training data: missing file, too short, token out of vocabulary.
-class DataError : public Error {
+class KOLOS_ERROR_API DataError : public Error {
  public:
   explicit DataError(std::string message) : Error(std::move(message), ErrorKind::kData) {}
+  ~DataError() override;
 };
 
 // Wrong use of the command line.
-class UsageError : public Error {
+class KOLOS_ERROR_API UsageError : public Error {
  public:
   explicit UsageError(std::string message) : Error(std::move(message), ErrorKind::kUsage) {}
+  ~UsageError() override;
 };
 
 namespace detail {

@@ -2,6 +2,7 @@
 // in plugins_good and, with another greeting, in plugins_shadow, to show
 // which of two same-named plugins the search order picks.
 #include "greeter.h"
+#include "kolos/core/error.h"
 #include "kolos/core/plugin_registry.h"
 
 namespace {
@@ -13,6 +14,7 @@ class TestGreeter final : public kolos_test::Greeter {
   }
   std::string hello() const override { return KOLOS_TEST_GREETING; }
   void report_destruction_to(bool* flag) override { destroyed_ = flag; }
+  void refuse(const std::string& message) const override { throw kolos::ConfigError(message); }
 
  private:
   bool* destroyed_ = nullptr;
