@@ -113,8 +113,22 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
       plan.roles.pipeline == pipeline.builtin
           ? make_single_stage_schedule()
           : create_plugin<PipelineSchedule>(registry, config, "pipeline", plan.roles.pipeline);
-  plan.gradients =
-      create_plugin<GradientStrategy>(registry, config, "gradients", plan.roles.gradients);
+  // The memory role's plugin keeps the gradients and the optimizer states
+  // in its chunks: it serves in the gradients role's place.
+  const bool memory = !plan.roles.memory.empty();
+  if (memory && plan.roles.gradients != role_spec("gradients").builtin) {
+    throw ConfigError(located(
+        config, config.plugins.by_role.count("gradients") ? "plugins.gradients" : "parallel.zero",
+        "the memory plugin `" + plan.roles.memory +
+            "` keeps gradients and optimizer states itself and does not run with the gradients "
+            "plugin `" +
+            plan.roles.gradients + "` (ZeRO over chunks is not implemented); remove [memory] or " +
+            "set parallel.zero.stage = 0."));
+  }
+  plan.gradients = memory ? create_plugin<GradientStrategy>(registry, config, "memory",
+                                                            plan.roles.memory)
+                          : create_plugin<GradientStrategy>(registry, config, "gradients",
+                                                            plan.roles.gradients);
   if (!plan.roles.sequence.empty()) {
     plan.sequence =
         create_plugin<SequenceStrategy>(registry, config, "sequence", plan.roles.sequence);
@@ -132,7 +146,12 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   };
   configure(*plan.layers, "layers");
   configure(*plan.pipeline, "pipeline");
-  configure(*plan.gradients, "gradients");
+  if (memory) {
+    const RoleSpec& zero = role_spec("gradients");
+    config.section(zero.section)
+        .check_keys(zero.core_keys, "the memory plugin `" + plan.roles.memory + "`");
+  }
+  configure(*plan.gradients, memory ? "memory" : "gradients");
   if (plan.sequence) configure(*plan.sequence, "sequence");
   return plan;
 }
@@ -264,24 +283,12 @@ StepMetrics Engine::step() {
     // One flag, max-reduced over the whole mesh: a rank whose own pieces
     // are finite must still skip when another rank's overflowed, or the
     // replicas would part.
-    bool overflow = false;
-    for (const auto& piece : pieces) {
-      if (piece.grad.defined() && !torch::isfinite(piece.grad).all().item<bool>()) {
-        overflow = true;
-        break;
-      }
-    }
+    const bool overflow = !gradients_->gradients_finite(pieces);
     at::Tensor flag = torch::tensor({overflow ? 1.0 : 0.0}, torch::kDouble);
     mesh_->world()->all_reduce(flag, comm::ReduceOp::kMax)->wait();
     skip = flag.item<double>() > 0;
     scaler_->update(skip);
-    if (!skip) {
-      torch::NoGradGuard no_grad;
-      const double unscale = 1.0 / metrics.loss_scale;
-      for (auto& piece : pieces) {
-        if (piece.grad.defined()) piece.grad.mul_(unscale);
-      }
-    }
+    if (!skip) gradients_->scale_gradients(pieces, 1.0 / metrics.loss_scale);
   }
   metrics.skipped = skip;
   if (skip) {
@@ -289,14 +296,10 @@ StepMetrics Engine::step() {
     // and its step count are left as they are (torch's GradScaler does the same).
     metrics.grad_norm = 0.0;  // not computed (JSON has no inf)
   } else {
-    metrics.grad_norm = global_grad_norm(pieces, *mesh_);
+    metrics.grad_norm = gradients_->gradient_norm(pieces, *mesh_);
     const double clip = config_.optim.grad_clip;
     if (clip > 0 && metrics.grad_norm > clip) {
-      const double scale = clip / (metrics.grad_norm + 1e-6);
-      torch::NoGradGuard no_grad;
-      for (auto& piece : pieces) {
-        if (piece.grad.defined()) piece.grad.mul_(scale);
-      }
+      gradients_->scale_gradients(pieces, clip / (metrics.grad_norm + 1e-6));
     }
     gradients_->step(metrics.lr);
   }
@@ -476,8 +479,10 @@ std::string Engine::describe() const {
   out << config_.model.name << " " << std::fixed;
   out.precision(2);
   out << static_cast<double>(params) / 1e6 << "M params | mesh " << mesh_->layout().describe()
-      << " | layers " << roles_.layers << ", pipeline " << roles_.pipeline << ", gradients "
-      << roles_.gradients << (roles_.sequence.empty() ? "" : ", sequence " + roles_.sequence)
+      << " | layers " << roles_.layers << ", pipeline " << roles_.pipeline
+      << (roles_.memory.empty() ? ", gradients " + roles_.gradients
+                                : ", memory " + roles_.memory + " (gradients and optimizer)")
+      << (roles_.sequence.empty() ? "" : ", sequence " + roles_.sequence)
       << " | batch " << config_.train.global_batch << " = " << config_.train.micro_batch << " x "
       << accumulation_ << " accum x " << mesh_->size(Axis::kDP) << " dp";
   return out.str();

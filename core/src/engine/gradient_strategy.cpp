@@ -61,6 +61,25 @@ double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& 
   return std::sqrt(total);
 }
 
+bool GradientStrategy::gradients_finite(const std::vector<GradPiece>& pieces) {
+  for (const auto& piece : pieces) {
+    if (piece.grad.defined() && !torch::isfinite(piece.grad).all().item<bool>()) return false;
+  }
+  return true;
+}
+
+double GradientStrategy::gradient_norm(const std::vector<GradPiece>& pieces,
+                                       const DeviceMesh& mesh) {
+  return global_grad_norm(pieces, mesh);
+}
+
+void GradientStrategy::scale_gradients(std::vector<GradPiece>& pieces, double factor) {
+  torch::NoGradGuard no_grad;
+  for (auto& piece : pieces) {
+    if (piece.grad.defined()) piece.grad.mul_(factor);
+  }
+}
+
 std::vector<PlacedParameter> GradientStrategy::parameters_at_rest() {
   KOLOS_CHECK(model_ != nullptr, "gradients plugin `", name(), "` did not record its model");
   return model_->placed_parameters();

@@ -79,15 +79,22 @@ bool libtorch_moments_use_fma() {
 }  // namespace
 
 void AdamW::step(double lr) {
-  torch::NoGradGuard no_grad;
   ++step_;
+  update(lr, 0, slots_.size(), step_);
+}
+
+void AdamW::update(double lr, size_t first, size_t last, int64_t step) {
+  KOLOS_CHECK(first <= last && last <= slots_.size() && step >= 1, "AdamW::update: slots [",
+              first, ", ", last, ") of ", slots_.size(), " at step ", step);
+  torch::NoGradGuard no_grad;
   std::vector<kernels::AdamWBuffer> fused;
   const double beta1 = settings_.beta1, beta2 = settings_.beta2;
-  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step_));
-  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step_));
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
   const double step_size = lr / bias_correction1;
   const double denom_scale = std::sqrt(bias_correction2);
-  for (auto& s : slots_) {
+  for (size_t i = first; i < last; ++i) {
+    AdamWSlot& s = slots_[i];
     if (settings_.fused && fusable(s) && libtorch_moments_use_fma()) {
       kernels::AdamWBuffer b;
       if (s.master.defined()) {
@@ -123,7 +130,7 @@ void AdamW::step(double lr) {
     config.beta2 = beta2;
     config.eps = settings_.eps;
     config.weight_decay = settings_.weight_decay;
-    config.step = step_;
+    config.step = step;
     kernels::adamw_step(fused.data(), fused.size(), config, at::get_num_threads());
   }
 }

@@ -72,6 +72,18 @@ class GradientStrategy : public RolePlugin {
   virtual void prepare_backward(bool sync) = 0;
   virtual void finish_backward() = 0;
   virtual std::vector<GradPiece> grad_pieces() = 0;
+  // What the engine does with the step's gradients between finish_backward()
+  // and step(), given grad_pieces(). The defaults act on the pieces; a
+  // strategy whose gradients are not all in memory at once (the memory
+  // role's chunks) returns no pieces and does the same arithmetic on its
+  // own, with the same results.
+  // - whether every gradient is finite (this rank's; the engine reduces it);
+  virtual bool gradients_finite(const std::vector<GradPiece>& pieces);
+  // - the global L2 norm (collective, as global_grad_norm);
+  virtual double gradient_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh);
+  // - every gradient multiplied by `factor` (unscaling, clipping), in place,
+  //   in the order of the calls.
+  virtual void scale_gradients(std::vector<GradPiece>& pieces, double factor);
   virtual void step(double lr) = 0;
   virtual MemoryStats memory() const = 0;
   // The last step's reductions; zeros for a strategy that does not report them.

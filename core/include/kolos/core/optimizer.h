@@ -48,6 +48,11 @@ class AdamW {
   void add(std::string name, at::Tensor param, at::Tensor grad, Placement placement);
   // One update of every slot with learning rate `lr`; increments step().
   void step(double lr);
+  // The update step `step` (1-based: bias correction) of slots [first,
+  // last) only, exactly as step() updates them; the step count is left
+  // alone. For a caller that holds only some slots' tensors at a time (the
+  // memory role steps its chunks one by one, then sets the count).
+  void update(double lr, size_t first, size_t last, int64_t step);
 
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t step) { step_ = step; }
