@@ -427,4 +427,30 @@ void ChunkExecutor::read_chunk(ChunkId id, void* dst) {
   std::memcpy(dst, bounce_.get(), bytes);
 }
 
+void ChunkExecutor::write_chunk(ChunkId id, const void* src) {
+  check_usable("write_chunk()");
+  check_id(id, "write_chunk()");
+  Chunk& c = chunks_[id];
+  const auto bytes = static_cast<std::size_t>(c.bytes);
+  if (c.buffer) {
+    wait_read(id);
+    std::memcpy(c.buffer, src, bytes);
+    c.dirty = true;
+    return;
+  }
+  if (!store_) {
+    std::memcpy(c.host.get(), src, bytes);
+    return;
+  }
+  if (!bounce_) bounce_ = allocate_aligned(store_->slot_bytes(), alignment_);
+  std::memcpy(bounce_.get(), src, bytes);
+  try {
+    store_->write(static_cast<int64_t>(id), bounce_.get(), c.bytes).get();
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
+  stats_.bytes_written += c.bytes;
+}
+
 }  // namespace kolos::memory

@@ -128,6 +128,12 @@ class ChunkExecutor {
   // `dst` works.
   void read_chunk(ChunkId id, void* dst);
 
+  // Replaces chunk `id`'s bytes (trace bytes long) with `src`'s, wherever
+  // the chunk is: in the arena (after its read in flight; it becomes dirty)
+  // or in the lower tier (written and waited for). Loading a checkpoint
+  // into chunks. Any alignment of `src` works.
+  void write_chunk(ChunkId id, const void* src);
+
   const ComputeArena& arena() const noexcept { return *arena_; }
   const ExecutorStats& stats() const noexcept { return stats_; }
   LowerTier tier() const noexcept { return tier_; }
