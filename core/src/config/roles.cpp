@@ -11,7 +11,7 @@ const std::vector<RoleSpec>& role_specs() {
       {"sequence", "parallel.sequence", {"size", "mode"}, "", true},
       {"pipeline", "parallel.pipeline", {"size"}, "single-stage", true},
       {"gradients", "parallel.zero", {"stage"}, "dp", true},
-      {"memory", "memory", {}, "", false},
+      {"memory", "memory", {}, "", true},
       {"planner", "planner", {}, "", false},
   };
   return specs;
@@ -58,6 +58,8 @@ RoleChoice choose_plugins(const RunConfig& config) {
   // "megatron" splits over the tensor group, with no sp axis of its own: it
   // is chosen by its mode whatever the size (its plugin checks the size).
   choice.sequence = p.sequence.size > 1 || p.sequence.mode == "megatron" ? p.sequence.mode : "";
+  // A [memory] section asks for the memory role; `chunks` is its plugin.
+  choice.memory = config.section("memory").present() ? "chunks" : "";
   const auto& by_role = config.plugins.by_role;
   const auto override_with = [&](const char* role, std::string& slot) {
     const auto it = by_role.find(role);

@@ -242,8 +242,26 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   const std::string& g = roles.gradients;
   const std::string count = fmt_count(p.params) + " local parameters";
 
-  // Parameters.
-  if (g == "zero3") {
+  // The memory role keeps parameters, gradients and AdamW's moments (fp32)
+  // in chunks: at most compute_budget of them in the compute tier, every
+  // chunk's copy in host memory unless they go to NVMe.
+  if (!roles.memory.empty()) {
+    const ConfigSection m = config.section("memory");
+    std::string text, offload = "host";
+    double budget = 0;
+    if (m.read("compute_budget", text)) {
+      try {
+        budget = static_cast<double>(parse_byte_size(text));
+      } catch (const std::invalid_argument&) {
+      }  // the plugin refuses it, with the key's place
+    }
+    m.read("offload", offload);
+    add(e.terms, "chunks, compute tier", budget,
+        "memory.compute_budget: parameters, gradients, AdamW m and v resident");
+    add(e.terms, "chunks, host tier", offload == "nvme" ? 0.0 : 16 * p.params,
+        offload == "nvme" ? "on NVMe (memory.offload = \"nvme\")"
+                          : "every chunk's copy: " + count + " x 16 B");
+  } else if (g == "zero3") {
     add(e.terms, "parameters", elem * (p.params / dp + 2 * p.block),
         count + " / dp " + std::to_string(mesh.dp) + " + 2 blocks gathered");
   } else {
@@ -253,7 +271,9 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   const double bucket = static_cast<double>(config.parallel.bucket_kb > 0
                                                 ? config.parallel.bucket_kb * 1024
                                                 : config.parallel.bucket_mb * 1024 * 1024);
-  if (g == "zero3") {
+  if (!roles.memory.empty()) {
+    // in the chunks above
+  } else if (g == "zero3") {
     add(e.terms, "gradients", elem * (p.params / dp + 2 * p.block),
         "shard + one block of staging and of .grad");
   } else if (g == "zero2") {
@@ -267,7 +287,9 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   const bool mixed = elem < 4;
   const double masters = mixed ? 4 : 0;
   const std::string master_note = mixed ? " + fp32 masters" : "";
-  if (g == "zero1" || g == "zero2") {
+  if (!roles.memory.empty()) {
+    // in the chunks above
+  } else if (g == "zero1" || g == "zero2") {
     add(e.terms, "optimizer states", (4 * 2 + elem + masters) * p.params / dp,
         "AdamW m, v (fp32), the working copy of the shard" + master_note + " / dp " +
             std::to_string(mesh.dp));

@@ -1,0 +1,697 @@
+// chunks: the memory role's plugin. Parameters, gradients and AdamW's two
+// moments live in fixed-size chunks; a budgeted compute tier holds the
+// chunks the current part of the step needs, host memory or NVMe files
+// hold the rest (docs/memory.md).
+//
+// It serves in the gradients role's place: it keeps the gradients and the
+// optimizer states itself. One iteration (optimizer step) is a fixed
+// sequence of trace steps, known before training:
+//   per micro-batch: forward of block 0 .. B-1 (the parameters each block
+//     reads), backward of block B-1 .. 0 (those parameters and their
+//     gradients);
+//   then per chunk k: the optimizer step of chunk k (its parameters,
+//     gradients and moments).
+// The placement plan (memory/placement.h) is made from that trace, and the
+// executor (memory/chunk_executor.h) carries it out: before a trace step
+// begins, its chunks are in the compute tier. The model's parameter tensors
+// and their .grad tensors, and the optimizer's moments, keep their identity
+// throughout; only the memory under them changes: a tensor's storage points
+// into its chunk while the chunk is in a step that needs it, and holds no
+// memory otherwise (kolos/core/tensor_storage.h's technique, so views and
+// tensors autograd saved follow). Block hooks advance the trace: a block's
+// forward begins a forward step, the hook on its output (before its
+// backward) a backward step; the optimizer's chunk steps are run by step().
+//
+// Results are bit-equal to the in-memory run (dp on one rank): autograd
+// accumulates into the same .grad values, the gradient norm is the same sum
+// of the same per-tensor norms, clipping multiplies the same tensors by the
+// same factors, and the optimizer is the same kolos::AdamW applied to one
+// chunk's slots at a time (its update is element-wise).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolos/core/config_located.h"
+#include "kolos/core/error.h"
+#include "kolos/core/format.h"
+#include "kolos/core/gradient_strategy.h"
+#include "kolos/core/mesh.h"
+#include "kolos/core/optimizer.h"
+#include "kolos/core/plugin_registry.h"
+#include "kolos/core/settings.h"
+#include "kolos/core/tensor_storage.h"
+#include "kolos/memory/chunk_executor.h"
+#include "kolos/memory/chunk_layout.h"
+#include "kolos/memory/placement.h"
+
+namespace kolos {
+namespace {
+
+using memory::ChunkId;
+
+struct ChunkSettings {
+  std::string placement = "auto";
+  int64_t compute_budget = 0;
+  std::string offload = "host";
+  std::string nvme_dir;
+  std::string chunk_size = "auto";
+  double param_fraction = 0, grad_fraction = 0, optim_fraction = 0;
+  int64_t prefetch = 1;
+  int64_t io_threads = 4;
+};
+
+std::string in_unit(double x) { return x >= 0 && x <= 1 ? "" : "in [0, 1]"; }
+
+const SettingsTable<ChunkSettings>& settings_table() {
+  static const auto t =
+      SettingsTable<ChunkSettings>("memory")
+          .choice("placement", &ChunkSettings::placement, {"auto", "static"}, "placement policy")
+          .bytes("compute_budget", &ChunkSettings::compute_budget)
+          .choice("offload", &ChunkSettings::offload, {"host", "nvme"}, "lower tier")
+          .string("nvme_dir", &ChunkSettings::nvme_dir)
+          .string("chunk_size", &ChunkSettings::chunk_size)
+          .number("param_fraction", &ChunkSettings::param_fraction, in_unit)
+          .number("grad_fraction", &ChunkSettings::grad_fraction, in_unit)
+          .number("optim_fraction", &ChunkSettings::optim_fraction, in_unit)
+          .integer("prefetch", &ChunkSettings::prefetch, 0, 16)
+          .integer("io_threads", &ChunkSettings::io_threads, 1, 64);
+  return t;
+}
+
+// The four kinds of state, each packed with the same layout (all fp32):
+// chunk k of every kind holds the same parameters.
+enum Kind : size_t { kParam = 0, kGrad = 1, kExpAvg = 2, kExpAvgSq = 3, kKinds = 4 };
+const char* const kKindNames[kKinds] = {"parameters", "gradients", "exp_avg", "exp_avg_sq"};
+
+struct TraceStep {
+  enum Type { kForward, kBackward, kOptimizer } type;
+  size_t index;  // the block (forward, backward) or the chunk (optimizer)
+};
+
+class ChunkedMemory : public GradientStrategy {
+ public:
+  std::string name() const override { return "chunks"; }
+
+  void configure(const PluginContext& context) override {
+    const ConfigSection& s = context.section;
+    settings_table().read(s, settings_, context.core_keys, context.owner);
+    auto& c = settings_;
+    if (c.compute_budget <= 0) {
+      s.fail_here(context.owner +
+                  " needs memory.compute_budget, the bytes of chunks the compute tier may hold "
+                  "(for example compute_budget = \"2GiB\").");
+    }
+    if (c.chunk_size != "auto") {
+      int64_t bytes = 0;
+      try {
+        bytes = parse_byte_size(c.chunk_size);
+      } catch (const std::invalid_argument& e) {
+        s.fail("chunk_size",
+               quote_toml(c.chunk_size) + ": " + e.what() + "; give \"auto\" or a size.");
+      }
+      if (bytes <= 0 || bytes % memory::kDirectIoAlignment != 0) {
+        s.fail("chunk_size", quote_toml(c.chunk_size) + " is not a positive multiple of " +
+                                 std::to_string(memory::kDirectIoAlignment) +
+                                 " bytes (chunks move whole, with direct I/O); for example " +
+                                 quote_toml(std::to_string(
+                                     std::max<int64_t>(1, bytes / memory::kDirectIoAlignment) *
+                                     memory::kDirectIoAlignment) + "B") +
+                                 ".");
+      }
+      chunk_bytes_ = bytes;
+    }
+    if (c.offload == "nvme") {
+      if (c.nvme_dir.empty()) {
+        s.fail("offload", "\"nvme\" needs memory.nvme_dir, a directory on the drive to use.");
+      }
+      struct stat st {};
+      if (::stat(c.nvme_dir.c_str(), &st) != 0) {
+        s.fail("nvme_dir", quote_toml(c.nvme_dir) + ": " + std::strerror(errno) +
+                               "; give an existing directory.");
+      }
+      if (!S_ISDIR(st.st_mode)) {
+        s.fail("nvme_dir", quote_toml(c.nvme_dir) + " is not a directory.");
+      }
+    } else if (s.has("nvme_dir")) {
+      s.fail_at_any({"nvme_dir", "offload"},
+                    "memory.nvme_dir is set but memory.offload = \"host\" keeps the chunks out "
+                    "of the compute tier in host memory; set offload = \"nvme\" or remove "
+                    "nvme_dir.");
+    }
+    const bool is_static = c.placement == "static";
+    for (const char* key : {"param_fraction", "grad_fraction", "optim_fraction"}) {
+      if (!is_static && s.has(key)) {
+        s.fail(key, "applies to placement = \"static\" only; the placement is \"" + c.placement +
+                        "\".");
+      }
+    }
+    if (is_static && s.has("prefetch")) {
+      s.fail("prefetch",
+             "applies to placement = \"auto\" only (static placement loads a chunk for the step "
+             "that needs it).");
+    }
+    if (c.offload != "nvme" && s.has("io_threads")) {
+      s.fail("io_threads", "applies to offload = \"nvme\" only.");
+    }
+    // What this version composes with; every other mix is refused here.
+    const MeshShape& m = context.shape;
+    if (m.pp * m.dp * m.sp * m.tp != 1) {
+      s.fail_here(context.owner + " runs on one rank in this version (no dp, zero, tensor, "
+                                  "sequence or pipeline parallelism with it yet); the mesh is pp " +
+                  std::to_string(m.pp) + " x dp " + std::to_string(m.dp) + " x sp " +
+                  std::to_string(m.sp) + " x tp " + std::to_string(m.tp) + ".");
+    }
+    const RunConfig& config = context.config;
+    if (config.train.precision != "fp32") {
+      s.fail_here(context.owner + " keeps fp32 states only in this version; train.precision is " +
+                  quote_toml(config.train.precision) + ".");
+    }
+    accumulation_ = context.accumulation;
+  }
+
+  void setup(Model& model, const DeviceMesh&, const RunConfig& config) override {
+    model_ = &model;
+    for (auto& p : model.placed_parameters()) {
+      if (!p.tensor.requires_grad()) continue;
+      const at::Tensor& t = p.tensor;
+      KOLOS_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu(), name(), ": parameter ",
+                  p.name, " is ", t.scalar_type(), " on ", t.device(),
+                  "; chunks hold fp32 CPU tensors");
+      KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
+                      static_cast<int64_t>(t.storage().nbytes()) == t.numel() * 4,
+                  name(), ": parameter ", p.name,
+                  " does not own its storage (a view of another tensor?); chunks replace each "
+                  "parameter's memory");
+      params_.push_back(p);
+    }
+    KOLOS_CHECK(!params_.empty(), name(), ": the model has no trainable parameters");
+    lay_out_chunks(config);
+    find_uses(config);
+    build_trace();
+    make_plan(config);
+    make_optimizer(config);
+    make_executor();
+    install_hooks();
+    // The model was built whole in memory; from here on the budget holds.
+    // Peak RSS (the metrics' peak_rss_bytes) counts from now on.
+    reset_peak_rss();
+  }
+
+  // ---- one step -----------------------------------------------------------
+
+  void zero_grad() override {
+    KOLOS_CHECK(cursor_ == 0, name(), ": a step began at trace step ", cursor_, " of ",
+                steps_.size(), " (the previous step did not finish)");
+    materialized_.clear();  // copies made for a checkpoint
+    std::fill(norms_.begin(), norms_.end(), at::Tensor());
+    scales_.clear();
+  }
+
+  void prepare_backward(bool) override {}
+
+  void finish_backward() override {
+    // The last backward step ends here: its gradients' norms.
+    end_current_step();
+    KOLOS_CHECK(cursor_ == optimizer_begin_, name(), ": backward ended at trace step ", cursor_,
+                ", expected ", optimizer_begin_,
+                " (the blocks did not run in the order the trace was made for)");
+  }
+
+  std::vector<GradPiece> grad_pieces() override { return {}; }
+
+  bool gradients_finite(const std::vector<GradPiece>&) override {
+    for (const auto& n : norms_) {
+      if (n.defined() && !std::isfinite(n.item<float>())) return false;
+    }
+    return true;
+  }
+
+  double gradient_norm(const std::vector<GradPiece>&, const DeviceMesh&) override {
+    // As global_grad_norm() sums one rank's replicated pieces: the norms in
+    // parameter order, squared and summed in double.
+    std::vector<at::Tensor> list;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].tensor.numel() == 0) continue;
+      KOLOS_CHECK(norms_[i].defined(), "internal error: no gradient norm for ", params_[i].name);
+      list.push_back(norms_[i]);
+    }
+    const double sum = torch::stack(list).to(torch::kDouble).pow(2).sum().item<double>();
+    return std::sqrt(sum);
+  }
+
+  void scale_gradients(std::vector<GradPiece>&, double factor) override {
+    scales_.push_back(factor);  // applied chunk by chunk in step()
+  }
+
+  void step(double lr) override {
+    torch::NoGradGuard no_grad;
+    const int64_t t = optimizer_->step_count() + 1;
+    for (size_t k = 0; k < num_chunks_; ++k) {
+      begin(optimizer_begin_ + k);
+      const auto [first, last] = chunk_params_[k];
+      for (size_t i = first; i < last; ++i) {
+        for (double f : scales_) params_[i].tensor.mutable_grad().mul_(f);
+      }
+      optimizer_->update(lr, first, last, t);
+      for (Kind kind : {kParam, kExpAvg, kExpAvgSq}) executor_->mark_dirty(id(kind, k));
+    }
+    end_current_step();
+    optimizer_->set_step_count(t);
+    scales_.clear();
+    KOLOS_CHECK(cursor_ == steps_.size(), "internal error: step ended at trace step ", cursor_);
+    cursor_ = 0;
+  }
+
+  // ---- state ----------------------------------------------------------------
+
+  MemoryStats memory() const override {
+    MemoryStats m;
+    m.parameter_bytes = peak_by_kind_[kParam];
+    m.gradient_bytes = peak_by_kind_[kGrad];
+    m.optimizer_bytes = peak_by_kind_[kExpAvg] + peak_by_kind_[kExpAvgSq];
+    return m;
+  }
+
+  // Checkpoints: copies of the states, read from whichever tier holds each
+  // chunk (they live until the next step; loading writes them back).
+  std::vector<PlacedParameter> parameters_at_rest() override {
+    materialize();
+    std::vector<PlacedParameter> out;
+    std::map<const void*, size_t> index;
+    for (size_t i = 0; i < params_.size(); ++i) index[params_[i].tensor.unsafeGetTensorImpl()] = i;
+    for (const auto& p : model_->placed_parameters()) {
+      const auto it = index.find(p.tensor.unsafeGetTensorImpl());
+      if (it == index.end()) {
+        out.push_back(p);
+        continue;
+      }
+      out.push_back(PlacedParameter{p.name, materialized_[kParam][it->second], p.placement,
+                                    p.block});
+    }
+    return out;
+  }
+
+  std::vector<StatePiece> optimizer_state() override {
+    materialize();
+    std::vector<StatePiece> pieces;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      pieces.push_back(StatePiece{"exp_avg/" + p.name, materialized_[kExpAvg][i], p.placement});
+      pieces.push_back(
+          StatePiece{"exp_avg_sq/" + p.name, materialized_[kExpAvgSq][i], p.placement});
+    }
+    return pieces;
+  }
+
+  void after_load() override {
+    KOLOS_CHECK(!materialized_.empty(), "internal error: ", name(),
+                ": after_load() without the state it was loaded into");
+    std::vector<std::byte> bytes(static_cast<size_t>(chunk_bytes_));
+    for (Kind kind : {kParam, kExpAvg, kExpAvgSq}) {
+      for (size_t k = 0; k < num_chunks_; ++k) {
+        std::fill(bytes.begin(), bytes.end(), std::byte{0});
+        const auto [first, last] = chunk_params_[k];
+        for (size_t i = first; i < last; ++i) {
+          const at::Tensor& t = materialized_[kind][i];
+          std::memcpy(bytes.data() + layout_.slots[i].offset, t.data_ptr(),
+                      static_cast<size_t>(layout_.slots[i].bytes));
+        }
+        executor_->write_chunk(id(kind, k), bytes.data());
+      }
+    }
+    materialized_.clear();
+  }
+
+  int64_t optimizer_steps() const override { return optimizer_->step_count(); }
+  void set_optimizer_steps(int64_t steps) override { optimizer_->set_step_count(steps); }
+
+  ~ChunkedMemory() override {
+    // The model's block hooks point here; the engine destroys the model
+    // first. Unbind every tensor from the arena before it goes away.
+    try {
+      for (size_t c = 0; c < bound_.size(); ++c) {
+        if (bound_[c]) bind(c, nullptr);
+      }
+    } catch (...) {
+    }
+  }
+
+ private:
+  ChunkId id(Kind kind, size_t k) const { return kind * num_chunks_ + k; }
+
+  // ---- set-up -----------------------------------------------------------------
+
+  void lay_out_chunks(const RunConfig& config) {
+    std::vector<memory::TensorSpec> specs;
+    for (const auto& p : params_) specs.push_back({p.name, p.tensor.numel() * 4});
+    const int64_t align = memory::kDirectIoAlignment;
+    if (chunk_bytes_ == 0) {
+      // Searched, as Gemini does: the size that wastes least, between the
+      // smallest that holds every tensor and a sixteenth of the budget (an
+      // optimizer step needs four chunks at once, a backward step more).
+      const int64_t least = memory::smallest_chunk_bytes(specs);
+      const int64_t lo = (least + align - 1) / align * align;
+      const int64_t hi = std::max(lo, settings_.compute_budget / 16 / align * align);
+      const int64_t stride = std::max(align, (hi - lo) / 64 / align * align);
+      search_ = memory::search_chunk_bytes(specs, lo, hi, stride);
+      chunk_bytes_ = search_.chunk_bytes;
+    }
+    try {
+      layout_ = memory::pack(specs, chunk_bytes_);
+    } catch (const Error& e) {
+      throw ConfigError(located(config, "memory.chunk_size",
+                                std::string("memory.chunk_size = ") +
+                                    quote_toml(settings_.chunk_size) + ": " + e.what()));
+    }
+    num_chunks_ = layout_.num_chunks();
+    chunk_params_.assign(num_chunks_, {SIZE_MAX, 0});
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto& range = chunk_params_[layout_.slots[i].chunk];
+      if (range.first == SIZE_MAX) range.first = i;
+      KOLOS_CHECK(range.second == 0 || range.second == i, "internal error: chunk ",
+                  layout_.slots[i].chunk, " holds parameters out of order");
+      range.second = i + 1;
+    }
+  }
+
+  // Which parameters each block reads (a block may read another's: tied
+  // weights), found by one probe forward, as ZeRO-3 does.
+  void find_uses(const RunConfig& config) {
+    if (!model_->has_block_reads()) {
+      model_->find_block_reads(torch::zeros({1, config.model.seq_len}, torch::kInt64));
+    }
+    std::map<const void*, size_t> index;
+    for (size_t i = 0; i < params_.size(); ++i) index[params_[i].tensor.unsafeGetTensorImpl()] = i;
+    const size_t blocks = model_->blocks().size();
+    uses_.assign(blocks, {});
+    for (size_t b = 0; b < blocks; ++b) {
+      for (const void* impl : model_->block_reads()[b]) {
+        const auto it = index.find(impl);
+        if (it != index.end()) uses_[b].push_back(it->second);
+      }
+      std::sort(uses_[b].begin(), uses_[b].end());
+      uses_[b].erase(std::unique(uses_[b].begin(), uses_[b].end()), uses_[b].end());
+    }
+  }
+
+  std::vector<ChunkId> chunks_of(const std::vector<size_t>& params,
+                                 std::initializer_list<Kind> kinds) const {
+    std::vector<ChunkId> out;
+    for (Kind kind : kinds) {
+      for (size_t i : params) out.push_back(id(kind, layout_.slots[i].chunk));
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+
+  void build_trace() {
+    trace_.chunks.clear();
+    const memory::StateKind kinds[kKinds] = {memory::StateKind::kParam, memory::StateKind::kGrad,
+                                             memory::StateKind::kOptim,
+                                             memory::StateKind::kOptim};
+    for (size_t kind = 0; kind < kKinds; ++kind) {
+      for (size_t k = 0; k < num_chunks_; ++k) trace_.chunks.push_back({chunk_bytes_, kinds[kind]});
+    }
+    const size_t blocks = uses_.size();
+    for (int64_t m = 0; m < accumulation_; ++m) {
+      for (size_t b = 0; b < blocks; ++b) {
+        steps_.push_back({TraceStep::kForward, b});
+        trace_.steps.push_back(chunks_of(uses_[b], {kParam}));
+      }
+      for (size_t b = blocks; b-- > 0;) {
+        steps_.push_back({TraceStep::kBackward, b});
+        trace_.steps.push_back(chunks_of(uses_[b], {kParam, kGrad}));
+      }
+    }
+    optimizer_begin_ = steps_.size();
+    for (size_t k = 0; k < num_chunks_; ++k) {
+      steps_.push_back({TraceStep::kOptimizer, k});
+      trace_.steps.push_back({id(kParam, k), id(kGrad, k), id(kExpAvg, k), id(kExpAvgSq, k)});
+    }
+    // A gradient chunk is zeroed where the iteration first uses it.
+    zero_at_.assign(steps_.size(), {});
+    std::vector<bool> seen(num_chunks_, false);
+    for (size_t s = 0; s < steps_.size(); ++s) {
+      for (ChunkId c : trace_.steps[s]) {
+        if (c / num_chunks_ != kGrad || seen[c % num_chunks_]) continue;
+        seen[c % num_chunks_] = true;
+        zero_at_[s].push_back(c);
+      }
+    }
+    // A gradient is final after the last backward step that reads its
+    // parameter; its norm is taken there, while its chunk is resident.
+    // A parameter no block reads has a zero gradient.
+    norms_.assign(params_.size(), at::Tensor());
+    norm_at_.assign(steps_.size(), {});
+    std::vector<bool> done(params_.size(), false);
+    for (size_t s = optimizer_begin_; s-- > 0;) {
+      if (steps_[s].type != TraceStep::kBackward) continue;
+      for (size_t i : uses_[steps_[s].index]) {
+        if (done[i]) continue;
+        done[i] = true;
+        norm_at_[s].push_back(i);
+      }
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!done[i]) unused_.push_back(i);
+    }
+  }
+
+  void make_plan(const RunConfig& config) {
+    const int64_t budget = settings_.compute_budget;
+    try {
+      if (settings_.placement == "auto") {
+        plan_ = memory::plan_auto(trace_, budget, static_cast<size_t>(settings_.prefetch));
+      } else {
+        plan_ = memory::plan_static(
+            trace_, budget,
+            {settings_.param_fraction, settings_.grad_fraction, settings_.optim_fraction});
+      }
+    } catch (const Error& e) {
+      throw ConfigError(located(
+          config, "memory.compute_budget",
+          "memory.compute_budget = " + detail::format_bytes(static_cast<double>(budget)) +
+              " (chunks of " + detail::format_bytes(static_cast<double>(chunk_bytes_)) + ", " +
+              std::to_string(num_chunks_) + " per kind of state) cannot run this model: " +
+              e.what()));
+    }
+  }
+
+  void make_optimizer(const RunConfig& config) {
+    torch::NoGradGuard no_grad;
+    optimizer_ = std::make_unique<AdamW>(adamw_settings(config.optim));
+    for (auto& p : params_) {
+      at::Tensor grad = torch::empty_like(p.tensor, at::MemoryFormat::Contiguous);
+      free_storage(grad);
+      p.tensor.mutable_grad() = grad;
+      optimizer_->add(p.name, p.tensor, grad, p.placement);
+      AdamWSlot& slot = optimizer_->slots().back();
+      free_storage(slot.exp_avg);  // zeros: the chunks start zeroed
+      free_storage(slot.exp_avg_sq);
+    }
+  }
+
+  at::Tensor& tensor_of(size_t kind, size_t i) {
+    AdamWSlot& slot = optimizer_->slots()[i];
+    switch (kind) {
+      case kParam: return slot.param;
+      case kGrad: return slot.grad;
+      case kExpAvg: return slot.exp_avg;
+      default: return slot.exp_avg_sq;
+    }
+  }
+
+  void make_executor() {
+    memory::ExecutorOptions options;
+    options.tier = settings_.offload == "nvme" ? memory::LowerTier::kNvme : memory::LowerTier::kHost;
+    options.nvme.dir = settings_.nvme_dir;
+    options.nvme.threads = static_cast<int>(settings_.io_threads);
+    options.init = [this](ChunkId c, std::byte* dst, int64_t bytes) {
+      std::memset(dst, 0, static_cast<size_t>(bytes));
+      if (c / num_chunks_ != kParam) return;
+      const auto [first, last] = chunk_params_[c % num_chunks_];
+      for (size_t i = first; i < last; ++i) {
+        std::memcpy(dst + layout_.slots[i].offset, params_[i].tensor.data_ptr(),
+                    static_cast<size_t>(layout_.slots[i].bytes));
+      }
+    };
+    try {
+      executor_ = std::make_unique<memory::ChunkExecutor>(trace_, plan_, options);
+    } catch (const Error& e) {
+      throw ConfigError(std::string("memory (") + name() + "): " + e.what());
+    }
+    // The chunks hold the parameters now: their own memory goes.
+    for (auto& p : params_) free_storage(p.tensor);
+    bound_.assign(kKinds * num_chunks_, false);
+  }
+
+  void install_hooks() {
+    BlockHooks hooks;
+    hooks.before_forward = [this](size_t block, const at::Tensor&) {
+      advance({TraceStep::kForward, block});
+    };
+    hooks.after_forward = [this](size_t block, const at::Tensor& output) {
+      if (torch::GradMode::is_enabled() && output.requires_grad()) {
+        output.register_hook([this, block](const at::Tensor&) {
+          advance({TraceStep::kBackward, block});
+        });
+      }
+    };
+    model_->set_block_hooks(std::move(hooks));
+  }
+
+  // ---- the trace ----------------------------------------------------------------
+
+  // Points every tensor of chunk `c` into `base` (nullptr: no memory).
+  void bind(ChunkId c, std::byte* base) {
+    const size_t kind = c / num_chunks_;
+    const auto [first, last] = chunk_params_[c % num_chunks_];
+    for (size_t i = first; i < last; ++i) {
+      c10::StorageImpl* s = tensor_of(kind, i).storage().unsafeGetStorageImpl();
+      if (base == nullptr) {
+        s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+        s->set_nbytes(0);
+      } else {
+        s->set_data_ptr_noswap(at::DataPtr(base + layout_.slots[i].offset, s->device()));
+        s->set_nbytes(static_cast<size_t>(layout_.slots[i].bytes));
+      }
+    }
+    bound_[c] = base != nullptr;
+  }
+
+  // The hooks' way in: the next trace step must be `expected`.
+  void advance(TraceStep expected) {
+    const char* names[] = {"forward", "backward", "optimizer"};
+    KOLOS_CHECK(cursor_ < optimizer_begin_ && steps_[cursor_].type == expected.type &&
+                    steps_[cursor_].index == expected.index,
+                name(), ": the ", names[expected.type], " of block ", expected.index,
+                " ran where the trace has step ", cursor_, " (",
+                cursor_ < steps_.size() ? names[steps_[cursor_].type] : "past the end", " of ",
+                cursor_ < steps_.size() ? std::to_string(steps_[cursor_].index) : "-",
+                "); the blocks ran in another order than the trace was made for");
+    begin(cursor_);
+  }
+
+  // Ends the step in progress (if any): the norms of the gradients it made final.
+  void end_current_step() {
+    if (!in_step_) return;
+    torch::NoGradGuard no_grad;
+    for (size_t i : norm_at_[current_]) norms_[i] = params_[i].tensor.grad().norm();
+    in_step_ = false;
+  }
+
+  void begin(size_t s) {
+    KOLOS_CHECK(s == cursor_, "internal error: trace step ", s, ", expected ", cursor_);
+    end_current_step();
+    if (s == optimizer_begin_) {
+      for (size_t i : unused_) norms_[i] = torch::zeros({}, torch::kFloat);
+    }
+    executor_->begin_step(s);
+    std::vector<bool> needed(bound_.size(), false);
+    for (ChunkId c : trace_.steps[s]) needed[c] = true;
+    for (ChunkId c = 0; c < bound_.size(); ++c) {
+      if (bound_[c] && !needed[c]) bind(c, nullptr);
+    }
+    for (ChunkId c : trace_.steps[s]) bind(c, executor_->chunk(c));
+    for (ChunkId c : zero_at_[s]) {
+      std::memset(executor_->chunk(c), 0, static_cast<size_t>(chunk_bytes_));
+    }
+    if (steps_[s].type == TraceStep::kBackward) {
+      for (ChunkId c : trace_.steps[s]) {
+        if (c / num_chunks_ == kGrad) executor_->mark_dirty(c);
+      }
+    }
+    count_resident();
+    current_ = s;
+    in_step_ = true;
+    cursor_ = s + 1;
+  }
+
+  void count_resident() {
+    int64_t by_kind[kKinds] = {0, 0, 0, 0};
+    int64_t total = 0;
+    for (ChunkId c = 0; c < bound_.size(); ++c) {
+      if (!executor_->resident(c)) continue;
+      by_kind[c / num_chunks_] += chunk_bytes_;
+      total += chunk_bytes_;
+    }
+    if (total > peak_total_) {
+      peak_total_ = total;
+      std::copy(by_kind, by_kind + kKinds, peak_by_kind_);
+    }
+  }
+
+  void materialize() {
+    if (!materialized_.empty()) return;
+    KOLOS_CHECK(cursor_ == 0, name(), ": a checkpoint was asked for in the middle of a step");
+    materialized_.assign(kKinds, std::vector<at::Tensor>(params_.size()));
+    std::vector<std::byte> bytes(static_cast<size_t>(chunk_bytes_));
+    for (Kind kind : {kParam, kExpAvg, kExpAvgSq}) {
+      for (size_t k = 0; k < num_chunks_; ++k) {
+        executor_->read_chunk(id(kind, k), bytes.data());
+        const auto [first, last] = chunk_params_[k];
+        for (size_t i = first; i < last; ++i) {
+          at::Tensor t = torch::empty(params_[i].tensor.sizes(), torch::kFloat);
+          std::memcpy(t.data_ptr(), bytes.data() + layout_.slots[i].offset,
+                      static_cast<size_t>(layout_.slots[i].bytes));
+          materialized_[kind][i] = t;
+        }
+      }
+    }
+  }
+
+  // Linux: "5" in clear_refs resets the peak resident set size (VmHWM,
+  // getrusage's ru_maxrss) to the current one.
+  static void reset_peak_rss() {
+    const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    const ssize_t written = ::write(fd, "5", 1);
+    (void)written;
+    ::close(fd);
+  }
+
+  ChunkSettings settings_;
+  int64_t accumulation_ = 1;
+  int64_t chunk_bytes_ = 0;
+  memory::ChunkSearchResult search_;
+  memory::ChunkLayout layout_;
+  size_t num_chunks_ = 0;
+  std::vector<PlacedParameter> params_;                // trainable, in model order
+  std::vector<std::pair<size_t, size_t>> chunk_params_;  // [chunk]: parameters [first, last)
+  std::vector<std::vector<size_t>> uses_;              // [block]: parameters it reads
+  std::vector<TraceStep> steps_;
+  memory::AccessTrace trace_;
+  memory::Plan plan_;
+  size_t optimizer_begin_ = 0;
+  std::vector<std::vector<ChunkId>> zero_at_;  // [step]: gradient chunks first used there
+  std::vector<std::vector<size_t>> norm_at_;   // [step]: gradients final after it
+  std::vector<size_t> unused_;                 // parameters no block reads
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<memory::ChunkExecutor> executor_;
+  std::vector<bool> bound_;  // [chunk]: its tensors point into the arena
+  size_t cursor_ = 0;        // the next trace step
+  size_t current_ = 0;
+  bool in_step_ = false;
+  std::vector<at::Tensor> norms_;  // [parameter]: its gradient's norm this step
+  std::vector<double> scales_;     // factors for the gradients, in order
+  std::vector<std::vector<at::Tensor>> materialized_;  // [kind][parameter]
+  int64_t peak_total_ = 0;
+  int64_t peak_by_kind_[kKinds] = {0, 0, 0, 0};
+};
+
+}  // namespace
+}  // namespace kolos
+
+KOLOS_DEFINE_PLUGIN("chunks", "memory", kolos::GradientStrategy, kolos::ChunkedMemory,
+                    "parameters, gradients and AdamW states in chunks over a budgeted compute "
+                    "tier, host memory and NVMe files")

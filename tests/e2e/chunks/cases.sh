@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The memory role's `chunks` plugin through `kolos train` (see CMakeLists.txt):
+#   cases.sh CASE      (environment: KOLOS, MPIEXEC)
+set -uo pipefail
+case_name=$1
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+PY=/usr/bin/python3
+
+# The fixed overhead beyond memory.compute_budget that a chunked run's peak
+# RSS may reach (docs/memory.md): LibTorch and MPI, the activations of this
+# small batch, the optimizer's working buffers, allocator slack. It does not
+# grow with the model: the same bound holds at 4x and 8x over budget.
+overhead_mib=200
+
+# 13.7 M parameters: 209 MiB of fp32 states (16 B per parameter); its largest
+# tensors (the 512 x 2048 MLP weights and the 2048 x 512 token embedding)
+# are 4 MiB each.
+cat >states.toml <<'TOML'
+[model]
+layers = 4
+hidden = 512
+heads = 8
+seq_len = 32
+vocab = 2048
+[data]
+kind = "synthetic"
+[optim]
+lr = 1e-3
+[train]
+global_batch = 4
+micro_batch = 2
+steps = 3
+seed = 3
+[log]
+progress = "off"
+TOML
+
+# peak_rss_bytes (max over the steps) of a metrics file, in MiB.
+peak_mib() {
+  $PY -c 'import json,sys; print(max(json.loads(l)["peak_rss_bytes"] for l in open(sys.argv[1])) // 2**20)' "$1"
+}
+
+case "$case_name" in
+  rss)
+    mkdir -p nvme
+    timeout 600 "$KOLOS" train states.toml --set log.metrics=memory.jsonl >memory.txt 2>&1 ||
+      { cat memory.txt; fail "the in-memory run failed"; }
+    in_memory=$(peak_mib memory.jsonl)
+    echo "in memory: peak RSS $in_memory MiB"
+    # 4x and 8x over budget: 52 MiB and 26 MiB for 209 MiB of states.
+    for budget in 52 26; do
+      timeout 600 "$KOLOS" train states.toml --set log.metrics=chunks-$budget.jsonl \
+        --set memory.compute_budget=\"${budget}MiB\" --set memory.offload=\"nvme\" \
+        --set memory.nvme_dir=\"nvme\" --set memory.chunk_size=\"4MiB\" >chunks-$budget.txt 2>&1 ||
+        { cat chunks-$budget.txt; fail "the chunked run at a budget of $budget MiB failed"; }
+      peak=$(peak_mib chunks-$budget.jsonl)
+      echo "chunks, budget $budget MiB: peak RSS $peak MiB (bound $((budget + overhead_mib)) MiB)"
+      [[ $peak -le $((budget + overhead_mib)) ]] ||
+        fail "peak RSS $peak MiB exceeds the budget $budget MiB + overhead $overhead_mib MiB"
+      [[ -z $(ls -A nvme) ]] || fail "the run left files in nvme_dir: $(ls -A nvme)"
+      # Same losses as in memory (bit for bit: the JSON numbers are equal).
+      $PY - memory.jsonl chunks-$budget.jsonl <<'PY' || fail "losses differ from the in-memory run"
+import json, sys
+loss = lambda f: [json.loads(l)["loss"] for l in open(f)]
+assert loss(sys.argv[1]) == loss(sys.argv[2]), (loss(sys.argv[1]), loss(sys.argv[2]))
+PY
+    done
+    # The bound would not hold without chunks: the states alone are 209 MiB.
+    [[ $in_memory -gt $((52 + overhead_mib)) ]] ||
+      fail "the in-memory run peaked at $in_memory MiB, within the chunked bound: the case proves nothing"
+    ;;
+  kill)
+    mkdir -p nvme
+    cat >>states.toml <<'TOML'
+[memory]
+compute_budget = "52MiB"
+offload = "nvme"
+nvme_dir = "nvme"
+chunk_size = "4MiB"
+[checkpoint]
+dir = "ckpt"
+every = 2
+TOML
+    sed -i 's/^steps = 3/steps = 12/' states.toml
+    timeout 600 "$KOLOS" train states.toml --set checkpoint.dir=\"straight\" \
+      --set log.metrics=straight.jsonl >straight.txt 2>&1 ||
+      { cat straight.txt; fail "the uninterrupted run failed"; }
+    "$KOLOS" train states.toml --set log.metrics=first.jsonl >first.txt 2>&1 &
+    pid=$!
+    # After the checkpoint of step 4, in the middle of step 5 or later (a
+    # step streams about 350 MiB through nvme_dir).
+    for _ in $(seq 1 1200); do
+      [[ -f ckpt/latest && $(cat ckpt/latest) == step-00000004 ]] && break
+      sleep 0.05
+    done
+    [[ -f ckpt/latest ]] || { kill -9 $pid; cat first.txt; fail "no checkpoint within 60 s"; }
+    sleep 0.3
+    kill -9 $pid
+    wait $pid
+    stopped=$(wc -l <first.jsonl)
+    [[ $stopped -lt 12 ]] || fail "the run ended before the kill; make it longer"
+    dead=$(ls -A nvme)
+    [[ $dead == kolos-nvme.* ]] || fail "the killed run left no NVMe folder (found '$dead'): was it streaming?"
+    echo "killed after $stopped steps; left in nvme_dir: $dead; latest: $(cat ckpt/latest)"
+    timeout 600 "$KOLOS" train states.toml --resume --set log.metrics=second.jsonl >second.txt 2>&1 ||
+      { cat second.txt; fail "resume failed"; }
+    grep -q "resumed from ckpt/step-" second.txt || { cat second.txt; fail "no resume message"; }
+    [[ -z $(ls -A nvme) ]] || fail "nvme_dir still holds $(ls -A nvme) after the next run"
+    $PY - straight.jsonl second.jsonl <<'PY' || fail "the resumed losses differ from the uninterrupted run's"
+import json, sys
+rows = lambda f: {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f)}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert b and all(a[s] == b[s] for s in b), (a, b)
+print(f"steps {min(b)}..{max(b)} after the resume: losses identical")
+PY
+    ;;
+  refusals)
+    # Each before training, exit 2, with what and where.
+    cat >>states.toml <<'TOML'
+[memory]
+compute_budget = "52MiB"
+chunk_size = "4MiB"
+TOML
+    expect_failure "memory.compute_budget = 8.0 MiB .*8388608.*" -- \
+      "$KOLOS" train states.toml --set memory.compute_budget=\"8MiB\"
+    expect_failure "memory.chunk_size = \"2MiB\": .*h\\.0\\.mlp" -- \
+      "$KOLOS" train states.toml --set memory.chunk_size=\"2MiB\"
+    expect_failure "memory.nvme_dir.*/nonexistent/nvme" -- \
+      "$KOLOS" train states.toml --set memory.offload=\"nvme\" --set memory.nvme_dir=\"/nonexistent/nvme\"
+    expect_failure "/proc" -- \
+      "$KOLOS" train states.toml --set memory.offload=\"nvme\" --set memory.nvme_dir=\"/proc\"
+    expect_failure "memory.offload.*needs memory.nvme_dir" -- \
+      "$KOLOS" check states.toml --set memory.offload=\"nvme\"
+    ;;
+  *) fail "unknown case $case_name" ;;
+esac

@@ -1,0 +1,249 @@
+// The memory role's `chunks` plugin against the same run held in memory.
+//
+// A 4-block GPT whose states (parameters, gradients, AdamW m and v: about
+// 0.8 MiB together) are several times the compute budget (256 KiB), so chunks
+// must move between tiers every step. Every step's loss and gradient norm
+// and every final parameter must be bit-equal to the in-memory run (the
+// default dp plugin on one rank), for auto and static placement, host and
+// NVMe lower tiers, a searched chunk size, with gradient accumulation,
+// clipping, weight decay and full recomputation. Checkpoints: saved from
+// chunks on NVMe and loaded in memory, and the other way round, the resumed
+// run equals the uninterrupted one. Bad input: each refusal names the key
+// and the numbers.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "equivalence.h"
+#include "kolos/checkpoint/checkpoint.h"
+#include "kolos/core/engine.h"
+#include "kolos/modules/data.h"
+#include "kolos/modules/gpt.h"
+
+namespace kolos {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::world_size;
+
+constexpr int kSteps = 6;
+
+// 4 blocks of hidden 32: about 0.2 MiB per kind of state, 0.8 MiB in all;
+// 4 micro-batches per step; clipping at 0.5 (active on most steps).
+RunConfig config(std::vector<std::string> overrides) {
+  overrides.insert(overrides.begin(), {"model.layers=4", "optim.grad_clip=0.5",
+                                       "train.steps=" + std::to_string(kSteps)});
+  return testing::tiny_gpt_config(overrides);
+}
+
+std::vector<std::string> chunks(const std::string& placement, const std::string& offload,
+                                const std::string& nvme_dir = "",
+                                const std::string& chunk_size = "16KiB") {
+  std::vector<std::string> o = {"memory.placement=\"" + placement + "\"",
+                                "memory.compute_budget=\"256KiB\"",
+                                "memory.offload=\"" + offload + "\"",
+                                "memory.chunk_size=\"" + chunk_size + "\""};
+  if (!nvme_dir.empty()) o.push_back("memory.nvme_dir=\"" + nvme_dir + "\"");
+  return o;
+}
+
+std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+void expect_bit_equal(const testing::RunRecord& reference, const testing::RunRecord& candidate,
+                      const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(reference.losses.size(), candidate.losses.size());
+  for (size_t s = 0; s < reference.losses.size(); ++s) {
+    EXPECT_EQ(reference.losses[s], candidate.losses[s]) << "loss of step " << s + 1;
+    EXPECT_EQ(reference.grad_norms.at(s), candidate.grad_norms.at(s))
+        << "gradient norm of step " << s + 1;
+  }
+  ASSERT_EQ(reference.parameters.size(), candidate.parameters.size());
+  for (size_t i = 0; i < reference.parameters.size(); ++i) {
+    const auto& [name, p] = reference.parameters[i];
+    EXPECT_EQ(name, candidate.parameters[i].first);
+    EXPECT_TRUE(torch::equal(p, candidate.parameters[i].second))
+        << name << ": max |diff| "
+        << (p - candidate.parameters[i].second).abs().max().item<double>();
+  }
+}
+
+std::unique_ptr<Engine> make_engine(const RunConfig& config) {
+  modules::register_builtin_models();
+  return std::make_unique<Engine>(config, testing::self_group(),
+                                  [](const RunConfig& c) { return data::make_source(c); });
+}
+
+void require_one_rank() {
+  ASSERT_EQ(world_size(), 1) << "the chunks plugin runs on one rank in this version";
+}
+
+class Chunks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    require_one_rank();
+    nvme_ = testing::shared_tmpdir("chunks-nvme");
+  }
+  void TearDown() override {
+    if (nvme_.empty()) return;
+    // Each store removes its own folder: nothing is left behind.
+    EXPECT_TRUE(fs::is_empty(nvme_)) << nvme_ << " still holds files";
+    fs::remove_all(nvme_);
+  }
+  testing::RunRecord reference(const std::vector<std::string>& extra = {}) {
+    const auto r = testing::run_and_record(config(extra), testing::self_group());
+    EXPECT_LT(r.losses.back(), r.losses.front()) << "the reference must learn";
+    return r;
+  }
+  testing::RunRecord candidate(const std::vector<std::string>& overrides) {
+    return testing::run_and_record(config(overrides), testing::self_group());
+  }
+  std::string nvme_;
+};
+
+TEST_F(Chunks, AutoOnHostBitEqual) {
+  expect_bit_equal(reference(), candidate(chunks("auto", "host")), "auto, host");
+}
+
+TEST_F(Chunks, AutoOnNvmeBitEqual) {
+  expect_bit_equal(reference(), candidate(chunks("auto", "nvme", nvme_)), "auto, nvme");
+}
+
+TEST_F(Chunks, StaticOnNvmeBitEqual) {
+  const auto o = plus(chunks("static", "nvme", nvme_),
+                      {"memory.param_fraction=0.1", "memory.optim_fraction=0.05"});
+  expect_bit_equal(reference(), candidate(o), "static, nvme");
+}
+
+TEST_F(Chunks, SearchedChunkSizeAndRecomputeBitEqual) {
+  const std::vector<std::string> recompute = {"train.recompute=\"full\""};
+  expect_bit_equal(reference(recompute),
+                   candidate(plus(chunks("auto", "nvme", nvme_, "auto"), recompute)),
+                   "searched chunk size, full recomputation");
+}
+
+TEST_F(Chunks, ResidentBytesStayWithinTheBudget) {
+  auto engine = make_engine(config(chunks("auto", "nvme", nvme_)));
+  for (int s = 0; s < 2; ++s) {
+    const StepMetrics m = engine->step();
+    // The compute tier's high point (split by kind at that point), counted
+    // from the chunks resident after each trace step: within the budget,
+    // and at least an optimizer step's four chunks of 16 KiB.
+    EXPECT_LE(m.memory.total(), 256 * 1024);
+    EXPECT_GE(m.memory.total(), 4 * 16 * 1024);
+  }
+}
+
+// A checkpoint into an engine, as `kolos train --resume` does it.
+void load_into(Engine& engine, const std::string& root) {
+  checkpoint::Checkpointer ckpt(testing::self_group(), {root, 0, false});
+  TrainingState state = engine.state();
+  ckpt.load(root, state);
+  engine.load_state(state);
+}
+
+void save_from(Engine& engine, const std::string& root) {
+  checkpoint::Checkpointer ckpt(testing::self_group(), {root, 0, false});
+  ckpt.save(engine.state());
+}
+
+// Half the steps under `a`, a checkpoint, the rest under `b` in a new engine:
+// the same losses and parameters as kSteps straight in memory.
+void expect_resume_equal(const std::vector<std::string>& a, const std::vector<std::string>& b,
+                         const std::string& what) {
+  SCOPED_TRACE(what);
+  const std::string root = testing::shared_tmpdir("chunks-ckpt");
+  auto straight = make_engine(config({}));
+  std::vector<double> expected;
+  for (int s = 0; s < kSteps; ++s) expected.push_back(straight->step().loss);
+  std::vector<double> losses;
+  {
+    auto first = make_engine(config(a));
+    for (int s = 0; s < kSteps / 2; ++s) losses.push_back(first->step().loss);
+    save_from(*first, root);
+  }
+  auto second = make_engine(config(b));
+  load_into(*second, root);
+  for (int s = kSteps / 2; s < kSteps; ++s) losses.push_back(second->step().loss);
+  EXPECT_EQ(losses, expected);
+  const auto want = straight->gathered_parameters();
+  const auto got = second->gathered_parameters();
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(torch::equal(want[i].second, got[i].second)) << want[i].first;
+  }
+  fs::remove_all(root);
+}
+
+TEST_F(Chunks, CheckpointFromNvmeIntoMemoryAndBack) {
+  expect_resume_equal(chunks("auto", "nvme", nvme_), {}, "nvme chunks -> memory");
+  expect_resume_equal({}, chunks("static", "host"), "memory -> host chunks");
+  expect_resume_equal(chunks("auto", "host"), chunks("auto", "nvme", nvme_),
+                      "host chunks -> nvme chunks");
+}
+
+// ---- bad input ---------------------------------------------------------------
+
+// The message of the error an engine for `overrides` raises ("" if none).
+std::string engine_error(const std::vector<std::string>& overrides) {
+  try {
+    make_engine(config(overrides));
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ChunksBadInput, RefusedWithTheNumbers) {
+  require_one_rank();
+  // A budget below the widest step's working set: both numbers named.
+  auto small = chunks("auto", "host");
+  small[1] = "memory.compute_budget=\"64KiB\"";
+  std::string e = engine_error(small);
+  EXPECT_NE(e.find("memory.compute_budget"), std::string::npos) << e;
+  EXPECT_NE(e.find("65536"), std::string::npos) << e;
+  // A chunk smaller than the largest tensor (the 32 x 128 MLP weights).
+  e = engine_error(chunks("auto", "host", "", "8KiB"));
+  EXPECT_NE(e.find("memory.chunk_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("mlp"), std::string::npos) << e;
+  // A chunk size that is not a multiple of the direct-I/O alignment.
+  e = testing::config_error(plus(chunks("auto", "host", "", "10000B"), {"model.layers=4"}));
+  EXPECT_NE(e.find("memory.chunk_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("4096"), std::string::npos) << e;
+  // An nvme_dir that is missing, or one the process cannot create a folder in.
+  e = testing::config_error(chunks("auto", "nvme", "/nonexistent/kolos-nvme"));
+  EXPECT_NE(e.find("memory.nvme_dir"), std::string::npos) << e;
+  EXPECT_NE(e.find("/nonexistent/kolos-nvme"), std::string::npos) << e;
+  e = engine_error(chunks("auto", "nvme", "/proc"));
+  EXPECT_NE(e.find("/proc"), std::string::npos) << e;
+  // nvme without a directory; keys of the other policy or tier.
+  e = testing::config_error(chunks("auto", "nvme"));
+  EXPECT_NE(e.find("memory.nvme_dir"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"memory.param_fraction=0.5"}));
+  EXPECT_NE(e.find("static"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("static", "host"), {"memory.prefetch=2"}));
+  EXPECT_NE(e.find("auto"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"memory.io_threads=2"}));
+  EXPECT_NE(e.find("nvme"), std::string::npos) << e;
+  e = testing::config_error({"memory.placement=\"auto\""});
+  EXPECT_NE(e.find("compute_budget"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"memory.unknown=1"}));
+  EXPECT_NE(e.find("memory.unknown"), std::string::npos) << e;
+  // Mixes this version does not run.
+  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.zero.stage=1"}));
+  EXPECT_NE(e.find("zero1"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.data=2"}));
+  EXPECT_NE(e.find("one rank"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"train.precision=\"bf16\""}));
+  EXPECT_NE(e.find("fp32"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace kolos
