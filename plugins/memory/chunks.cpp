@@ -28,6 +28,7 @@
 // same factors, and the optimizer is the same kolos::AdamW applied to one
 // chunk's slots at a time (its update is element-wise).
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -650,9 +651,12 @@ class ChunkedMemory : public GradientStrategy {
     }
   }
 
-  // Linux: "5" in clear_refs resets the peak resident set size (VmHWM,
-  // getrusage's ru_maxrss) to the current one.
+  // The model's own memory, freed into malloc's heap, goes back to the
+  // kernel (malloc_trim also releases free pages inside the heap); then
+  // "5" in /proc/self/clear_refs resets the peak resident set size (VmHWM,
+  // getrusage's ru_maxrss) to the current one (Linux).
   static void reset_peak_rss() {
+    malloc_trim(0);
     const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
     if (fd < 0) return;
     const ssize_t written = ::write(fd, "5", 1);
