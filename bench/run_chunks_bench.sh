@@ -2,9 +2,9 @@
 # The memory role's `chunks` plugin against the same run held in memory: one
 # GPT, one rank, the same data, in this one invocation.
 #
-#   bench/run_chunks_bench.sh [--dir /tmp] [--layers 4] [--hidden 512]
+#   bench/run_chunks_bench.sh [--dir /tmp] [--layers 8] [--hidden 384]
 #                             [--vocab 2048] [--seq 128] [--micro 4]
-#                             [--steps 4] [--chunk-mib 4] [--overs "2 4 8"]
+#                             [--steps 4] [--chunk-mib 3] [--overs "2 4 8"]
 #                             [--tiers "host nvme"] [--build build]
 #
 # Builds nothing: it needs build/bin/kolos and its plugins (ninja -C build
@@ -21,7 +21,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-dir=/tmp layers=4 hidden=512 vocab=2048 seq=128 micro=4 steps=4 chunk_mib=4 overs="2 4 8"
+dir=/tmp layers=8 hidden=384 vocab=2048 seq=128 micro=4 steps=4 chunk_mib=3 overs="2 4 8"
 tiers="host nvme" build=build
 while [[ $# -gt 0 ]]; do
   case "$1" in
