@@ -430,8 +430,7 @@ int version(const std::vector<std::string>& args) {
             << "  MPI       " << mpi_line << "\n"
             << "  plugin ABI " << KOLOS_PLUGIN_ABI_VERSION << "\n"
             << "  CUDA " << (KOLOS_CUDA_ENABLED ? "on" : "off") << ", NCCL "
-            << (KOLOS_WITH_NCCL ? "on" : "off") << ", UCX " << (KOLOS_WITH_UCX ? "on" : "off")
-            << "\n";
+            << (KOLOS_WITH_NCCL ? "on" : "off") << "\n";
   const int gpus = cuda::device_count();
   std::cout << "  GPUs      " << gpus;
   for (int d = 0; d < gpus; ++d) std::cout << (d ? ", " : " (") << cuda::device_name(d);
