@@ -80,7 +80,10 @@ std::string resolve_bind(const LaunchOptions& o) {
   if (o.bind != "none" && o.bind != "cores" && o.bind != "numa") {
     throw UsageError("kolos run: --bind must be none, cores or numa, got `" + o.bind + "`");
   }
-  if (o.bind == "cores" && o.ranks > s.cores) {
+  // Before exec_mpirun has looked at the machine (kolos run checks its
+  // options first), only the policy's name can be checked.
+  const bool machine_known = o.cores > 0 || o.physical_cores > 0;
+  if (o.bind == "cores" && machine_known && o.ranks > s.cores) {
     throw UsageError("kolos run: --bind cores gives each rank a core of its own, but " +
                      std::to_string(o.ranks) + " ranks do not fit on " + std::to_string(s.cores) +
                      " cores (use --bind numa or --bind none)");

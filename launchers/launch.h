@@ -33,7 +33,7 @@ struct LaunchOptions {
 
 // The binding the command uses: options.bind, or its default. Throws
 // UsageError for an unknown policy, and for `cores` with more ranks than
-// cores.
+// cores (once cores or physical_cores says how many there are).
 std::string resolve_bind(const LaunchOptions& options);
 
 // One line for people: the policy and what it gives each rank, e.g.

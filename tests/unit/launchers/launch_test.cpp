@@ -147,6 +147,13 @@ TEST(LaunchBinding, Refusals) {
               std::string::npos)
         << e.what();
   }
+  // kolos run checks its options before it looks at the machine: then only
+  // the policy's name is checked.
+  LaunchOptions unknown = options(4, 0);
+  unknown.bind = "cores";
+  EXPECT_NO_THROW(mpirun_command(unknown));
+  unknown.bind = "socket";
+  EXPECT_THROW(mpirun_command(unknown), UsageError);
   o.bind = "socket";
   try {
     mpirun_command(o);
