@@ -7,6 +7,7 @@
 //   kolos plugins [--path DIR ...]          plugins found, their role and versions
 //   kolos data prepare FILE... -o OUT       byte-level token file from text
 //   kolos slurm gen [CONFIG] [options]      a ready sbatch script (launchers/slurm_command.cpp)
+//   kolos topo [--json]                     this node's topology (libkolos_topology)
 //   kolos version
 #include <mpi.h>
 #include <unistd.h>
@@ -35,6 +36,8 @@
 #include "kolos/core/signals.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
+#include "kolos/topology/binding.h"
+#include "kolos/topology/topology.h"
 #include "launch.h"
 #include "slurm_command.h"
 
@@ -54,6 +57,7 @@ commands:
   data prepare FILE... -o OUT            write a byte-level token file for [data] kind = "tokens"
   ckpt inspect|verify|export DIR         look into, check or export a checkpoint
   slurm gen [CONFIG] [options]           write an sbatch script (srun, requeue on time limit)
+  topo [--json]                          this node's cores, NUMA nodes, GPUs, NICs, NVLink domains
   version                                versions of kolos and what it was built with
 
 `kolos <command> --help` describes each command.
@@ -211,6 +215,9 @@ int run(const std::vector<std::string>& args) {
       "no-ucx", po::bool_switch(&launch.no_ucx), "never select MPI's UCX transport")(
       "ucx", po::bool_switch(&launch.ucx),
       "always select MPI's UCX transport (default: when there are 2+ cores per rank)")(
+      "bind", po::value(&launch.bind),
+      "none | cores | numa: bind each rank to cores of its own or to its NUMA node (default: cores "
+      "when there is a core per rank, else none)")(
       "dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command, run nothing")(
       "resume", po::value<std::string>()->implicit_value(""),
       "pass --resume [DIR] to every rank's `kolos train`")("resume-dir",
@@ -369,6 +376,45 @@ int data_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+int topo(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  bool json = false, gpus = false;
+  int ranks = 0;
+  topology::Options from;
+  std::string xml;
+  options.add_options()("json", po::bool_switch(&json), "print JSON instead of text")(
+      "xml", po::value(&xml), "read an hwloc XML export (lstopo FILE.xml) instead of this machine")(
+      "nvlink-file", po::value(&from.nvlink_file),
+      "NVLink domains when NVML is absent (JSON, docs/topology.md; default $KOLOS_NVLINK_FILE)")(
+      "sysfs-root", po::value(&from.sysfs_root),
+      "where class/infiniband is read (default /sys for this machine, none for --xml)")(
+      "ranks", po::value(&ranks), "also print the binding of this many node-local ranks")(
+      "gpus", po::bool_switch(&gpus), "with --ranks: one rank per GPU, on its GPU's NUMA node");
+  Parsed parsed =
+      parse("topo", args, options, {},
+            "[--json] [--xml FILE] [--nvlink-file FILE] [--sysfs-root DIR] [--ranks N [--gpus]]");
+  if (parsed.help) return 0;
+  topology::Topology t;
+  if (xml.empty()) {
+    from.use_nvml = true;
+    if (from.sysfs_root.empty()) from.sysfs_root = "/sys";
+    t = topology::discover(from);
+  } else {
+    t = topology::from_hwloc_xml(xml, from);
+  }
+  if (json) {
+    std::cout << topology::to_json(t);
+    return 0;
+  }
+  std::cout << topology::to_text(t);
+  if (ranks > 0) {
+    for (const auto& b : topology::bindings_for(ranks, t, {gpus})) {
+      std::cout << "  " << topology::describe(b, t) << "\n";
+    }
+  }
+  return 0;
+}
+
 int version(const std::vector<std::string>& args) {
   po::options_description options("options");
   Parsed parsed = parse("version", args, options, {}, "");
@@ -384,8 +430,7 @@ int version(const std::vector<std::string>& args) {
             << "  MPI       " << mpi_line << "\n"
             << "  plugin ABI " << KOLOS_PLUGIN_ABI_VERSION << "\n"
             << "  CUDA " << (KOLOS_CUDA_ENABLED ? "on" : "off") << ", NCCL "
-            << (KOLOS_WITH_NCCL ? "on" : "off") << ", UCX " << (KOLOS_WITH_UCX ? "on" : "off")
-            << "\n";
+            << (KOLOS_WITH_NCCL ? "on" : "off") << "\n";
   const int gpus = cuda::device_count();
   std::cout << "  GPUs      " << gpus;
   for (int d = 0; d < gpus; ++d) std::cout << (d ? ", " : " (") << cuda::device_name(d);
@@ -413,9 +458,10 @@ int dispatch(int argc, char** argv) {
   if (command == "data") return data_command(args);
   if (command == "ckpt") return ckpt_command(args);
   if (command == "slurm") return slurm_command(args);
+  if (command == "topo") return topo(args);
   if (command == "version") return version(args);
-  std::string hint = closest_match(
-      command, {"train", "run", "check", "plan", "plugins", "data", "ckpt", "slurm", "version"});
+  std::string hint = closest_match(command, {"train", "run", "check", "plan", "plugins", "data",
+                                             "ckpt", "slurm", "topo", "version"});
   throw UsageError("unknown command `" + command + "`" +
                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
                    "; see `kolos --help`");

@@ -6,9 +6,11 @@ set -euo pipefail
 packages=(
   cmake ninja-build ccache g++ make pkg-config
   libtorch-dev libopenblas0-pthread
-  libopenmpi-dev openmpi-bin libucx-dev
+  # OpenMPI brings UCX (libucx0) for its UCX transport; kolos does not link UCX
+  libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
-  libboost-program-options-dev libtoml11-dev libhwloc-dev
+  libboost-program-options-dev libtoml11-dev
+  libhwloc-dev  # libkolos_topology (hwloc 2.x through pkg-config)
   nlohmann-json3-dev  # safetensors headers and Hugging Face config.json (ckpt import)
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-h5py python3-numpy

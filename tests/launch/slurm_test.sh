@@ -383,7 +383,7 @@ SH
       [[ $rc -eq $want ]] || { cat job.out; fail "job.sbatch ($*) exited $rc, expected $want"; }
     }
     run_job 0 FAKE_RC=0
-    grep -q "srun --mpi=pmix --cpu-bind=cores $KOLOS train $tiny --set checkpoint.dir=$work/ckpt$" log.txt ||
+    grep -q "srun --mpi=pmix --cpu-bind=cores --distribution=block:block --mem-bind=local $KOLOS train $tiny --set checkpoint.dir=$work/ckpt$" log.txt ||
       { cat log.txt; fail "unexpected srun command"; }
     ! grep -q scontrol log.txt || fail "requeued after success"
     run_job 3 FAKE_RC=3
@@ -409,7 +409,7 @@ SH
     # The ranks are the allocation's tasks (SLURM_TASKS_PER_NODE), not the
     # submission's SLURM_NTASKS: a requeued job may have been made smaller.
     run_job 0 FAKE_RC=0 SLURM_NTASKS=4 SLURM_NPROCS=4 SLURM_TASKS_PER_NODE=2
-    grep -q "srun --mpi=pmix --cpu-bind=cores --ntasks=2 $KOLOS train $tiny " log.txt ||
+    grep -q "srun --mpi=pmix --cpu-bind=cores --distribution=block:block --mem-bind=local --ntasks=2 $KOLOS train $tiny " log.txt ||
       { cat log.txt; fail "srun not given --ntasks=2 for SLURM_TASKS_PER_NODE=2"; }
     grep -qx "srun's SLURM_NTASKS=2 SLURM_NPROCS=2" log.txt || { cat log.txt; fail "SLURM_NTASKS not set to 2"; }
     grep -q ": 1 node(s), 2 ranks" job.out || { cat job.out; fail "the job line does not say 2 ranks"; }

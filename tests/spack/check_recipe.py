@@ -24,7 +24,7 @@ stand-in for `spack.package` records the directives the recipe calls
   - dependencies whose APIs kolos is written against carry the upper bounds
     in VERSION_BOUNDS;
   - CUDA: +cuda passes CMAKE_CUDA_COMPILER from spec["cuda"], and every
-    cuda_arch is passed on to py-torch, nccl and ucx;
+    cuda_arch is passed on to py-torch and nccl;
   - the test hook: KOLOS_BUILD_TESTS follows +tests and `spack install
     --test=...` (self.run_tests); googletest is in the graph in both cases;
     check() runs ctest without the `launch` label, and without `gpu` unless
@@ -70,7 +70,7 @@ KNOWN_PACKAGES = {
     "hwloc": {"cuda", "nvml"},
 }
 # What kolos cannot build without (root-level, unconditional).
-REQUIRED = {"mpi", "boost", "toml11", "nlohmann-json", "cmake", "py-torch"}
+REQUIRED = {"mpi", "boost", "toml11", "nlohmann-json", "cmake", "py-torch", "hwloc"}
 # Build tools that are only worth depending on when a CMake file uses them.
 TOOL_USE = {"pkgconfig": r"find_package\(\s*PkgConfig|pkg_check_modules|pkg_search_module"}
 # Dependencies whose APIs kolos uses, with the highest version the recipe may
@@ -79,11 +79,11 @@ VERSION_BOUNDS = {
     "toml11": ("3", "toml11 4 removed toml::string; run_config.cpp reads as_string().str"),
     "hdf5": ("1.14", "kolos uses the 1.10-1.14 C API; 2.x changes the API defaults"),
     "py-torch": ("2", "LibTorch's C++ API of 1.13 and 2.x"),
-    "ucx": ("1", "the ucp API of UCX 1.x"),
+    "hwloc": ("2", "libkolos_topology reads hwloc 2.x's OS device types; hwloc 3 renumbers them"),
     "nccl": ("2", "NCCL 2.x"),
 }
 # Packages that must be built for the same GPUs as kolos (cuda_arch).
-CUDA_ARCH_DEPENDENCIES = ("py-torch", "nccl", "ucx")
+CUDA_ARCH_DEPENDENCIES = ("py-torch", "nccl")
 # Spack's CudaPackage.cuda_arch_values (lib/spack/spack/build_systems/cuda.py).
 CUDA_ARCH_VALUES = (
     "10", "11", "12", "13", "20", "21", "30", "32", "35", "37", "50", "52", "53", "60", "61",
@@ -465,9 +465,15 @@ def main():
         problem("no depends_on('hdf5 +mpi') (parallel HDF5)")
     if not any("program_options" in s for n, s, _, _ in dependencies if n == "boost"):
         problem("boost is needed with +program_options")
-    for variant, dep in (("ucx", "ucx"), ("nccl", "nccl")):
-        if variant in declared and not any(n == dep and w and f"+{variant}" in w for n, _, w, _ in dependencies):
-            problem(f"variant {variant!r} has no depends_on({dep!r}, when='+{variant}')")
+    if "nccl" in declared and not any(n == "nccl" and w and "+nccl" in w for n, _, w, _ in dependencies):
+        problem("variant 'nccl' has no depends_on('nccl', when='+nccl')")
+    # kolos has no UCX transport: +ucx asks for an OpenMPI with UCX (whose PML
+    # `kolos run` may select), not for a UCX that kolos would link.
+    if "ucx" in declared and not any(n == "openmpi" and "fabrics=ucx" in s and w and "+ucx" in w
+                                     for n, s, w, _ in dependencies):
+        problem("variant 'ucx' has no depends_on('openmpi fabrics=ucx', when='+ucx ^[virtuals=mpi] openmpi')")
+    if any(n == "ucx" for n, _, _, _ in dependencies):
+        problem("depends_on('ucx'): kolos does not link UCX (OpenMPI's fabrics=ucx brings it)")
 
     # Upper bounds where kolos uses the dependency's API: either one
     # unconditional depends_on carries the bound, or every one of them does.

@@ -52,9 +52,18 @@ CASES = [
     ("cuda_arch not passed to nccl", RECIPE,
      'depends_on(f"nccl +cuda cuda_arch={_arch}", when=f"+nccl cuda_arch={_arch}")', "pass",
      "cuda_arch is not passed on to nccl"),
-    ("unused pkgconfig", RECIPE, 'depends_on("ninja", type="build")',
-     'depends_on("ninja", type="build")\n    depends_on("pkgconfig", type="build")',
+    ("pkgconfig no longer used", "CMakeLists.txt",
+     "find_package(PkgConfig REQUIRED)\npkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc>=2.0)",
+     "find_library(KOLOS_HWLOC_LIBRARY hwloc REQUIRED)",
      "no CMake file of the project uses pkgconfig"),
+    ("hwloc unbounded", RECIPE, 'depends_on("hwloc@2.0:2")', 'depends_on("hwloc@2.0:")',
+     "depends_on('hwloc') has no upper bound"),
+    ("a UCX kolos does not link", RECIPE, 'depends_on("nccl@2", when="+nccl")',
+     'depends_on("nccl@2", when="+nccl")\n    depends_on("ucx@1.13:1", when="+ucx")',
+     "kolos does not link UCX"),
+    ("the removed UCX option", RECIPE, 'self.define("KOLOS_BUILD_BENCH", False),',
+     'self.define("KOLOS_BUILD_BENCH", False),\n            self.define_from_variant("KOLOS_WITH_UCX", "ucx"),',
+     "cmake_args() sets KOLOS_WITH_UCX, which no CMake file of the project reads"),
 ]
 
 

@@ -1,7 +1,7 @@
 # Spack recipe for kolos (docs/launching.md, "Spack"). kolos has no public
 # source address, so Spack builds it from a checkout:
 #   spack repo add spack/
-#   spack dev-build kolos@0.1.0 +ucx          (from the checkout's top folder)
+#   spack dev-build kolos@0.1.0               (from the checkout's top folder)
 #   spack env activate spack/ && spack install  (spack.yaml: develop path ..)
 import os
 
@@ -26,7 +26,12 @@ class Kolos(CMakePackage, CudaPackage):
 
     # `cuda` and `cuda_arch` come from CudaPackage.
     variant("nccl", default=True, when="+cuda", description="NCCL collectives for CUDA tensors")
-    variant("ucx", default=True, description="UCX point-to-point transport and MPI's UCX PML")
+    variant(
+        "ucx",
+        default=True,
+        description="Require an OpenMPI built with UCX (fabrics=ucx), whose UCX PML `kolos run` "
+        "selects at run time; kolos itself has no UCX transport and does not link UCX",
+    )
     variant(
         "hdf5_parallel",
         default=True,
@@ -50,9 +55,6 @@ class Kolos(CMakePackage, CudaPackage):
     depends_on("openmpi fabrics=ucx", when="+ucx ^[virtuals=mpi] openmpi")
 
     # Upper bounds: the major versions whose APIs kolos is written against.
-    # UCX: the ucp API of 1.x (tested: 1.13).
-    depends_on("ucx@1.13:1", when="+ucx")
-    depends_on("ucx +cuda", when="+ucx +cuda")
     # NCCL 2.x.
     depends_on("nccl@2", when="+nccl")
 
@@ -67,7 +69,6 @@ class Kolos(CMakePackage, CudaPackage):
     for _arch in CudaPackage.cuda_arch_values:
         depends_on(f"py-torch +cuda cuda_arch={_arch}", when=f"+cuda cuda_arch={_arch}")
         depends_on(f"nccl +cuda cuda_arch={_arch}", when=f"+nccl cuda_arch={_arch}")
-        depends_on(f"ucx +cuda cuda_arch={_arch}", when=f"+ucx +cuda cuda_arch={_arch}")
 
     # HDF5: the 1.10 to 1.14 C API (H5Pset_virtual, H5Literate with the
     # H5L_info_t of the default API mapping); 2.x changes the defaults.
@@ -80,6 +81,10 @@ class Kolos(CMakePackage, CudaPackage):
     depends_on("toml11@3.7:3")
     # safetensors headers and Hugging Face config.json (`kolos ckpt import`).
     depends_on("nlohmann-json@3.2:")
+    # libkolos_topology: hwloc 2.x (hwloc 3 renumbers the OS device types it
+    # reads), found through pkg-config's hwloc.pc.
+    depends_on("hwloc@2.0:2")
+    depends_on("pkgconfig", type="build")
 
     # googletest (with gmock): in the graph whenever the tests are built,
     # that is with +tests, and with `spack install --test=root` (type="test").
@@ -92,7 +97,6 @@ class Kolos(CMakePackage, CudaPackage):
         spec = self.spec
         args = [
             self.define("KOLOS_WITH_CUDA", "ON" if spec.satisfies("+cuda") else "OFF"),
-            self.define_from_variant("KOLOS_WITH_UCX", "ucx"),
             self.define("KOLOS_BUILD_TESTS", spec.satisfies("+tests") or self.run_tests),
             self.define("KOLOS_BUILD_BENCH", False),
             self.define("HDF5_PREFER_PARALLEL", spec.satisfies("+hdf5_parallel")),

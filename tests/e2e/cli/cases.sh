@@ -346,10 +346,42 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     sleep 1
     ! pgrep -f "train.seed=4242017" >/dev/null || { pkill -9 -f "train.seed=4242017"; fail "ranks left behind"; }
     ;;
+  topo)
+    # This machine: text and JSON agree with the kernel's CPU count.
+    expect_success "$KOLOS" topo
+    grep -q "^host .* (hwloc discovery of this machine)" out.txt || fail "kolos topo: no host line"
+    grep -Eq "^[0-9]+ package\(s\), [0-9]+ NUMA node\(s\), [1-9][0-9]* cores" out.txt || fail "kolos topo: no counts"
+    expect_success "$KOLOS" topo --json
+    python3 - out.txt <<'PY' || fail "kolos topo --json does not describe this machine"
+import json, os, sys
+doc = json.load(open(sys.argv[1]))
+cpus = {p for c in doc["cores"] for p in c["pus"]}
+assert doc["schema"] == "kolos.topology/1" and len(doc["cores"]) >= 1, doc["schema"]
+assert os.sched_getaffinity(0) <= cpus, (sorted(os.sched_getaffinity(0)), sorted(cpus))
+assert len(cpus) == doc["pus"] <= os.cpu_count()
+print(f"{len(doc['cores'])} cores, {doc['pus']} CPUs, {len(doc['numa_nodes'])} NUMA node(s)")
+PY
+    # The DGX fixture: GPUs, NICs, NVLink domain, one rank per GPU on its NUMA node.
+    fx="$KOLOS_SOURCE_DIR/tests/unit/topology/fixtures"
+    expect_success "$KOLOS" topo --xml "$fx/dgx-h100.xml" --nvlink-file "$fx/dgx-h100.nvlink.json" \
+      --sysfs-root "$fx/dgx-h100-sys" --ranks 8 --gpus
+    grep -q "112 cores, 224 hardware threads, 8 GPU(s), 8 NIC(s)" out.txt || fail "DGX fixture: wrong counts"
+    grep -q "NVLink domains (file .*): 0: GPUs 0-7" out.txt || fail "DGX fixture: no NVLink domain of 8"
+    grep -q "rank 7: NUMA node 1, cores 98-111 (CPUs 98-111,210-223), GPU 7 0000:db:00.0" out.txt ||
+      fail "DGX fixture: rank 7 not bound next to GPU 7"
+    expect_failure "hwloc XML file missing\.xml: no such file" -- "$KOLOS" topo --xml missing.xml
+    # kolos run shows its binding in the dry run: the flags and a line for people.
+    expect_success "$KOLOS" run -n 2 "$tiny" --dry-run
+    grep -Eq -- "--bind-to (core|none)" out.txt || fail "kolos run --dry-run shows no binding"
+    grep -q "kolos run: binding " err.txt || fail "kolos run --dry-run does not describe the binding"
+    expect_success "$KOLOS" run -n 2 "$tiny" --dry-run --bind numa
+    grep -q -- "--map-by ppr:[0-9]*:numa --bind-to numa" out.txt || fail "--bind numa not passed to mpirun"
+    expect_failure "--bind must be none, cores or numa, got .socket." -- "$KOLOS" run -n 2 "$tiny" --dry-run --bind socket
+    ;;
   install)
     prefix="$work/prefix"
     cmake --install "$KOLOS_BINARY_DIR" --prefix "$prefix" >/dev/null || fail "cmake --install failed"
-    for f in bin/kolos lib/libkolos_core.so lib/libkolos_base.so lib/libkolos_modules.so \
+    for f in bin/kolos lib/libkolos_core.so lib/libkolos_base.so lib/libkolos_modules.so lib/libkolos_topology.so \
              lib/kolos/plugins/libkolos_dp.so share/kolos/examples/gpt-demo.toml include/kolos/config.h; do
       [[ -e "$prefix/$f" ]] || fail "$f not installed"
     done
