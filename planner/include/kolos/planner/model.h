@@ -58,9 +58,9 @@ double logit_forward_flops(const ModelShape& m, double b);
 double block_forward_elementwise_bytes(const ModelShape& m, double b, double element_bytes);
 
 // Forward + backward FLOPs of one step of `batch` sequences, as Narayanan et
-// al. (2021, eq. 3) count them with full recomputation (four forward passes'
-// worth): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)). The published per-GPU
-// throughputs use this count; the comparison table uses it too.
+// al. (2021, eq. 3) count them with full recomputation (four forward passes
+// of the blocks, three of the logit layer): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)). The published
+// per-GPU throughputs use this count; the comparison table uses it too.
 double megatron_step_flops(const ModelShape& m, double batch);
 
 }  // namespace kolos::planner
