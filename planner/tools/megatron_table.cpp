@@ -47,6 +47,7 @@ std::string layout(const Candidate& c) {
   out += " pp " + std::to_string(c.pp) + " dp " + std::to_string(c.dp);
   if (c.sp > 1 || c.sp_mode == SpMode::kMegatron) {
     out += std::string(" sp ") + std::to_string(c.sp) + " " + to_string(c.sp_mode);
+    if (c.sp_mode == SpMode::kHybrid) out += " a" + std::to_string(c.ulysses);
   }
   if (c.pp > 1) {
     out += std::string(" ") + to_string(c.schedule);
