@@ -46,7 +46,8 @@ bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first = 0)
 // takes a mesh and roles without a RunConfig.
 double memory_per_rank(const Workload& w, const Candidate& c, std::vector<MemoryPart>* parts);
 
-// The whole prediction. `simulate_pipeline`: run the pipeline plugin's
+// The whole prediction. Not thread-safe: the pipeline plans it simulates
+// are cached in a process-wide table. `simulate_pipeline`: run the pipeline plugin's
 // schedule (plugins/pipeline/plan.h) with per-stage times and transfer
 // delays; otherwise the closed-form bubble of plan.h with the slowest
 // stage's time (the search's first pass).
