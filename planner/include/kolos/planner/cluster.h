@@ -1,0 +1,79 @@
+// The machine the planner plans for: the cluster file (TOML) and the rates
+// the cost model divides by.
+//
+// A cluster file has a [cluster] table (every key required) and an optional
+// [rates] table (every key required when the table is present); without
+// [rates] the rates are assumed fractions of the peaks (MachineRates::assumed).
+// A calibration cache file ([calibration], written by a future on-machine
+// calibration; read here) overrides the rates and adds measured
+// collective alpha/beta per group size within a node. docs/planner.md lists
+// every field. Errors are ConfigErrors "file:line: table.key: what is wrong";
+// a missing key names the line of its table's header.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kolos::planner {
+
+struct Cluster {
+  std::string name;
+  std::string source;  // the file it was read from
+  int64_t nodes = 0;
+  int64_t devices_per_node = 0;
+  double device_memory = 0;     // bytes per device
+  double peak_flops = 0;        // dense FLOP/s per device in the training precision
+  double memory_bandwidth = 0;  // device memory (HBM) bytes/s
+  double intra_bandwidth = 0;   // bytes/s per device and direction inside an NVLink domain
+  double intra_latency = 0;     // seconds per message step inside an NVLink domain
+  double inter_bandwidth = 0;  // bytes/s per device and direction between domains (its NIC's share)
+  double inter_latency = 0;    // seconds per message step between domains
+  int64_t nvlink_domain = 0;   // consecutive devices that share the fast fabric
+  double host_bandwidth = 0;   // bytes/s per device to host memory (PCIe), for offload
+  double host_memory = 0;      // bytes of host memory per node
+
+  int64_t devices() const { return nodes * devices_per_node; }
+};
+
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
+const char* to_string(Collective op);
+
+// Time of one collective step: alpha + bytes / beta.
+struct AlphaBeta {
+  double alpha = 0;  // seconds
+  double beta = 0;   // bytes/s
+};
+
+struct MachineRates {
+  double gemm_flops = 0;         // achieved FLOP/s of large matrix products
+  double attention_flops = 0;    // achieved FLOP/s of the attention core
+  double elementwise_bytes = 0;  // achieved bytes/s of memory-bound kernels
+  // Measured (op, group size) -> alpha/beta within one NVLink domain; where a
+  // pair is absent the cluster's intra figures are used.
+  std::map<std::pair<Collective, int64_t>, AlphaBeta> measured;
+  std::string source;  // "assumed", the cluster file, or the calibration file
+
+  // Fractions of the cluster's peaks, not measured: GEMM 0.80 and attention
+  // 0.40 of peak_flops, elementwise 0.80 of memory_bandwidth.
+  static MachineRates assumed(const Cluster& cluster);
+};
+
+struct ClusterFile {
+  Cluster cluster;
+  MachineRates rates;
+};
+
+// Reads a cluster file. Throws ConfigError (file, line, field) on a missing
+// or malformed field, an unknown key, or a value out of range.
+ClusterFile load_cluster(const std::string& path);
+ClusterFile parse_cluster(const std::string& toml_text, const std::string& name);
+
+// Reads a calibration cache file over `rates` (its fields replace theirs).
+MachineRates load_calibration(const std::string& path, MachineRates rates);
+MachineRates parse_calibration(const std::string& toml_text, const std::string& name,
+                               MachineRates rates);
+
+}  // namespace kolos::planner

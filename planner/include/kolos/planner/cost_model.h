@@ -1,0 +1,72 @@
+// The cost model: step time, memory and traffic of one Candidate on one
+// cluster. Every formula is in docs/planner.md; the assumed constants are
+// named here.
+#pragma once
+
+#include <string>
+
+#include "kolos/planner/candidate.h"
+#include "kolos/planner/cluster.h"
+#include "kolos/planner/model.h"
+
+namespace kolos::planner {
+
+// Fraction of a backward pass that the dp/ZeRO reductions of the same
+// micro-batch can hide behind (kolos launches bucket reductions from
+// gradient hooks on the group's own thread): assumed, not measured.
+inline constexpr double kReductionOverlap = 0.8;
+// The memory estimate's allowance for the allocator and communication
+// buffers (core/src/engine/memory_estimate.cpp): 25% of the tensors.
+inline constexpr double kAllocatorAllowance = 0.25;
+// Bytes a GPU process holds before the model exists (CUDA context, NCCL,
+// LibTorch): assumed.
+inline constexpr double kRuntimeBytes = 2.0 * 1024 * 1024 * 1024;
+
+struct Machine {
+  Cluster cluster;
+  MachineRates rates;
+};
+
+// Time of one collective of `bytes` (the whole buffer: the all-reduce's
+// input, the all-gather's output, the reduce-scatter's input, the
+// all-to-all's send buffer; the message for kSendRecv) over `n` ranks
+// spaced `stride` apart in rank order starting at rank `first`.
+double collective_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,
+                       int64_t first = 0);
+// Whether n ranks spaced `stride` apart from rank `first` span more than one node.
+bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first = 0);
+
+// Memory per rank at the peak, worst pipeline stage, with its parts. The
+// terms are those of core/src/engine/memory_estimate.cpp (parameters,
+// gradients, optimizer states per ZeRO stage, activations per block with
+// recomputation and the pipeline's in-flight micro-batches, the logits,
+// backward's temporaries, the allocator allowance, the runtime), written
+// again here over a Candidate so that the planner does not need LibTorch;
+// it is meant to be replaced by a call to that estimator once the estimator
+// takes a mesh and roles without a RunConfig.
+double memory_per_rank(const Workload& w, const Candidate& c, std::vector<MemoryPart>* parts);
+
+// The whole prediction. Not thread-safe: the pipeline plans it simulates
+// are cached in a process-wide table. `simulate_pipeline`: run the pipeline plugin's
+// schedule (plugins/pipeline/plan.h) with per-stage times and transfer
+// delays; otherwise the closed-form bubble of plan.h with the slowest
+// stage's time (the search's first pass).
+Prediction predict(const Workload& w, const Machine& m, const Candidate& c,
+                   bool simulate_pipeline = true);
+
+// Per-stage times for the pipeline simulation.
+struct StageTimes {
+  double forward = 0, backward = 0;  // B = BI + W
+  double backward_input = 0, backward_weight = 0;
+};
+// Simulates `kind` over P stages, M micro-batches and V chunks with
+// per-virtual-stage times `stage` (P·V entries) and `transfer` seconds per
+// activation or gradient message between ranks; returns the makespan and,
+// in `busiest`, the largest busy time of a rank.
+double simulate_schedule(Schedule kind, int64_t P, int64_t M, int64_t V,
+                         const std::vector<StageTimes>& stage, double transfer, double* busiest);
+// The closed form of plan.h (Plan::theoretical_bubble) for uniform stages.
+double bubble_fraction(Schedule kind, int64_t P, int64_t M, int64_t V, double f, double bi,
+                       double w);
+
+}  // namespace kolos::planner

@@ -1,0 +1,76 @@
+// The search: every valid Candidate for N ranks, pruned by memory first,
+// ranked by predicted step time.
+//
+// Enumeration: pp x dp x sp x tp = N; tp modes 1d (any size), 2d (q·q), 2.5d
+// (d·q·q, d > 1), 3d (q·q·q); sp modes ulysses, ring, hybrid (every Ulysses
+// degree a with 1 < a < sp), and megatron (on tp1d, no sp axis); pipeline
+// schedules gpipe, 1f1b, interleaved (chunks 2, 4, ...), zb; ZeRO 0-3;
+// recompute none/selective/full; the micro-batch sizes in options; the
+// offload fractions in options. A candidate is dropped at the first
+// constraint it breaks, and the drop is counted by reason (structure first,
+// memory last, so the memory count is of candidates that could run but do
+// not fit). The survivors are ranked in two passes: all by the closed-form
+// bubble, then the best `refine` by simulating their pipeline schedule.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kolos/planner/candidate.h"
+#include "kolos/planner/cost_model.h"
+
+namespace kolos::planner {
+
+// Sizes a user fixed (parallel.auto = true with some sizes given): only
+// candidates that match every given field are considered.
+struct Fixed {
+  std::optional<int64_t> pp, dp, sp, tp, zero, micro_batch;
+  std::optional<std::string> tp_mode, sp_mode, schedule, recompute;
+};
+
+struct SearchOptions {
+  int64_t ranks = 0;  // N; 0: every device of the cluster
+  std::vector<int64_t> micro_batches = {1, 2, 4, 8};
+  std::vector<double> offload_fractions = {0.0, 0.5, 1.0};
+  // The memory role runs alone on one rank in this version (it refuses dp,
+  // ZeRO, tp, sp and pp); true plans as if it composed.
+  bool offload_composes = false;
+  int64_t max_chunks = 4;  // interleaved: V = 2, 4, ... up to this
+  size_t top = 10;         // plans kept
+  size_t refine = 200;     // survivors re-ranked by simulating their schedule
+  Fixed fixed;
+};
+
+struct RankedPlan {
+  Candidate candidate;
+  Prediction prediction;
+};
+
+struct SearchResult {
+  std::vector<RankedPlan> plans;           // best first, at most options.top
+  int64_t evaluated = 0;                   // candidates enumerated
+  int64_t survived = 0;                    // candidates that fit
+  std::map<std::string, int64_t> dropped;  // reason -> count
+  // When nothing survives: the constraint that removed the last candidates
+  // that passed every earlier one, with the closest of them.
+  std::string killer;
+  double seconds = 0;  // wall time of the search
+};
+
+SearchResult search(const Workload& w, const Machine& m, const SearchOptions& options);
+
+// The top plans as a table, then the drop reasons with their counts (and,
+// when none survived, the killer).
+std::string format_plans(const SearchResult& result, const Workload& w, const Machine& m);
+
+// For parallel.auto = true with some sizes given: throws ConfigError naming
+// each given key ("parallel.tensor.size = 3") that no valid candidate
+// satisfies (and why the candidates with it were dropped), or all of them
+// when each alone is satisfiable but not together. Returns the search result
+// under all the fixed sizes when it has a plan.
+SearchResult check_fixed(const Workload& w, const Machine& m, const SearchOptions& options);
+
+}  // namespace kolos::planner

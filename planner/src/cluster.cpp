@@ -1,0 +1,271 @@
+// The cluster file and the calibration cache, read with toml11 directly:
+// the core's ConfigSection serves a run's document (its ConfigDocument is
+// private to core/src/config), and a cluster file is not one. Messages keep
+// the core's shape: "file:line: table.key: what was found; what is valid".
+#include "kolos/planner/cluster.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include <toml.hpp>
+
+#include "kolos/core/error.h"
+#include "kolos/core/settings.h"
+
+namespace kolos::planner {
+
+const char* to_string(Collective op) {
+  switch (op) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllToAll:
+      return "all_to_all";
+    case Collective::kSendRecv:
+      return "send_recv";
+  }
+  return "?";
+}
+
+MachineRates MachineRates::assumed(const Cluster& c) {
+  MachineRates r;
+  r.gemm_flops = 0.80 * c.peak_flops;
+  r.attention_flops = 0.40 * c.peak_flops;
+  r.elementwise_bytes = 0.80 * c.memory_bandwidth;
+  r.source = "assumed (fractions of " + (c.source.empty() ? c.name : c.source) + "'s peaks)";
+  return r;
+}
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open: " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+toml::value parse_toml(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  try {
+    return toml::parse(in, name);
+  } catch (const toml::exception& e) {
+    throw ConfigError(name + ":" + std::to_string(e.location().line()) + ": malformed TOML\n" +
+                      e.what());
+  } catch (const std::exception& e) {
+    throw ConfigError(name + ": malformed TOML\n" + e.what());
+  }
+}
+
+// One table of a planner file, read key by key: each read records the key,
+// so that unknown() can name the first key nobody read.
+class Table {
+ public:
+  Table(const toml::value& table, std::string file, std::string path)
+      : table_(table), file_(std::move(file)), path_(std::move(path)) {}
+
+  [[noreturn]] void fail_at(const toml::value& v, const std::string& key,
+                            const std::string& what) const {
+    throw ConfigError(file_ + ":" + std::to_string(v.location().line()) + ": " + path_ + "." + key +
+                      ": " + what);
+  }
+
+  const toml::value& get(const std::string& key) {
+    known_.push_back(key);
+    const auto& t = table_.as_table();
+    const auto it = t.find(key);
+    if (it == t.end()) {
+      throw ConfigError(file_ + ":" + std::to_string(table_.location().line()) + ": [" + path_ +
+                        "] has no `" + key + "`; the planner needs it (docs/planner.md, " +
+                        "\"The cluster file\")");
+    }
+    return it->second;
+  }
+
+  double number(const std::string& key, bool positive = true) {
+    const toml::value& v = get(key);
+    double x = 0;
+    if (v.is_floating()) {
+      x = v.as_floating();
+    } else if (v.is_integer()) {
+      x = static_cast<double>(v.as_integer());
+    } else {
+      fail_at(v, key, "expected a number, found " + toml::format(v));
+    }
+    if (!std::isfinite(x) || (positive ? x <= 0 : x < 0)) {
+      fail_at(v, key,
+              toml::format(v) + " is out of range; it must be " + (positive ? "> 0" : ">= 0"));
+    }
+    return x;
+  }
+
+  int64_t integer(const std::string& key) {
+    const toml::value& v = get(key);
+    if (!v.is_integer()) fail_at(v, key, "expected an integer, found " + toml::format(v));
+    if (v.as_integer() < 1) fail_at(v, key, toml::format(v) + " is out of range; it must be >= 1");
+    return v.as_integer();
+  }
+
+  std::string string(const std::string& key) {
+    const toml::value& v = get(key);
+    if (!v.is_string()) fail_at(v, key, "expected a string, found " + toml::format(v));
+    return v.as_string().str;
+  }
+
+  // "80GiB" (kolos's byte sizes) or a number of bytes.
+  double bytes(const std::string& key) {
+    const toml::value& v = get(key);
+    if (v.is_string()) {
+      try {
+        const int64_t b = parse_byte_size(v.as_string().str);
+        if (b <= 0) fail_at(v, key, "0 is out of range; it must be > 0");
+        return static_cast<double>(b);
+      } catch (const std::invalid_argument& e) {
+        fail_at(v, key, toml::format(v) + ": " + e.what());
+      }
+    }
+    known_.pop_back();
+    return number(key);
+  }
+
+  void unknown() const {
+    for (const auto& [key, v] : table_.as_table()) {
+      bool ok = false;
+      for (const auto& k : known_) ok = ok || k == key;
+      if (!ok) {
+        const std::string match = closest_match(key, known_);
+        fail_at(v, key,
+                "unknown key; valid: " + join(known_, ", ") +
+                    (match.empty() ? "" : ". Did you mean `" + match + "`?"));
+      }
+    }
+  }
+
+ private:
+  const toml::value& table_;
+  std::string file_, path_;
+  std::vector<std::string> known_;
+};
+
+const toml::value* find_table(const toml::value& root, const std::string& name,
+                              const std::string& file) {
+  const auto& t = root.as_table();
+  const auto it = t.find(name);
+  if (it == t.end()) return nullptr;
+  if (!it->second.is_table()) {
+    throw ConfigError(file + ":" + std::to_string(it->second.location().line()) + ": `" + name +
+                      "` must be a table ([" + name + "])");
+  }
+  return &it->second;
+}
+
+void check_top_level(const toml::value& root, const std::string& file,
+                     const std::vector<std::string>& valid) {
+  for (const auto& [key, v] : root.as_table()) {
+    bool ok = false;
+    for (const auto& k : valid) ok = ok || k == key;
+    if (!ok) {
+      throw ConfigError(file + ":" + std::to_string(v.location().line()) + ": `" + key +
+                        "`: unknown table; valid: " + join(valid, ", "));
+    }
+  }
+}
+
+void read_rates(Table& t, MachineRates& r) {
+  r.gemm_flops = t.number("gemm_flops");
+  r.attention_flops = t.number("attention_flops");
+  r.elementwise_bytes = t.number("elementwise_bytes");
+}
+
+}  // namespace
+
+ClusterFile parse_cluster(const std::string& text, const std::string& name) {
+  const toml::value root = parse_toml(text, name);
+  check_top_level(root, name, {"cluster", "rates"});
+  const toml::value* ct = find_table(root, "cluster", name);
+  if (ct == nullptr) {
+    throw ConfigError(name + ":1: no [cluster] table; a cluster file needs one (docs/planner.md)");
+  }
+  ClusterFile out;
+  Cluster& c = out.cluster;
+  c.source = name;
+  Table t(*ct, name, "cluster");
+  c.name = t.string("name");
+  c.nodes = t.integer("nodes");
+  c.devices_per_node = t.integer("devices_per_node");
+  c.device_memory = t.bytes("device_memory");
+  c.peak_flops = t.number("peak_flops");
+  c.memory_bandwidth = t.number("memory_bandwidth");
+  c.intra_bandwidth = t.number("intra_bandwidth");
+  c.intra_latency = t.number("intra_latency", false);
+  c.inter_bandwidth = t.number("inter_bandwidth");
+  c.inter_latency = t.number("inter_latency", false);
+  c.nvlink_domain = t.integer("nvlink_domain");
+  c.host_bandwidth = t.number("host_bandwidth");
+  c.host_memory = t.bytes("host_memory");
+  t.unknown();
+  out.rates = MachineRates::assumed(c);
+  if (const toml::value* rt = find_table(root, "rates", name)) {
+    Table r(*rt, name, "rates");
+    read_rates(r, out.rates);
+    r.unknown();
+    out.rates.source = name + " [rates]";
+  }
+  return out;
+}
+
+ClusterFile load_cluster(const std::string& path) { return parse_cluster(read_file(path), path); }
+
+MachineRates parse_calibration(const std::string& text, const std::string& name,
+                               MachineRates rates) {
+  const toml::value root = parse_toml(text, name);
+  check_top_level(root, name, {"calibration"});
+  const toml::value* ct = find_table(root, "calibration", name);
+  if (ct == nullptr) throw ConfigError(name + ":1: no [calibration] table");
+  Table t(*ct, name, "calibration");
+  t.string("host");
+  read_rates(t, rates);
+  // [[calibration.collective]]: op, group, alpha (s), beta (bytes/s).
+  const toml::value& list = t.get("collective");
+  if (!list.is_array()) t.fail_at(list, "collective", "expected an array of tables");
+  for (const toml::value& row : list.as_array()) {
+    if (!row.is_table()) t.fail_at(row, "collective", "expected a table");
+    Table r(row, name, "calibration.collective");
+    const std::string op = r.string("op");
+    Collective kind = Collective::kAllReduce;
+    bool found = false;
+    for (Collective k : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+                         Collective::kAllToAll, Collective::kSendRecv}) {
+      if (op == to_string(k)) kind = k, found = true;
+    }
+    if (!found) {
+      r.fail_at(r.get("op"), "op",
+                "\"" + op +
+                    "\" is not a collective; valid: all_reduce, all_gather, "
+                    "reduce_scatter, all_to_all, send_recv");
+    }
+    const int64_t group = r.integer("group");
+    AlphaBeta ab;
+    ab.alpha = r.number("alpha", false);
+    ab.beta = r.number("beta");
+    r.unknown();
+    rates.measured[{kind, group}] = ab;
+  }
+  t.unknown();
+  rates.source = name;
+  return rates;
+}
+
+MachineRates load_calibration(const std::string& path, MachineRates rates) {
+  return parse_calibration(read_file(path), path, std::move(rates));
+}
+
+}  // namespace kolos::planner

@@ -1,0 +1,99 @@
+// Collective times under the alpha-beta model, with the group's placement.
+//
+// Ranks are laid out as kolos's mesh lays them out (pp, dp, sp, tp outermost
+// first) and a node holds devices_per_node consecutive ranks; an NVLink
+// domain holds nvlink_domain consecutive ranks (it may span nodes, as on
+// NVL72 racks). A group inside one domain runs at the intra figures, or at
+// the calibration's measured alpha/beta for its (operation, size) when the
+// calibration has them. A group that spans domains with k > 1 members in
+// each runs hierarchically, as NCCL does: the intra part over k, the inter
+// part over the D domains on 1/k of the data, every device using its own
+// NIC (inter_bandwidth is per device).
+#include <algorithm>
+
+#include "kolos/planner/cost_model.h"
+
+namespace kolos::planner {
+namespace {
+
+struct Spread {
+  int64_t per_domain = 1;  // k: members in the first member's domain
+  int64_t domains = 1;     // D
+};
+
+Spread spread(int64_t n, int64_t stride, int64_t first, int64_t domain) {
+  Spread s;
+  if (stride >= domain) {
+    s.per_domain = 1;
+    s.domains = n;
+    return s;
+  }
+  // stride < domain: every domain between the first member's and the last's is touched.
+  const int64_t last = first + (n - 1) * stride;
+  s.domains = last / domain - first / domain + 1;
+  const int64_t room = domain - first % domain;  // ranks left in the first member's domain
+  s.per_domain = std::min(n, (room + stride - 1) / stride);
+  return s;
+}
+
+// Ring algorithms: steps and the fraction of the buffer each rank moves.
+double ring_time(Collective op, double bytes, int64_t n, double alpha, double beta) {
+  if (n <= 1) return 0;
+  const double dn = static_cast<double>(n);
+  switch (op) {
+    case Collective::kAllReduce:
+      return 2 * (dn - 1) * alpha + 2 * (dn - 1) / dn * bytes / beta;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll:
+      return (dn - 1) * alpha + (dn - 1) / dn * bytes / beta;
+    case Collective::kSendRecv:
+      return alpha + bytes / beta;
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first) {
+  if (n <= 1) return false;
+  return spread(n, stride, first, c.devices_per_node).domains > 1;
+}
+
+double collective_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,
+                       int64_t first) {
+  if (n <= 1 || bytes <= 0) return 0;
+  const Cluster& c = m.cluster;
+  const Spread s = spread(n, stride, first, c.nvlink_domain);
+  if (s.domains == 1) {
+    const auto it = m.rates.measured.find({op, n});
+    if (it != m.rates.measured.end()) return it->second.alpha + bytes / it->second.beta;
+    return ring_time(op, bytes, n, c.intra_latency, c.intra_bandwidth);
+  }
+  const double ai = c.intra_latency, bi = c.intra_bandwidth;
+  const double ao = c.inter_latency, bo = c.inter_bandwidth;
+  const int64_t k = s.per_domain, D = s.domains;
+  if (op == Collective::kSendRecv) return ring_time(op, bytes, 2, ao, bo);
+  if (k == 1) return ring_time(op, bytes, n, ao, bo);
+  const double dk = static_cast<double>(k);
+  switch (op) {
+    case Collective::kAllReduce:
+      return ring_time(Collective::kReduceScatter, bytes, k, ai, bi) +
+             ring_time(Collective::kAllReduce, bytes / dk, D, ao, bo) +
+             ring_time(Collective::kAllGather, bytes, k, ai, bi);
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+      return ring_time(op, bytes / dk, D, ao, bo) + ring_time(op, bytes, k, ai, bi);
+    case Collective::kAllToAll: {
+      // Each rank sends (n-k)/n of its buffer across domains, (k-1)/n inside.
+      const double dn = static_cast<double>(n);
+      const double out = (static_cast<double>(D) - 1) * ao + bytes * (dn - dk) / dn / bo;
+      const double in = (dk - 1) * ai + bytes * (dk - 1) / dn / bi;
+      return std::max(out, in);
+    }
+    default:
+      return 0;
+  }
+}
+
+}  // namespace kolos::planner

@@ -1,0 +1,357 @@
+// Step time and traffic of one Candidate (docs/planner.md, "The cost model").
+#include "kolos/planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kolos::planner {
+namespace {
+
+// kolos's zero-bubble split (docs/pipeline.md): BI computes the input
+// gradient, about half a backward; W walks the retained graph again and
+// costs about a whole backward, since LibTorch has no per-operator split.
+constexpr double kZbInput = 0.5;
+constexpr double kZbWeight = 1.0;
+// AdamW moves per parameter: the parameter (read, write), its gradient
+// (read), m and v (fp32, read and write) and, below fp32, the master (fp32,
+// read and write).
+double optimizer_bytes_per_param(double e) { return 3 * e + 16 + (e < 4 ? 8 : 0); }
+// The host tier's AdamW (the memory role's offloaded states): assumed bytes/s
+// of host memory one rank's optimizer streams through.
+constexpr double kHostOptimizerBytes = 20e9;
+
+struct Comm {
+  double fwd = 0, bwd = 0;  // seconds on the critical path
+  double bytes = 0;         // sent by one rank, forward and backward
+};
+
+// One block's tensor-parallel traffic under the grid modes, term by term as
+// tests/support/tp_volume.h counts it (a differentiable gather or scatter
+// costs its forward twice: the backward is the opposite collective).
+Comm grid_block(const Machine& mach, const ModelShape& m, const Candidate& c, double e) {
+  const int64_t tp = c.tp;
+  int64_t q = 1;
+  const auto grid = [&](int64_t x) {
+    return c.tp_mode == TpMode::k2D     ? x * x
+           : c.tp_mode == TpMode::k2p5D ? x * x * c.tp_depth
+                                        : x * x * x;
+  };
+  while (grid(q) < tp) ++q;
+  const bool three = c.tp_mode == TpMode::k3D;
+  const int64_t nb = c.tp_mode == TpMode::k2D     ? q
+                     : c.tp_mode == TpMode::k2p5D ? q * c.tp_depth
+                                                  : q * q;
+  // Strides of the sub-groups inside the tp block (row-major grid, last
+  // dimension fastest): 2d/2.5d: F over j (1), B over the rest (q).
+  // 3d (i, j, l): l 1, j q, i q².
+  const int64_t sF = 1, sB = q;
+  const double b = static_cast<double>(c.micro_batch), s = static_cast<double>(m.seq_len);
+  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn());
+  const double dq = static_cast<double>(q), dnb = static_cast<double>(nb);
+  Comm out;
+  double t = 0;
+  auto gather2 = [&](double local, int64_t n, int64_t stride) {
+    t += 2 * collective_time(mach, Collective::kAllGather, static_cast<double>(n) * local * e, n,
+                             stride);
+    out.bytes += 2 * static_cast<double>(n - 1) * local * e;
+  };
+  auto scatter2 = [&](double input, int64_t n, int64_t stride) {
+    t += 2 * collective_time(mach, Collective::kReduceScatter, input * e, n, stride);
+    out.bytes += 2 * static_cast<double>(n - 1) / static_cast<double>(n) * input * e;
+  };
+  auto all_reduce = [&](double numel, int64_t n, int64_t stride) {
+    t += collective_time(mach, Collective::kAllReduce, numel * e, n, stride);
+    out.bytes += 2 * static_cast<double>(n - 1) / static_cast<double>(n) * numel * e;
+  };
+  const double rows = b / dnb * s;
+  auto linear = [&](double in, double outw, bool input_ready) {
+    if (!three) {
+      if (!input_ready) gather2(rows * in / dq, q, sF);
+      gather2(std::ceil(outw / dq / dnb) * in, nb, sB);
+      gather2(std::ceil(outw / dq / dnb), nb, sB);
+    } else {
+      if (!input_ready) gather2(b / (dq * dq) * s * in / dq, q, q);
+      gather2(std::ceil(outw / dq / dq) * in / dq, q, q * q);
+      scatter2(b / dq * s * outw / dq, q, 1);
+      gather2(std::ceil(outw / (dq * dq)), q * q, 1);
+    }
+  };
+  auto norm = [&](double dim) {
+    for (int i = 0; i < 4; ++i) all_reduce(rows, q, sF);
+    gather2(std::ceil(dim / dq / dnb), nb, sB);
+    gather2(std::ceil(dim / dq / dnb), nb, sB);
+  };
+  norm(h);
+  if (!three) {
+    gather2(rows * h / dq, q, sF);
+  } else {
+    gather2(b / (dq * dq) * s * h / dq, q, q);
+  }
+  for (int i = 0; i < 3; ++i) linear(h, h, true);
+  linear(h, h, false);
+  norm(h);
+  linear(h, f, false);
+  linear(f, h, false);
+  out.fwd = t / 2;
+  out.bwd = t / 2;
+  return out;
+}
+
+// The sequence plugin's traffic per block and micro-batch
+// (docs/sequence-parallel.md); ring hops overlap the attention they feed.
+Comm sequence_block(const Machine& mach, const ModelShape& m, const Candidate& c, double e,
+                    double attention_fwd) {
+  Comm out;
+  if (c.sp <= 1) return out;
+  const double X = e * static_cast<double>(c.micro_batch) * static_cast<double>(m.seq_len) /
+                   static_cast<double>(c.sp) * static_cast<double>(m.hidden) /
+                   static_cast<double>(c.tp);
+  auto ulysses = [&](int64_t a, int64_t stride) {
+    if (a <= 1) return;
+    const double t = collective_time(mach, Collective::kAllToAll, 3 * X, a, stride) +
+                     collective_time(mach, Collective::kAllToAll, X, a, stride);
+    out.fwd += t;
+    out.bwd += t;
+    out.bytes += 2 * 4 * X * static_cast<double>(a - 1) / static_cast<double>(a);
+  };
+  auto ring = [&](int64_t r, int64_t stride) {
+    if (r <= 1) return;
+    // A hop to the ring's neighbour; the slowest hop (across domains when
+    // the ring spans them) paces every step.
+    auto hop = [&](double bytes) {
+      return collective_time(mach, Collective::kSendRecv, bytes, r, stride);
+    };
+    const double dr = static_cast<double>(r);
+    const double fwd = (dr - 1) * hop(2 * X);
+    const double bwd = (dr - 1) * hop(2 * X) + dr * hop(2 * X * 4 / e);
+    out.fwd += std::max(0.0, fwd - attention_fwd);
+    out.bwd += std::max(0.0, bwd - 2 * attention_fwd);
+    out.bytes += 2 * (dr - 1) * 2 * X + dr * 2 * X * 4 / e;
+  };
+  switch (c.sp_mode) {
+    case SpMode::kUlysses:
+      ulysses(c.sp, c.tp);
+      break;
+    case SpMode::kRing:
+      ring(c.sp, c.tp);
+      break;
+    case SpMode::kHybrid:
+      ulysses(c.ulysses, c.tp);
+      ring(c.sp / c.ulysses, c.tp * c.ulysses);
+      break;
+    default:
+      break;
+  }
+  return out;
+}
+
+}  // namespace
+
+Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
+                   bool simulate_pipeline) {
+  const ModelShape& m = w.model;
+  const MachineRates& R = mach.rates;
+  const double e = w.element_bytes();
+  const double tp = static_cast<double>(c.tp), sp = static_cast<double>(c.sp);
+  const double b = static_cast<double>(c.micro_batch), s = static_cast<double>(m.seq_len);
+  const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
+  const double split = tp * sp;
+  const bool megatron = c.sp_mode == SpMode::kMegatron;
+  const double tokens = s / sp;  // positions per rank outside attention (megatron: sp = 1)
+
+  // One block, one micro-batch: arithmetic.
+  const BlockFlops fl = block_forward_flops(m, b);
+  const double gemm_f = fl.gemm / split / R.gemm_flops;
+  const double att_f = fl.attention / split / R.attention_flops;
+  const double bsh = b * s * h;
+  const double norms_bytes = e * 10 * bsh;
+  const double softmax_bytes = e * 4 * b * static_cast<double>(m.heads) * s * s;
+  const double wide_bytes = e * 2 * b * s * static_cast<double>(m.ffn());
+  // tp1d keeps norms and residuals whole on every tensor rank; the grid
+  // modes and megatron split them.
+  const double norm_split = c.tp_mode == TpMode::k1D && !megatron ? sp : split;
+  const double elem_f =
+      (norms_bytes / norm_split + (softmax_bytes + wide_bytes) / split) / R.elementwise_bytes;
+  const double block_f = gemm_f + att_f + elem_f;
+  double block_b = 2 * block_f;
+
+  // One block, one micro-batch: tensor- and sequence-parallel traffic.
+  Comm tpc;
+  if (c.tp > 1) {
+    if (c.tp_mode == TpMode::k1D) {
+      // Two all-reduces of [b, s, h] forward, two backward (megatron: an
+      // all-gather and a reduce-scatter in place of each, the same bytes).
+      const double X = e * bsh;
+      const double t = collective_time(mach, Collective::kAllReduce, X, c.tp, 1);
+      tpc.fwd = 2 * t;
+      tpc.bwd = 2 * t;
+      tpc.bytes = 4 * 2 * (tp - 1) / tp * X;
+    } else {
+      tpc = grid_block(mach, m, c, e);
+    }
+  }
+  const Comm spc = sequence_block(mach, m, c, e, att_f);
+  if (c.recompute == Recompute::kFull) {
+    block_b += block_f;
+  } else if (c.recompute == Recompute::kSelective) {
+    block_b += att_f + softmax_bytes / split / R.elementwise_bytes;
+  }
+  double comm_f = tpc.fwd + spc.fwd, comm_b = tpc.bwd + spc.bwd;
+  double block_bytes_tp = tpc.bytes, block_bytes_sp = spc.bytes;
+  if (c.recompute == Recompute::kFull) {
+    comm_b += tpc.fwd + spc.fwd;  // the recomputed forward's collectives
+    block_bytes_tp += tpc.bytes / 2;
+    block_bytes_sp += spc.bytes / 2;
+  }
+
+  // Virtual stages: blocks, the embedding on the first, the logits on the last.
+  const int64_t S = c.pp * c.chunks;
+  const double nb = static_cast<double>(m.layers) / static_cast<double>(S);
+  const double head_f = logit_forward_flops(m, b) / split / R.gemm_flops +
+                        (e * 3 + 12) * b * tokens * V / tp / R.elementwise_bytes;
+  const double embed_f = 3 * e * b * tokens * h / R.elementwise_bytes;
+  const int64_t grad_group = c.dp * c.sp;  // the gradients role's dp x sp, stride tp
+  const double gN = static_cast<double>(grad_group);
+  std::vector<StageTimes> stages(S);
+  std::vector<double> arith_f(S), arith_b(S), params(S);
+  double zero_bytes_micro = 0;  // zero2/3: sent per micro-batch, all stages of this rank
+  for (int64_t vs = 0; vs < S; ++vs) {
+    double af = nb * block_f, ab = nb * block_b, cf = nb * comm_f, cb = nb * comm_b;
+    double p = nb * m.block_params() / tp;
+    if (vs == 0) {
+      af += embed_f;
+      p += m.embedding_params() / tp;
+      if (c.tp > 1 && c.tp_mode == TpMode::k1D) {
+        cf += collective_time(mach, Collective::kAllReduce, e * bsh, c.tp, 1);
+      }
+    }
+    if (vs == S - 1) {
+      af += head_f;
+      ab += 2 * head_f;
+      p += m.head_params() / tp + (S > 1 ? V * h / tp : 0);
+      if (c.tp > 1 && c.tp_mode == TpMode::k1D) {
+        cb += collective_time(mach, Collective::kAllReduce, e * bsh, c.tp, 1);
+      }
+    }
+    // ZeRO-2: a reduce-scatter of the stage's gradients per micro-batch;
+    // ZeRO-3 also gathers the parameters before forward and backward. Each
+    // hides behind its pass up to kReductionOverlap.
+    if (c.zero >= 2 && grad_group > 1) {
+      const double X = e * p;
+      const double rs = collective_time(mach, Collective::kReduceScatter, X, grad_group, c.tp);
+      double gf = 0, gb = rs;
+      zero_bytes_micro += (gN - 1) / gN * X;
+      if (c.zero == 3) {
+        const double ag = collective_time(mach, Collective::kAllGather, X, grad_group, c.tp);
+        gf += ag;
+        gb += ag;
+        zero_bytes_micro += 2 * (gN - 1) / gN * X;
+      }
+      cf += std::max(0.0, gf - kReductionOverlap * (af + cf));
+      cb += std::max(0.0, gb - kReductionOverlap * (ab + cb));
+    }
+    arith_f[vs] = af;
+    arith_b[vs] = ab;
+    params[vs] = p;
+    stages[vs].forward = af + cf;
+    stages[vs].backward = ab + cb;
+    stages[vs].backward_input = kZbInput * stages[vs].backward;
+    stages[vs].backward_weight = kZbWeight * stages[vs].backward;
+  }
+  if (c.schedule == Schedule::kZeroBubble) {
+    for (auto& st : stages) st.backward = st.backward_input + st.backward_weight;
+  }
+
+  // Pipeline transfers: one activation per micro-batch and boundary each way.
+  const double X_pp = e * b * tokens * h / (c.tp_mode != TpMode::k1D || megatron ? tp : 1);
+  const int64_t pp_stride = c.dp * c.sp * c.tp;
+  const double t_pp =
+      c.pp > 1 ? collective_time(mach, Collective::kSendRecv, X_pp, 2, pp_stride) : 0;
+  const double M = static_cast<double>(c.microbatches);
+
+  // Per pipeline rank: busy time and its arithmetic.
+  double busy_max = 0, arith_of_busiest = 0, params_rank0 = 0, backward_rank0 = 0;
+  std::vector<double> rank_busy(c.pp, 0), rank_arith(c.pp, 0);
+  for (int64_t vs = 0; vs < S; ++vs) {
+    const int64_t r = vs % c.pp;
+    rank_busy[r] += M * (stages[vs].forward + stages[vs].backward);
+    rank_arith[r] +=
+        M * (arith_f[vs] +
+             arith_b[vs] * (c.schedule == Schedule::kZeroBubble ? kZbInput + kZbWeight : 1.0));
+    if (r == 0) {
+      params_rank0 += params[vs];
+      backward_rank0 += stages[vs].backward;
+    }
+  }
+  for (int64_t r = 0; r < c.pp; ++r) {
+    if (rank_busy[r] > busy_max) busy_max = rank_busy[r], arith_of_busiest = rank_arith[r];
+  }
+  double makespan = busy_max;
+  if (c.pp > 1) {
+    if (simulate_pipeline) {
+      double busiest = 0;
+      makespan =
+          simulate_schedule(c.schedule, c.pp, c.microbatches, c.chunks, stages, t_pp, &busiest);
+    } else {
+      const double f = busy_max / M / 3, bb = 2 * f;
+      const double frac = bubble_fraction(c.schedule, c.pp, c.microbatches, c.chunks, f,
+                                          kZbInput * bb, kZbWeight * bb);
+      makespan = busy_max / (1 - frac) + 2 * static_cast<double>(c.pp - 1) * t_pp;
+    }
+  }
+
+  // dp / ZeRO after the step's last backward (rank 0 holds the most: the embedding).
+  const double Xg = e * params_rank0;
+  double dp_exposed = 0, dp_bytes = 0;
+  if (grad_group > 1) {
+    const double ar = collective_time(mach, Collective::kAllReduce, Xg, grad_group, c.tp);
+    const double ag = collective_time(mach, Collective::kAllGather, Xg, grad_group, c.tp);
+    const double hide = kReductionOverlap * backward_rank0;
+    switch (c.zero) {
+      case 0:
+        dp_exposed = std::max(0.0, ar - hide);
+        dp_bytes = 2 * (gN - 1) / gN * Xg;
+        break;
+      case 1:
+        dp_exposed = std::max(0.0, ar - hide) + ag;
+        dp_bytes = 3 * (gN - 1) / gN * Xg;
+        break;
+      case 2:
+        dp_exposed = ag;
+        dp_bytes = (gN - 1) / gN * Xg + M * zero_bytes_micro;
+        break;
+      default:
+        dp_bytes = M * zero_bytes_micro;
+    }
+  }
+  const double opt_params = params_rank0 / (c.zero >= 1 ? gN : 1.0);
+  const double optimizer =
+      (1 - c.offload) * opt_params * optimizer_bytes_per_param(e) / R.elementwise_bytes;
+  const double off_params = c.offload * params_rank0;
+  const double offload = off_params * 3 * e / mach.cluster.host_bandwidth +
+                         off_params * optimizer_bytes_per_param(e) / kHostOptimizerBytes;
+
+  Prediction p;
+  p.compute = arith_of_busiest;
+  p.bubble = makespan - busy_max;
+  p.comm = (busy_max - arith_of_busiest) + dp_exposed;
+  p.optimizer = optimizer;
+  p.offload = offload;
+  p.step = makespan + dp_exposed + optimizer + offload;
+  p.memory = memory_per_rank(w, c, &p.memory_parts);
+  const double blocks_rank = static_cast<double>(m.layers) / static_cast<double>(c.pp);
+  p.bytes_tp = M * blocks_rank * block_bytes_tp;
+  if (c.tp > 1 && c.tp_mode == TpMode::k1D) p.bytes_tp += M * 2 * (tp - 1) / tp * e * bsh;
+  p.bytes_sp = M * blocks_rank * block_bytes_sp;
+  p.bytes_dp = dp_bytes;
+  p.bytes_pp = c.pp > 1 ? 2 * M * static_cast<double>(c.chunks) * X_pp : 0;
+  p.bytes_sent = p.bytes_tp + p.bytes_sp + p.bytes_dp + p.bytes_pp;
+  const Cluster& cl = mach.cluster;
+  p.crossing_groups = spans_nodes(cl, c.tp, 1) + spans_nodes(cl, c.sp, c.tp) +
+                      spans_nodes(cl, grad_group, c.tp) + spans_nodes(cl, c.pp, pp_stride);
+  p.model_flops_per_gpu = megatron_step_flops(m, static_cast<double>(w.global_batch)) / p.step /
+                          static_cast<double>(c.ranks());
+  return p;
+}
+
+}  // namespace kolos::planner

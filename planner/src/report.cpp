@@ -1,0 +1,148 @@
+// Names, one-line descriptions and the plan table.
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "kolos/planner/search.h"
+
+namespace kolos::planner {
+
+const char* to_string(TpMode mode) {
+  switch (mode) {
+    case TpMode::k1D:
+      return "1d";
+    case TpMode::k2D:
+      return "2d";
+    case TpMode::k2p5D:
+      return "2.5d";
+    case TpMode::k3D:
+      return "3d";
+  }
+  return "?";
+}
+
+const char* to_string(SpMode mode) {
+  switch (mode) {
+    case SpMode::kNone:
+      return "-";
+    case SpMode::kUlysses:
+      return "ulysses";
+    case SpMode::kRing:
+      return "ring";
+    case SpMode::kMegatron:
+      return "megatron";
+    case SpMode::kHybrid:
+      return "hybrid";
+  }
+  return "?";
+}
+
+const char* to_string(Schedule kind) {
+  switch (kind) {
+    case Schedule::kNone:
+      return "-";
+    case Schedule::kGPipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved:
+      return "interleaved";
+    case Schedule::kZeroBubble:
+      return "zb";
+  }
+  return "?";
+}
+
+const char* to_string(Recompute kind) {
+  switch (kind) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string tp_text(const Candidate& c) {
+  std::string out = std::to_string(c.tp);
+  if (c.tp > 1) {
+    out += "(" + std::string(to_string(c.tp_mode));
+    if (c.tp_mode == TpMode::k2p5D) out += " d" + std::to_string(c.tp_depth);
+    out += ")";
+  }
+  return out;
+}
+
+std::string sp_text(const Candidate& c) {
+  if (c.sp_mode == SpMode::kNone) return std::to_string(c.sp);
+  std::string out = std::to_string(c.sp) + "(" + to_string(c.sp_mode);
+  if (c.sp_mode == SpMode::kHybrid) out += " a" + std::to_string(c.ulysses);
+  return out + ")";
+}
+
+std::string schedule_text(const Candidate& c) {
+  if (c.pp <= 1) return "-";
+  std::string out = to_string(c.schedule);
+  if (c.schedule == Schedule::kInterleaved) out += " V" + std::to_string(c.chunks);
+  return out;
+}
+
+std::string fixed(double x, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+
+}  // namespace
+
+std::string Candidate::describe() const {
+  std::ostringstream out;
+  out << "pp " << pp << " dp " << dp << " sp " << sp_text(*this) << " tp " << tp_text(*this);
+  if (pp > 1) out << " " << schedule_text(*this);
+  out << " M=" << microbatches << " mb " << micro_batch << " zero" << zero << " "
+      << to_string(recompute);
+  if (offload > 0) out << " offload " << fixed(offload, 2);
+  return out.str();
+}
+
+std::string format_plans(const SearchResult& r, const Workload& w, const Machine& m) {
+  std::ostringstream out;
+  const double gib = 1024.0 * 1024 * 1024;
+  out << "Plans for " << w.model.name << " (" << fixed(w.model.total_params() / 1e9, 1)
+      << "B parameters, batch " << w.global_batch << ", seq " << w.model.seq_len << ", "
+      << w.precision << ") on " << m.cluster.name << "; rates: " << m.rates.source << "\n\n";
+  if (!r.plans.empty()) {
+    out << "| # | pp | dp | sp | tp | schedule | M | mb | zero | recompute | offload | step s | "
+           "compute | comm | bubble | optim | memory GiB | GB sent | TFLOP/s/GPU |\n";
+    out << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    int i = 0;
+    for (const RankedPlan& p : r.plans) {
+      const Candidate& c = p.candidate;
+      const Prediction& q = p.prediction;
+      out << "| " << ++i << " | " << c.pp << " | " << c.dp << " | " << sp_text(c) << " | "
+          << tp_text(c) << " | " << schedule_text(c) << " | " << c.microbatches << " | "
+          << c.micro_batch << " | " << c.zero << " | " << to_string(c.recompute) << " | "
+          << fixed(c.offload, 2) << " | " << fixed(q.step, 3) << " | " << fixed(q.compute, 3)
+          << " | " << fixed(q.comm, 3) << " | " << fixed(q.bubble, 3) << " | "
+          << fixed(q.optimizer + q.offload, 3) << " | " << fixed(q.memory / gib, 1) << " | "
+          << fixed(q.bytes_sent / 1e9, 2) << " | " << fixed(q.model_flops_per_gpu / 1e12, 1)
+          << " |\n";
+    }
+    out << "\n";
+  }
+  out << r.evaluated << " candidates evaluated, " << r.survived << " fit, in "
+      << fixed(r.seconds, 2) << " s.\n";
+  std::vector<std::pair<std::string, int64_t>> reasons(r.dropped.begin(), r.dropped.end());
+  std::sort(reasons.begin(), reasons.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (!reasons.empty()) out << "Dropped:\n";
+  for (const auto& [reason, count] : reasons) out << "  " << count << "  " << reason << "\n";
+  if (r.plans.empty()) out << "No plan: " << r.killer << "\n";
+  return out.str();
+}
+
+}  // namespace kolos::planner

@@ -1,0 +1,412 @@
+// The search over every valid candidate (search.h). Structure is checked
+// outermost first, so a reason found at the mesh level counts every
+// candidate below it (its micro-batch sizes, schedules, ZeRO stages,
+// recomputation and offload choices): the counts add up to `evaluated`.
+#include "kolos/planner/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <queue>
+
+#include "kolos/core/error.h"
+#include "plan.h"
+
+namespace kolos::planner {
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+int64_t exact_root(int64_t x, int k) {
+  const auto r = static_cast<int64_t>(std::llround(std::pow(static_cast<double>(x), 1.0 / k)));
+  for (int64_t q = std::max<int64_t>(1, r - 1); q <= r + 1; ++q) {
+    int64_t p = 1;
+    for (int i = 0; i < k; ++i) p *= q;
+    if (p == x) return q;
+  }
+  return 0;
+}
+
+struct TpChoice {
+  TpMode mode;
+  int64_t depth = 1, q = 1, batch_blocks = 1;  // q: the grid's side; the batch's split
+};
+
+std::vector<TpChoice> tp_choices(int64_t tp) {
+  std::vector<TpChoice> out{{TpMode::k1D, 1, tp, 1}};
+  if (tp < 4) return out;
+  if (const int64_t q = exact_root(tp, 2)) out.push_back({TpMode::k2D, 1, q, q});
+  for (int64_t d = 2; d * 4 <= tp; ++d) {
+    if (tp % d != 0) continue;
+    if (const int64_t q = exact_root(tp / d, 2); q >= 2)
+      out.push_back({TpMode::k2p5D, d, q, d * q});
+  }
+  if (const int64_t q = exact_root(tp, 3); q >= 2) out.push_back({TpMode::k3D, 1, q, q * q});
+  return out;
+}
+
+struct SpChoice {
+  SpMode mode;
+  int64_t ulysses = 1;
+};
+
+std::vector<SpChoice> sp_choices(int64_t sp, int64_t tp, TpMode tp_mode) {
+  if (sp == 1) {
+    std::vector<SpChoice> out{{SpMode::kNone}};
+    if (tp > 1 && tp_mode == TpMode::k1D) out.push_back({SpMode::kMegatron});
+    return out;
+  }
+  std::vector<SpChoice> out{{SpMode::kUlysses}, {SpMode::kRing}};
+  for (int64_t a = 2; a < sp; ++a) {
+    if (sp % a == 0) out.push_back({SpMode::kHybrid, a});
+  }
+  return out;
+}
+
+struct ScheduleChoice {
+  Schedule kind;
+  int64_t chunks = 1;
+};
+
+std::vector<ScheduleChoice> schedule_choices(int64_t pp, int64_t max_chunks) {
+  if (pp == 1) return {{Schedule::kNone}};
+  std::vector<ScheduleChoice> out{{Schedule::kGPipe}, {Schedule::k1F1B}, {Schedule::kZeroBubble}};
+  for (int64_t v = 2; v <= max_chunks; v *= 2) out.push_back({Schedule::kInterleaved, v});
+  return out;
+}
+
+const Recompute kRecomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+
+// The order in which constraints are applied; the killer is the reason of
+// the highest stage that dropped anything when nothing survives.
+enum Stage {
+  kStageTensor,
+  kStageSequence,
+  kStageBatch,
+  kStagePipeline,
+  kStageMode,
+  kStageMemory,
+};
+
+struct Tally {
+  std::map<std::string, int64_t>* dropped;
+  std::map<std::string, int>* stage_of;
+  void drop(const std::string& reason, Stage stage, int64_t count) {
+    (*dropped)[reason] += count;
+    (*stage_of)[reason] = stage;
+  }
+};
+
+std::string lcm_text(int64_t a) { return std::to_string(std::lcm<int64_t>(2, a)); }
+
+bool matches(const Fixed& f, const Candidate& c) {
+  if (f.pp && *f.pp != c.pp) return false;
+  if (f.dp && *f.dp != c.dp) return false;
+  if (f.sp && *f.sp != (c.sp_mode == SpMode::kMegatron ? c.tp : c.sp)) return false;
+  if (f.tp && *f.tp != c.tp) return false;
+  if (f.tp_mode && c.tp > 1 && *f.tp_mode != to_string(c.tp_mode)) return false;
+  if (f.sp_mode && *f.sp_mode != to_string(c.sp_mode)) return false;
+  if (f.schedule && c.pp > 1 && *f.schedule != to_string(c.schedule)) return false;
+  return true;
+}
+
+struct Quick {
+  double step;
+  Candidate candidate;
+  bool operator<(const Quick& o) const { return step < o.step; }
+};
+
+}  // namespace
+
+SearchResult search(const Workload& w, const Machine& mach, const SearchOptions& opt) {
+  const auto start = std::chrono::steady_clock::now();
+  const ModelShape& m = w.model;
+  m.validate();
+  if (w.global_batch <= 0) throw ConfigError("train.global_batch must be positive for the planner");
+  const int64_t N = opt.ranks > 0 ? opt.ranks : mach.cluster.devices();
+  if (N > mach.cluster.devices()) {
+    throw ConfigError(std::to_string(N) + " ranks asked for, but " + mach.cluster.source + " has " +
+                      std::to_string(mach.cluster.devices()) + " devices");
+  }
+  SearchResult result;
+  std::map<std::string, int> stage_of;
+  Tally tally{&result.dropped, &stage_of};
+  const Fixed& fx = opt.fixed;
+  const int64_t n_off = static_cast<int64_t>(opt.offload_fractions.size());
+  const int64_t n_zero = fx.zero ? 1 : 4;
+  const int64_t n_rec = fx.recompute ? 1 : 3;
+  std::priority_queue<Quick> best;  // the `refine` fastest by the closed form (a max-heap)
+  double least_memory = -1;
+  Candidate least_candidate;
+  std::vector<MemoryPart> least_parts;
+
+  for (const int64_t pp : divisors(N)) {
+    if (fx.pp && *fx.pp != pp) continue;
+    const auto schedules = schedule_choices(pp, opt.max_chunks);
+    for (const int64_t tp : divisors(N / pp)) {
+      if (fx.tp && *fx.tp != tp) continue;
+      for (const TpChoice& tc : tp_choices(tp)) {
+        for (const int64_t sp : divisors(N / pp / tp)) {
+          const int64_t dp = N / pp / tp / sp;
+          for (const SpChoice& sc : sp_choices(sp, tp, tc.mode)) {
+            Candidate c;
+            c.pp = pp, c.dp = dp, c.sp = sp, c.tp = tp;
+            c.tp_mode = tc.mode, c.tp_depth = tc.depth;
+            c.sp_mode = sc.mode, c.ulysses = sc.ulysses;
+            if (!matches(fx, c)) continue;
+            std::vector<int64_t> mbs = opt.micro_batches;
+            if (fx.micro_batch) mbs = {*fx.micro_batch};
+            const int64_t below_mb =
+                static_cast<int64_t>(schedules.size()) * n_zero * n_rec * n_off;
+            const int64_t below_mesh = static_cast<int64_t>(mbs.size()) * below_mb;
+            result.evaluated += below_mesh;
+            // The tensor mode's divisibility (docs/tensor-parallel.md).
+            const int64_t heads_split = tc.mode == TpMode::k1D ? tp : tc.q;
+            if (m.heads % heads_split != 0 || m.kv() % heads_split != 0 ||
+                m.ffn() % heads_split != 0) {
+              tally.drop("tp: heads, kv heads or MLP width do not divide by the tensor split",
+                         kStageTensor, below_mesh);
+              continue;
+            }
+            // The sequence mode's (docs/sequence-parallel.md).
+            const int64_t heads_per_tp = m.heads / tp;
+            std::string sp_bad;
+            if (sc.mode == SpMode::kUlysses || sc.mode == SpMode::kRing ||
+                sc.mode == SpMode::kHybrid) {
+              if (tp > 1 && tc.mode != TpMode::k1D)
+                sp_bad = "sp: ulysses/ring/hybrid need tensor mode 1d";
+            }
+            if (sp_bad.empty() && sc.mode == SpMode::kUlysses &&
+                (heads_per_tp % sp != 0 || m.seq_len % sp != 0)) {
+              sp_bad = "sp: ulysses needs heads per tensor rank and seq_len divisible by sp";
+            }
+            if (sp_bad.empty() && sc.mode == SpMode::kRing && m.seq_len % (2 * sp) != 0) {
+              sp_bad = "sp: ring needs seq_len divisible by 2*sp";
+            }
+            if (sp_bad.empty() && sc.mode == SpMode::kHybrid &&
+                (heads_per_tp % sc.ulysses != 0 ||
+                 m.seq_len % (sp / sc.ulysses * std::lcm<int64_t>(2, sc.ulysses)) != 0)) {
+              sp_bad =
+                  "sp: hybrid needs heads per tensor rank divisible by a, seq_len by r*lcm(2, a)";
+            }
+            if (sp_bad.empty() && sc.mode == SpMode::kMegatron && m.seq_len % tp != 0) {
+              sp_bad = "sp: megatron needs seq_len divisible by tp";
+            }
+            if (!sp_bad.empty()) {
+              tally.drop(sp_bad, kStageSequence, below_mesh);
+              continue;
+            }
+            for (const int64_t mb : mbs) {
+              c.micro_batch = mb;
+              if (w.global_batch % (mb * dp) != 0) {
+                tally.drop("batch: global batch not divisible by micro_batch x dp", kStageBatch,
+                           below_mb);
+                continue;
+              }
+              if (mb % tc.batch_blocks != 0) {
+                tally.drop("tp: micro_batch not divisible by the grid's batch blocks", kStageTensor,
+                           below_mb);
+                continue;
+              }
+              c.microbatches = w.global_batch / (mb * dp);
+              const int64_t below_schedule = n_zero * n_rec * n_off;
+              for (const ScheduleChoice& sch : schedules) {
+                c.schedule = sch.kind, c.chunks = sch.chunks;
+                if (fx.schedule && pp > 1 && *fx.schedule != to_string(sch.kind)) {
+                  result.evaluated -= below_schedule;
+                  continue;
+                }
+                if (m.layers % (pp * sch.chunks) != 0) {
+                  tally.drop("pp: layers not divisible by pp x chunks", kStagePipeline,
+                             below_schedule);
+                  continue;
+                }
+                if (pp > 1) {
+                  const pipeline::ScheduleKind kinds[] = {
+                      pipeline::ScheduleKind::kGPipe, pipeline::ScheduleKind::kGPipe,
+                      pipeline::ScheduleKind::k1F1B, pipeline::ScheduleKind::kInterleaved,
+                      pipeline::ScheduleKind::kZeroBubble};
+                  const std::string problem = pipeline::plan_problem(
+                      kinds[static_cast<int>(sch.kind)], static_cast<int>(pp),
+                      static_cast<int>(c.microbatches), static_cast<int>(sch.chunks));
+                  if (!problem.empty()) {
+                    tally.drop(sch.kind == Schedule::kInterleaved && c.microbatches >= pp
+                                   ? "pp: interleaved needs micro-batches a multiple of pp"
+                                   : "pp: fewer micro-batches than stages",
+                               kStagePipeline, below_schedule);
+                    continue;
+                  }
+                }
+                for (int zero = 0; zero <= 3; ++zero) {
+                  if (fx.zero && *fx.zero != zero) continue;
+                  c.zero = zero;
+                  for (const Recompute rec : kRecomputes) {
+                    if (fx.recompute && *fx.recompute != to_string(rec)) continue;
+                    c.recompute = rec;
+                    for (const double off : opt.offload_fractions) {
+                      c.offload = off;
+                      if (zero > 0 && dp * sp == 1) {
+                        tally.drop("zero: no data-parallel group to shard over", kStageMode, 1);
+                        continue;
+                      }
+                      if (rec == Recompute::kSelective &&
+                          (sc.mode == SpMode::kRing || sc.mode == SpMode::kHybrid)) {
+                        tally.drop("recompute: selective is none under ring/hybrid attention",
+                                   kStageMode, 1);
+                        continue;
+                      }
+                      if (off > 0 && !opt.offload_composes && (N > 1 || zero > 0)) {
+                        tally.drop("offload: the memory role runs on one rank without ZeRO",
+                                   kStageMode, 1);
+                        continue;
+                      }
+                      std::vector<MemoryPart> parts;
+                      const double mem = memory_per_rank(w, c, &parts);
+                      if (off > 0) {
+                        const double host = off * (mem - kRuntimeBytes) *
+                                            static_cast<double>(mach.cluster.devices_per_node);
+                        if (host > mach.cluster.host_memory) {
+                          tally.drop("offload: host memory", kStageMemory, 1);
+                          continue;
+                        }
+                      }
+                      if (mem > mach.cluster.device_memory) {
+                        tally.drop("memory: exceeds device memory", kStageMemory, 1);
+                        if (least_memory < 0 || mem < least_memory) {
+                          least_memory = mem, least_candidate = c, least_parts = parts;
+                        }
+                        continue;
+                      }
+                      ++result.survived;
+                      const Prediction p = predict(w, mach, c, /*simulate_pipeline=*/false);
+                      if (best.size() < opt.refine) {
+                        best.push({p.step, c});
+                      } else if (p.step < best.top().step) {
+                        best.pop();
+                        best.push({p.step, c});
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Second pass: the pipeline plugin's schedules, simulated.
+  std::vector<RankedPlan> ranked;
+  while (!best.empty()) {
+    const Candidate c = best.top().candidate;
+    best.pop();
+    ranked.push_back({c, predict(w, mach, c, /*simulate_pipeline=*/true)});
+  }
+  // Steps within 1% of each other are a tie; ties go to fewer groups that
+  // span nodes, then to the faster.
+  auto bucket = [](double step) { return std::floor(std::log(step) / std::log(1.01)); };
+  std::sort(ranked.begin(), ranked.end(), [&](const RankedPlan& a, const RankedPlan& b) {
+    const double ba = bucket(a.prediction.step), bb = bucket(b.prediction.step);
+    if (ba != bb) return ba < bb;
+    if (a.prediction.crossing_groups != b.prediction.crossing_groups) {
+      return a.prediction.crossing_groups < b.prediction.crossing_groups;
+    }
+    return a.prediction.step < b.prediction.step;
+  });
+  if (ranked.size() > opt.top) ranked.resize(opt.top);
+  result.plans = std::move(ranked);
+
+  if (result.plans.empty()) {
+    int last = -1;
+    std::string reason;
+    int64_t count = 0;
+    for (const auto& [r, n] : result.dropped) {
+      const int st = stage_of[r];
+      if (st > last || (st == last && n > count)) last = st, reason = r, count = n;
+    }
+    if (result.evaluated == 0) {
+      result.killer =
+          "no candidate: the fixed sizes do not divide the " + std::to_string(N) + " ranks";
+    } else {
+      result.killer =
+          "\"" + reason + "\" removed the last " + std::to_string(count) + " candidates";
+      if (last == kStageMemory && least_memory > 0) {
+        const auto largest = std::max_element(
+            least_parts.begin(), least_parts.end(),
+            [](const MemoryPart& a, const MemoryPart& b) { return a.bytes < b.bytes; });
+        const double gib = 1024.0 * 1024 * 1024;
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "; the smallest needs %.1f GiB per rank (%s), the device has %.1f GiB; its "
+                      "largest term: %s, %.1f GiB",
+                      least_memory / gib, least_candidate.describe().c_str(),
+                      mach.cluster.device_memory / gib, largest->name.c_str(),
+                      largest->bytes / gib);
+        result.killer += buf;
+      }
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+SearchResult check_fixed(const Workload& w, const Machine& mach, const SearchOptions& opt) {
+  SearchResult all = search(w, mach, opt);
+  if (!all.plans.empty()) return all;
+  const Fixed& f = opt.fixed;
+  struct Given {
+    std::string text;
+    Fixed only;
+  };
+  std::vector<Given> given;
+  auto num = [&](const char* key, const std::optional<int64_t>& v,
+                 std::optional<int64_t> Fixed::*member) {
+    if (!v) return;
+    Fixed one;
+    one.*member = v;
+    given.push_back({std::string(key) + " = " + std::to_string(*v), one});
+  };
+  auto str = [&](const char* key, const std::optional<std::string>& v,
+                 std::optional<std::string> Fixed::*member) {
+    if (!v) return;
+    Fixed one;
+    one.*member = v;
+    given.push_back({std::string(key) + " = \"" + *v + "\"", one});
+  };
+  num("parallel.pipeline.size", f.pp, &Fixed::pp);
+  num("parallel.data", f.dp, &Fixed::dp);
+  num("parallel.sequence.size", f.sp, &Fixed::sp);
+  num("parallel.tensor.size", f.tp, &Fixed::tp);
+  num("parallel.zero.stage", f.zero, &Fixed::zero);
+  num("train.micro_batch", f.micro_batch, &Fixed::micro_batch);
+  str("parallel.tensor.mode", f.tp_mode, &Fixed::tp_mode);
+  str("parallel.sequence.mode", f.sp_mode, &Fixed::sp_mode);
+  str("parallel.pipeline.schedule", f.schedule, &Fixed::schedule);
+  str("train.recompute", f.recompute, &Fixed::recompute);
+  std::string message;
+  for (const Given& g : given) {
+    SearchOptions one = opt;
+    one.fixed = g.only;
+    const SearchResult r = search(w, mach, one);
+    if (r.plans.empty()) {
+      message += (message.empty() ? "" : "\n") + g.text + ": parallel.auto = true finds no plan " +
+                 "with it: " + r.killer;
+    }
+  }
+  if (message.empty()) {
+    std::string keys;
+    for (const Given& g : given) keys += (keys.empty() ? "" : ", ") + g.text;
+    message = keys + ": each fits alone, but no plan has all of them: " + all.killer;
+  }
+  throw ConfigError(message);
+}
+
+}  // namespace kolos::planner
