@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "kolos/core/comm/process_group.h"
 #include "kolos/core/config_located.h"
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
@@ -163,11 +164,13 @@ class ChunkedMemory : public GradientStrategy {
     if (c.offload != "nvme" && s.has("io_threads")) {
       s.fail("io_threads", "applies to offload = \"nvme\" only.");
     }
-    // What this version composes with; every other mix is refused here.
+    // What this version composes with (data parallelism, each rank holding
+    // every chunk); every other mix is refused here.
     const MeshShape& m = context.shape;
-    if (m.pp * m.dp * m.sp * m.tp != 1) {
-      s.fail_here(context.owner + " runs on one rank in this version (no dp, zero, tensor, "
-                                  "sequence or pipeline parallelism with it yet); the mesh is pp " +
+    if (m.pp * m.sp * m.tp != 1) {
+      s.fail_here(context.owner +
+                  " composes with data parallelism only in this version (no tensor, sequence "
+                  "or pipeline parallelism with it yet); the mesh is pp " +
                   std::to_string(m.pp) + " x dp " + std::to_string(m.dp) + " x sp " +
                   std::to_string(m.sp) + " x tp " + std::to_string(m.tp) + ".");
     }
@@ -179,8 +182,9 @@ class ChunkedMemory : public GradientStrategy {
     accumulation_ = context.accumulation;
   }
 
-  void setup(Model& model, const DeviceMesh&, const RunConfig& config) override {
+  void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override {
     model_ = &model;
+    group_ = mesh.group(AxisSet{Axis::kDP});
     for (auto& p : model.placed_parameters()) {
       if (!p.tensor.requires_grad()) continue;
       const at::Tensor& t = p.tensor;
@@ -209,7 +213,17 @@ class ChunkedMemory : public GradientStrategy {
 
   // ---- one step -----------------------------------------------------------
 
+  ReductionStats reduction_stats() const override {
+    ReductionStats stats;  // each reduction waited for where it was launched
+    stats.bytes = reduced_bytes_;
+    stats.reductions = reductions_;
+    stats.completed_before_finish = reductions_;
+    return stats;
+  }
+
   void zero_grad() override {
+    reduced_bytes_ = 0;
+    reductions_ = 0;
     KOLOS_CHECK(cursor_ == 0, name(), ": a step began at trace step ", cursor_, " of ",
                 steps_.size(), " (the previous step did not finish)");
     materialized_.clear();  // copies made for a checkpoint
@@ -583,11 +597,22 @@ class ChunkedMemory : public GradientStrategy {
     begin(cursor_);
   }
 
-  // Ends the step in progress (if any): the norms of the gradients it made final.
+  // Ends the step in progress (if any): the gradients it made final are
+  // averaged over dp (every rank holds every chunk; the trace, and so the
+  // order of these reductions, is the same on every rank) and their norms
+  // taken.
   void end_current_step() {
     if (!in_step_) return;
     torch::NoGradGuard no_grad;
-    for (size_t i : norm_at_[current_]) norms_[i] = params_[i].tensor.grad().norm();
+    for (size_t i : norm_at_[current_]) {
+      const at::Tensor& grad = params_[i].tensor.grad();
+      if (group_->size() > 1) {
+        group_->all_reduce(grad, comm::ReduceOp::kAvg)->wait();
+        reduced_bytes_ += grad.numel() * grad.element_size();
+        ++reductions_;
+      }
+      norms_[i] = grad.norm();
+    }
     in_step_ = false;
   }
 
@@ -664,6 +689,9 @@ class ChunkedMemory : public GradientStrategy {
     ::close(fd);
   }
 
+  comm::ProcessGroupPtr group_;  // dp: gradients averaged over it
+  int64_t reduced_bytes_ = 0;    // this step's
+  int64_t reductions_ = 0;
   ChunkSettings settings_;
   int64_t accumulation_ = 1;
   int64_t chunk_bytes_ = 0;

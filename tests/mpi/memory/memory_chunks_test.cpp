@@ -9,8 +9,10 @@
 // clipping, weight decay and full recomputation. Checkpoints: saved from
 // chunks on NVMe and loaded in memory, and the other way round, the resumed
 // run equals the uninterrupted one. Bad input: each refusal names the key
-// and the numbers.
+// and the numbers. At 2 ranks: with data parallelism (every rank holding
+// every chunk), the serial run's results within the harness's tolerance.
 #include <gtest/gtest.h>
+#include <mpi.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -81,14 +83,15 @@ std::unique_ptr<Engine> make_engine(const RunConfig& config) {
                                   [](const RunConfig& c) { return data::make_source(c); });
 }
 
-void require_one_rank() {
-  ASSERT_EQ(world_size(), 1) << "the chunks plugin runs on one rank in this version";
-}
+// The 1-rank cases (bit-equal to the in-memory run on this rank) and the
+// 2-rank ones (with dp) share the binary: each skips at the other count.
+#define REQUIRE_RANKS(n) \
+  if (world_size() != (n)) GTEST_SKIP() << "runs at " << (n) << " rank(s)"
 
 class Chunks : public ::testing::Test {
  protected:
   void SetUp() override {
-    require_one_rank();
+    REQUIRE_RANKS(1);
     nvme_ = testing::shared_tmpdir("chunks-nvme");
   }
   void TearDown() override {
@@ -189,6 +192,26 @@ TEST_F(Chunks, CheckpointFromNvmeIntoMemoryAndBack) {
                       "host chunks -> nvme chunks");
 }
 
+// ---- with data parallelism ----------------------------------------------------
+
+// Every rank holds every chunk (on NVMe here, a folder per rank) and the
+// gradients are averaged over dp as backward makes them final: the serial
+// run's losses, norms and parameters within the harness's tolerance.
+TEST(ChunksWithDp, MatchesTheSerialRun) {
+  REQUIRE_RANKS(2);
+  const std::string nvme = testing::shared_tmpdir("chunks-dp");
+  testing::expect_equivalent(
+      config({}), config(plus(chunks("auto", "nvme", nvme), {"parallel.data=2"})));
+  testing::expect_equivalent(
+      config({}), config(plus(chunks("static", "host"),
+                              {"parallel.data=2", "memory.param_fraction=0.1"})));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (testing::world_rank() == 0) {
+    EXPECT_TRUE(fs::is_empty(nvme)) << nvme << " still holds files";
+    fs::remove_all(nvme);
+  }
+}
+
 // ---- bad input ---------------------------------------------------------------
 
 // The message of the error an engine for `overrides` raises ("" if none).
@@ -202,7 +225,7 @@ std::string engine_error(const std::vector<std::string>& overrides) {
 }
 
 TEST(ChunksBadInput, RefusedWithTheNumbers) {
-  require_one_rank();
+  REQUIRE_RANKS(1);
   // A budget below the widest step's working set: both numbers named.
   auto small = chunks("auto", "host");
   small[1] = "memory.compute_budget=\"64KiB\"";
@@ -239,8 +262,10 @@ TEST(ChunksBadInput, RefusedWithTheNumbers) {
   // Mixes this version does not run.
   e = testing::config_error(plus(chunks("auto", "host"), {"parallel.zero.stage=1"}));
   EXPECT_NE(e.find("zero1"), std::string::npos) << e;
-  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.data=2"}));
-  EXPECT_NE(e.find("one rank"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.tensor.size=2"}));
+  EXPECT_NE(e.find("data parallelism only"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.pipeline.size=2"}));
+  EXPECT_NE(e.find("data parallelism only"), std::string::npos) << e;
   e = testing::config_error(plus(chunks("auto", "host"), {"train.precision=\"bf16\""}));
   EXPECT_NE(e.find("fp32"), std::string::npos) << e;
 }
