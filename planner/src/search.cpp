@@ -262,16 +262,23 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                                    kStageMode, 1);
                         continue;
                       }
-                      if (off > 0 && !opt.offload_composes && (N > 1 || zero > 0)) {
-                        tally.drop("offload: the memory role runs on one rank without ZeRO",
+                      if (off > 0 && !opt.offload_composes &&
+                          (c.pp * c.sp * c.tp > 1 || zero > 0)) {
+                        tally.drop("offload: the memory role runs with dp only, without ZeRO",
                                    kStageMode, 1);
                         continue;
                       }
                       std::vector<MemoryPart> parts;
                       const double mem = memory_per_rank(w, c, &parts);
                       if (off > 0) {
-                        const double host = off * (mem - kRuntimeBytes) *
-                                            static_cast<double>(mach.cluster.devices_per_node);
+                        // The memory role's host tier holds a copy of every
+                        // chunk: all the states the offload fraction thins
+                        // on the device, for each rank of the node.
+                        Candidate whole = c;
+                        whole.offload = 0;
+                        const double states = (memory_per_rank(w, whole, nullptr) - mem) / off;
+                        const double host =
+                            states * static_cast<double>(mach.cluster.devices_per_node);
                         if (host > mach.cluster.host_memory) {
                           tally.drop("offload: host memory", kStageMemory, 1);
                           continue;

@@ -35,8 +35,8 @@ struct SearchOptions {
   int64_t ranks = 0;  // N; 0: every device of the cluster
   std::vector<int64_t> micro_batches = {1, 2, 4, 8};
   std::vector<double> offload_fractions = {0.0, 0.5, 1.0};
-  // The memory role runs alone on one rank in this version (it refuses dp,
-  // ZeRO, tp, sp and pp); true plans as if it composed.
+  // The memory role composes with data parallelism only in this version
+  // (it refuses ZeRO, tp, sp and pp); true plans as if it composed.
   bool offload_composes = false;
   int64_t max_chunks = 4;  // interleaved: V = 2, 4, ... up to this
   size_t top = 10;         // plans kept
