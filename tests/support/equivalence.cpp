@@ -110,6 +110,25 @@ RunRecord run_and_record(const RunConfig& config, const comm::ProcessGroupPtr& g
   return record;
 }
 
+void expect_records_bit_equal(const RunRecord& reference, const RunRecord& candidate,
+                              const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(reference.losses.size(), candidate.losses.size());
+  for (size_t s = 0; s < reference.losses.size(); ++s) {
+    EXPECT_EQ(reference.losses[s], candidate.losses[s]) << "loss of step " << s + 1;
+    EXPECT_EQ(reference.grad_norms.at(s), candidate.grad_norms.at(s))
+        << "gradient norm of step " << s + 1;
+  }
+  ASSERT_EQ(reference.parameters.size(), candidate.parameters.size());
+  for (size_t i = 0; i < reference.parameters.size(); ++i) {
+    const auto& [name, p] = reference.parameters[i];
+    EXPECT_EQ(name, candidate.parameters[i].first);
+    EXPECT_TRUE(torch::equal(p, candidate.parameters[i].second))
+        << name << ": max |diff| "
+        << (p - candidate.parameters[i].second).abs().max().item<double>();
+  }
+}
+
 void expect_records_match(const RunRecord& reference, const RunRecord& candidate,
                           const Tolerance& tolerance, const std::string& what) {
   ASSERT_EQ(reference.losses.size(), candidate.losses.size()) << what;

@@ -66,6 +66,11 @@ RunRecord run_and_record(const RunConfig& config, const comm::ProcessGroupPtr& g
 void expect_records_match(const RunRecord& reference, const RunRecord& candidate,
                           const Tolerance& tolerance, const std::string& what);
 
+// GoogleTest expectations: every step's loss and gradient norm and every
+// final parameter equal bit for bit.
+void expect_records_bit_equal(const RunRecord& reference, const RunRecord& candidate,
+                              const std::string& what);
+
 // Serial `reference` on MPI_COMM_SELF vs `candidate` on MPI_COMM_WORLD.
 void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
                        const Tolerance& tolerance = {});

@@ -21,7 +21,9 @@ for doc in [src / "README.md", *sorted((src / "docs").glob("*.md"))]:
 PY
     files=()
     while IFS= read -r f; do files+=("$f"); done < <(
-      cd "$src" && find examples k8s launchers -name '*.toml' | sort)
+      # (examples/clusters holds the planner's cluster files: planner_cluster_test
+      # loads them)
+      cd "$src" && find examples k8s launchers -name '*.toml' -not -path 'examples/clusters/*' | sort)
     [[ ${#files[@]} -ge 5 ]] || fail "found only ${#files[@]} shipped TOML files"
     blocks=(*.toml)
     [[ ${#blocks[@]} -ge 8 ]] || fail "found only ${#blocks[@]} TOML blocks in the docs"
@@ -64,8 +66,12 @@ PY
     printf '[parallel]\ntensor = { size = 1, mode = "2d" }\n' >t1.toml
     expect_failure 'parallel.tensor.mode: "2d" has no effect' -- "$KOLOS" check t1.toml
     # Roles this version cannot run, and keys the precision ignores, fail at once.
-    printf '[plugins]\nmemory = "chunks"\n' >m.toml
-    expect_failure 'plugins.memory: the memory role is not available' -- "$KOLOS" check m.toml
+    printf '[plugins]\nplanner = "autoplan"\n' >m.toml
+    expect_failure 'plugins.planner: the planner role is not available' -- "$KOLOS" check m.toml
+    # The memory plugin owns [memory]: its keys, with a "did you mean".
+    printf '[memory]\ncompute_budget = "1GiB"\nplacment = "auto"\n' >mem.toml
+    expect_failure 'mem.toml:3:1: unknown key .memory.placment.; valid keys in \[memory\] \(memory plugin .chunks.\): placement, compute_budget, offload, nvme_dir, chunk_size.*Did you mean .placement.\?' \
+      -- "$KOLOS" check mem.toml
     printf '[train]\nprecision = "bf16"\nloss_scale_init = 8.0\n' >bf.toml
     expect_failure 'bf.toml:3:[0-9]+: train.loss_scale_init: loss scaling applies to precision = "fp16" only' \
       -- "$KOLOS" check bf.toml

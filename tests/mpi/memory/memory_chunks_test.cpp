@@ -58,25 +58,6 @@ std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
-void expect_bit_equal(const testing::RunRecord& reference, const testing::RunRecord& candidate,
-                      const std::string& what) {
-  SCOPED_TRACE(what);
-  ASSERT_EQ(reference.losses.size(), candidate.losses.size());
-  for (size_t s = 0; s < reference.losses.size(); ++s) {
-    EXPECT_EQ(reference.losses[s], candidate.losses[s]) << "loss of step " << s + 1;
-    EXPECT_EQ(reference.grad_norms.at(s), candidate.grad_norms.at(s))
-        << "gradient norm of step " << s + 1;
-  }
-  ASSERT_EQ(reference.parameters.size(), candidate.parameters.size());
-  for (size_t i = 0; i < reference.parameters.size(); ++i) {
-    const auto& [name, p] = reference.parameters[i];
-    EXPECT_EQ(name, candidate.parameters[i].first);
-    EXPECT_TRUE(torch::equal(p, candidate.parameters[i].second))
-        << name << ": max |diff| "
-        << (p - candidate.parameters[i].second).abs().max().item<double>();
-  }
-}
-
 std::unique_ptr<Engine> make_engine(const RunConfig& config) {
   modules::register_builtin_models();
   return std::make_unique<Engine>(config, testing::self_group(),
@@ -112,22 +93,22 @@ class Chunks : public ::testing::Test {
 };
 
 TEST_F(Chunks, AutoOnHostBitEqual) {
-  expect_bit_equal(reference(), candidate(chunks("auto", "host")), "auto, host");
+  testing::expect_records_bit_equal(reference(), candidate(chunks("auto", "host")), "auto, host");
 }
 
 TEST_F(Chunks, AutoOnNvmeBitEqual) {
-  expect_bit_equal(reference(), candidate(chunks("auto", "nvme", nvme_)), "auto, nvme");
+  testing::expect_records_bit_equal(reference(), candidate(chunks("auto", "nvme", nvme_)), "auto, nvme");
 }
 
 TEST_F(Chunks, StaticOnNvmeBitEqual) {
   const auto o = plus(chunks("static", "nvme", nvme_),
                       {"memory.param_fraction=0.1", "memory.optim_fraction=0.05"});
-  expect_bit_equal(reference(), candidate(o), "static, nvme");
+  testing::expect_records_bit_equal(reference(), candidate(o), "static, nvme");
 }
 
 TEST_F(Chunks, SearchedChunkSizeAndRecomputeBitEqual) {
   const std::vector<std::string> recompute = {"train.recompute=\"full\""};
-  expect_bit_equal(reference(recompute),
+  testing::expect_records_bit_equal(reference(recompute),
                    candidate(plus(chunks("auto", "nvme", nvme_, "auto"), recompute)),
                    "searched chunk size, full recomputation");
 }

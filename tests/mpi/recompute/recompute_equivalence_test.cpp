@@ -35,25 +35,6 @@ RunConfig config(std::vector<std::string> overrides, const std::string& mode, in
   return testing::tiny_gpt_config(overrides);
 }
 
-void expect_bit_equal(const testing::RunRecord& reference, const testing::RunRecord& candidate,
-                      const std::string& what) {
-  SCOPED_TRACE(what);
-  ASSERT_EQ(reference.losses.size(), candidate.losses.size());
-  for (size_t s = 0; s < reference.losses.size(); ++s) {
-    EXPECT_EQ(reference.losses[s], candidate.losses[s]) << "loss of step " << s + 1;
-    EXPECT_EQ(reference.grad_norms.at(s), candidate.grad_norms.at(s))
-        << "gradient norm of step " << s + 1;
-  }
-  ASSERT_EQ(reference.parameters.size(), candidate.parameters.size());
-  for (size_t i = 0; i < reference.parameters.size(); ++i) {
-    const auto& [name, p] = reference.parameters[i];
-    EXPECT_EQ(name, candidate.parameters[i].first);
-    EXPECT_TRUE(torch::equal(p, candidate.parameters[i].second))
-        << name << ": max |diff| "
-        << (p - candidate.parameters[i].second).abs().max().item<double>();
-  }
-}
-
 // The mix `overrides` with recompute = none, full, selective and full every
 // 2nd block, on the world (or, serial, on this rank alone).
 void expect_modes_bit_equal(const std::vector<std::string>& overrides, int dp, bool serial,
@@ -64,9 +45,9 @@ void expect_modes_bit_equal(const std::vector<std::string>& overrides, int dp, b
   };
   const auto reference = run("none", 1);
   ASSERT_EQ(reference.losses.size(), 8u);
-  expect_bit_equal(reference, run("full", 1), "full");
-  expect_bit_equal(reference, run("selective", 1), "selective");
-  expect_bit_equal(reference, run("full", 2), "full, every 2nd block");
+  testing::expect_records_bit_equal(reference, run("full", 1), "full");
+  testing::expect_records_bit_equal(reference, run("selective", 1), "selective");
+  testing::expect_records_bit_equal(reference, run("full", 2), "full, every 2nd block");
 }
 
 TEST(Recompute, SerialBitEqual) {

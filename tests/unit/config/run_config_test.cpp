@@ -454,12 +454,10 @@ TEST(RunConfigErrors, UnknownPluginRole) {
 }
 
 TEST(RunConfigRoles, WhatThisVersionCannotRunIsRefusedAtOnce) {
-  EXPECT_TRUE(has_all(parse_error("[plugins]\nmemory = \"offload\"\n"),
-                      {"run.toml:2", "plugins.memory: the memory role is not available"}));
   EXPECT_TRUE(has_all(parse_error("[plugins]\nplanner = \"autoplan\"\n"),
-                      {"plugins.planner: the planner role is not available"}));
-  EXPECT_TRUE(has_all(parse_error("[memory]\ncompute_budget = 1\n"),
-                      {"run.toml:1", "[memory]: the memory role is not available"}));
+                      {"run.toml:2", "plugins.planner: the planner role is not available"}));
+  EXPECT_TRUE(has_all(parse_error("[planner]\nsearch = 1\n"),
+                      {"run.toml:1", "[planner]: the planner role is not available"}));
   EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"ulises\" }\n"),
                       {"parallel.sequence.mode", "ulises", "ulysses"}));
 }
@@ -513,6 +511,10 @@ TEST(RunConfigRoles, ChoosePluginsFollowsTheSettings) {
     EXPECT_EQ(choice("[parallel]\nzero = " + std::to_string(stage) + "\n").gradients,
               "zero" + std::to_string(stage));
   }
+  // A [memory] section selects the memory role's plugin; none: no plugin.
+  EXPECT_EQ(choice("").memory, "");
+  EXPECT_EQ(choice("[memory]\ncompute_budget = \"1GiB\"\n").memory, "chunks");
+  EXPECT_EQ(choice("[plugins]\nmemory = \"mychunks\"\n").memory, "mychunks");
 }
 
 TEST(RunConfigOverrides, ApplyBeforeValidation) {
