@@ -6,9 +6,9 @@
 // and every final parameter must be bit-equal to the in-memory run (the
 // default dp plugin on one rank), for auto and static placement, host and
 // NVMe lower tiers, a searched chunk size, with gradient accumulation,
-// clipping, weight decay and full recomputation. Checkpoints: saved from
-// chunks on NVMe and loaded in memory, and the other way round, the resumed
-// run equals the uninterrupted one. Bad input: each refusal names the key
+// clipping, weight decay and full and selective recomputation.
+// Checkpoints: saved from chunks on NVMe and loaded in memory, and the other
+// way round, the resumed run equals the uninterrupted one. Bad input: each refusal names the key
 // and the numbers. At 2 ranks: with data parallelism (every rank holding
 // every chunk), the serial run's results within the harness's tolerance.
 #include <gtest/gtest.h>
@@ -110,10 +110,12 @@ TEST_F(Chunks, StaticOnNvmeBitEqual) {
 }
 
 TEST_F(Chunks, SearchedChunkSizeAndRecomputeBitEqual) {
-  const std::vector<std::string> recompute = {"train.recompute=\"full\""};
-  testing::expect_records_bit_equal(reference(recompute),
-                   candidate(plus(chunks("auto", "nvme", nvme_, "auto"), recompute)),
-                   "searched chunk size, full recomputation");
+  for (const char* mode : {"full", "selective"}) {
+    const std::vector<std::string> recompute = {"train.recompute=\"" + std::string(mode) + "\""};
+    testing::expect_records_bit_equal(
+        reference(recompute), candidate(plus(chunks("auto", "nvme", nvme_, "auto"), recompute)),
+        std::string("searched chunk size, recompute ") + mode);
+  }
 }
 
 TEST_F(Chunks, ResidentBytesStayWithinTheBudget) {
