@@ -383,9 +383,8 @@ class ChunkedMemory : public GradientStrategy {
     try {
       layout_ = memory::pack(specs, chunk_bytes_);
     } catch (const Error& e) {
-      throw ConfigError(located(config, "memory.chunk_size",
-                                std::string("memory.chunk_size = ") +
-                                    quote_toml(settings_.chunk_size) + ": " + e.what()));
+      throw ConfigError(
+          located(config, "memory.chunk_size", quote_toml(settings_.chunk_size) + ": " + e.what()));
     }
     num_chunks_ = layout_.num_chunks();
     chunk_params_.assign(num_chunks_, {SIZE_MAX, 0});
@@ -495,8 +494,7 @@ class ChunkedMemory : public GradientStrategy {
     } catch (const Error& e) {
       throw ConfigError(located(
           config, "memory.compute_budget",
-          "memory.compute_budget = " + detail::format_bytes(static_cast<double>(budget)) +
-              " (chunks of " + detail::format_bytes(static_cast<double>(chunk_bytes_)) + ", " +
+          detail::format_bytes(static_cast<double>(budget)) + " (chunks of " + detail::format_bytes(static_cast<double>(chunk_bytes_)) + ", " +
               std::to_string(num_chunks_) + " per kind of state) cannot run this model: " +
               e.what()));
     }

@@ -123,9 +123,9 @@ PY
 compute_budget = "57MiB"
 chunk_size = "3MiB"
 TOML
-    expect_failure "memory.compute_budget = 8.0 MiB .*8388608 bytes is smaller than step [0-9]+'s working set of [0-9]+ bytes" -- \
+    expect_failure "memory.compute_budget: 8.0 MiB .*8388608 bytes is smaller than step [0-9]+'s working set of [0-9]+ bytes" -- \
       "$KOLOS" train states.toml --set memory.compute_budget=\"8MiB\"
-    expect_failure "memory.chunk_size = \"2MiB\": .*tensor 'embed.wte.weight' .* 3145728 bytes" -- \
+    expect_failure "memory.chunk_size: \"2MiB\": .*tensor 'embed.wte.weight' .* 3145728 bytes" -- \
       "$KOLOS" train states.toml --set memory.chunk_size=\"2MiB\"
     expect_failure "memory.nvme_dir.*/nonexistent/nvme" -- \
       "$KOLOS" train states.toml --set memory.offload=\"nvme\" --set memory.nvme_dir=\"/nonexistent/nvme\"
