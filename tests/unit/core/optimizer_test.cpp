@@ -1,6 +1,7 @@
 // kolos::AdamW against LibTorch's torch::optim::AdamW on the same tensors.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include "kolos/core/error.h"
 #include "kolos/core/optimizer.h"
@@ -27,7 +28,13 @@ TEST(AdamW, MatchesLibTorch) {
       b.mutable_grad() = g.clone();
       ours.step(s.lr);
       theirs.step();
-      ASSERT_TRUE(torch::allclose(a, b.detach(), 0, 1e-7)) << "step " << step << " wd " << wd;
+      // LibTorch 1.13: the same bits within 1e-7 (kolos/kernels/adamw.h).
+      // LibTorch 2.x rounds its CPU AdamW differently on some CPUs (AVX2
+      // without AVX-512, e.g. AMD EPYC): within a few float ulps there.
+      const double rtol = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 0.0;
+      ASSERT_TRUE(torch::allclose(a, b.detach(), rtol, 1e-7))
+          << "step " << step << " wd " << wd << ": max |diff| "
+          << (a - b.detach()).abs().max().item<double>();
     }
     EXPECT_EQ(ours.step_count(), 10);
   }
