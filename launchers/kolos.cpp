@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 #include "kolos/topology/binding.h"
+#include "kolos/topology/locality.h"
 #include "kolos/topology/topology.h"
 #include "launch.h"
 #include "slurm_command.h"
@@ -109,6 +111,36 @@ std::string format_summary(const TrainSummary& s, const Engine& engine) {
   return line;
 }
 
+// Whether the mesh's tp and sp groups stay inside a node, from every rank's
+// host name (libkolos_topology's check_locality): warnings on rank 0.
+// KOLOS_SIMULATED_HOSTS (one name per rank, comma-separated) stands in for
+// the host names, to check a multi-node layout on one machine. Collective.
+void report_locality(const Runtime& runtime, const MeshShape& shape) {
+  constexpr int kName = 256;
+  std::vector<char> mine(kName, '\0');
+  gethostname(mine.data(), kName - 1);
+  std::vector<char> all(static_cast<size_t>(kName) * runtime.size(), '\0');
+  MPI_Allgather(mine.data(), kName, MPI_CHAR, all.data(), kName, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < runtime.size(); ++r) hosts.emplace_back(all.data() + r * kName);
+  if (const char* simulated = std::getenv("KOLOS_SIMULATED_HOSTS")) {
+    std::vector<std::string> names;
+    std::stringstream in(simulated);
+    for (std::string name; std::getline(in, name, ',');) names.push_back(name);
+    if (static_cast<int>(names.size()) != runtime.size()) {
+      throw UsageError("KOLOS_SIMULATED_HOSTS names " + std::to_string(names.size()) +
+                       " host(s) for " + std::to_string(runtime.size()) +
+                       " ranks; give one name per rank, comma-separated");
+    }
+    hosts = names;
+  }
+  const topology::LocalityReport report = topology::check_locality(shape, hosts);
+  if (runtime.rank() != 0) return;
+  for (const auto& warning : report.warnings()) {
+    std::fprintf(stderr, "kolos: warning: %s\n", warning.c_str());
+  }
+}
+
 int train(const std::vector<std::string>& args, int argc, char** argv) {
   po::options_description options("options");
   std::vector<std::string> overrides;
@@ -151,6 +183,7 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
     detail::agree_on_error(*runtime.world(), error, kind);
     const double runtime_bytes = resident_bytes();  // before the model exists
     Engine engine(config, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
+    report_locality(runtime, engine.mesh().layout().shape());
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());
       // The estimate the engine checked (it refuses a run that exceeds the

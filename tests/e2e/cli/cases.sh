@@ -377,6 +377,16 @@ PY
     expect_success "$KOLOS" run -n 2 "$tiny" --dry-run --bind numa
     grep -q -- "--map-by ppr:[0-9]*:numa --bind-to numa" out.txt || fail "--bind numa not passed to mpirun"
     expect_failure "--bind must be none, cores or numa, got .socket." -- "$KOLOS" run -n 2 "$tiny" --dry-run --bind socket
+    # Locality at start: a tp group over two (simulated) hosts is warned
+    # about; one host, nothing; a host list of the wrong length is refused.
+    tp2=(--set parallel.data=1 --set parallel.tensor.size=2 --set train.steps=1 --set train.global_batch=8)
+    KOLOS_SIMULATED_HOSTS=n0,n1 expect_success "$KOLOS" run -n 2 "$tiny" "${tp2[@]}"
+    grep -q "kolos: warning: tp group of ranks 0-1 crosses nodes: n0 (ranks 0), n1 (ranks 1)" err.txt ||
+      fail "no warning for a tp group across two hosts"
+    KOLOS_SIMULATED_HOSTS=n0,n0 expect_success "$KOLOS" run -n 2 "$tiny" "${tp2[@]}"
+    ! grep -q "crosses nodes" err.txt || fail "a warning for a tp group on one host"
+    KOLOS_SIMULATED_HOSTS=n0 expect_failure "KOLOS_SIMULATED_HOSTS names 1 host\(s\) for 2 ranks" -- \
+      "$KOLOS" run -n 2 "$tiny" "${tp2[@]}"
     ;;
   install)
     prefix="$work/prefix"
