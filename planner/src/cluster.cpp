@@ -43,6 +43,39 @@ MachineRates MachineRates::assumed(const Cluster& c) {
   return r;
 }
 
+double MachineRates::gemm_rate(double flops) const {
+  if (gemm_curve.empty()) return gemm_flops;
+  if (flops <= gemm_curve.front().first) return gemm_curve.front().second;
+  if (flops >= gemm_curve.back().first) return gemm_curve.back().second;
+  for (size_t i = 1; i < gemm_curve.size(); ++i) {
+    const auto& [f1, r1] = gemm_curve[i];
+    if (flops > f1) continue;
+    const auto& [f0, r0] = gemm_curve[i - 1];
+    const double t = std::log(flops / f0) / std::log(f1 / f0);
+    return std::exp(std::log(r0) + t * (std::log(r1) - std::log(r0)));
+  }
+  return gemm_curve.back().second;
+}
+
+std::string format_calibration(const std::string& host, const MachineRates& r) {
+  std::ostringstream out;
+  out.precision(9);
+  out << "# Measured by `kolos calibrate` (docs/planner.md, \"Calibrating this machine\").\n"
+      << "[calibration]\nhost = \"" << host << "\"\n"
+      << "gemm_flops = " << r.gemm_flops << "\nattention_flops = " << r.attention_flops
+      << "\nelementwise_bytes = " << r.elementwise_bytes << "\nop_seconds = " << r.op_seconds
+      << "\n";
+  for (const auto& [flops, rate] : r.gemm_curve) {
+    out << "\n[[calibration.gemm]]\nflops = " << flops << "\nrate = " << rate << "\n";
+  }
+  for (const auto& [key, ab] : r.measured) {
+    out << "\n[[calibration.collective]]\nop = \"" << to_string(key.first)
+        << "\"\ngroup = " << key.second << "\nalpha = " << ab.alpha << "\nbeta = " << ab.beta
+        << "\n";
+  }
+  return out.str();
+}
+
 namespace {
 
 std::string read_file(const std::string& path) {
@@ -76,6 +109,14 @@ class Table {
                             const std::string& what) const {
     throw ConfigError(file_ + ":" + std::to_string(v.location().line()) + ": " + path_ + "." + key +
                       ": " + what);
+  }
+
+  // The key's value, or nullptr when absent (an optional key).
+  const toml::value* find(const std::string& key) {
+    known_.push_back(key);
+    const auto& t = table_.as_table();
+    const auto it = t.find(key);
+    return it == t.end() ? nullptr : &it->second;
   }
 
   const toml::value& get(const std::string& key) {
@@ -233,6 +274,23 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
   Table t(*ct, name, "calibration");
   t.string("host");
   read_rates(t, rates);
+  if (t.find("op_seconds") != nullptr) rates.op_seconds = t.number("op_seconds", false);
+  // [[calibration.gemm]]: flops (of one product), rate (FLOP/s); optional.
+  rates.gemm_curve.clear();
+  if (const toml::value* gemm = t.find("gemm")) {
+    if (!gemm->is_array()) t.fail_at(*gemm, "gemm", "expected an array of tables");
+    for (const toml::value& row : gemm->as_array()) {
+      if (!row.is_table()) t.fail_at(row, "gemm", "expected a table");
+      Table r(row, name, "calibration.gemm");
+      const double flops = r.number("flops");
+      const double rate = r.number("rate");
+      r.unknown();
+      if (!rates.gemm_curve.empty() && flops <= rates.gemm_curve.back().first) {
+        r.fail_at(r.get("flops"), "flops", "rows must be in ascending order of flops");
+      }
+      rates.gemm_curve.emplace_back(flops, rate);
+    }
+  }
   // [[calibration.collective]]: op, group, alpha (s), beta (bytes/s).
   const toml::value& list = t.get("collective");
   if (!list.is_array()) t.fail_at(list, "collective", "expected an array of tables");

@@ -19,6 +19,12 @@ double optimizer_bytes_per_param(double e) { return 3 * e + 16 + (e < 4 ? 8 : 0)
 // The host tier's AdamW (the memory role's offloaded states): assumed bytes/s
 // of host memory one rank's optimizer streams through.
 constexpr double kHostOptimizerBytes = 20e9;
+// Kernels one block's forward launches (norms, projections, the attention
+// core's steps, activation, residual adds), an assumed count; backward
+// launches about twice as many. Each costs the calibration's op_seconds.
+constexpr double kOpsPerBlock = 20;
+// Products per block: q, k, v, o and the MLP's two.
+constexpr double kProductsPerBlock = 6;
 
 struct Comm {
   double fwd = 0, bwd = 0;  // seconds on the critical path
@@ -161,7 +167,8 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
 
   // One block, one micro-batch: arithmetic.
   const BlockFlops fl = block_forward_flops(m, b);
-  const double gemm_f = fl.gemm / split / R.gemm_flops;
+  const double gemm_f =
+      fl.gemm / split / R.gemm_rate(fl.gemm / split / kProductsPerBlock) + kOpsPerBlock * R.op_seconds;
   const double att_f = fl.attention / split / R.attention_flops;
   const double bsh = b * s * h;
   const double norms_bytes = e * 10 * bsh;
@@ -207,7 +214,8 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   // Virtual stages: blocks, the embedding on the first, the logits on the last.
   const int64_t S = c.pp * c.chunks;
   const double nb = static_cast<double>(m.layers) / static_cast<double>(S);
-  const double head_f = logit_forward_flops(m, b) / split / R.gemm_flops +
+  const double logit = logit_forward_flops(m, b) / split;
+  const double head_f = logit / R.gemm_rate(logit) +
                         (e * 3 + 12) * b * tokens * V / tp / R.elementwise_bytes;
   const double embed_f = 3 * e * b * tokens * h / R.elementwise_bytes;
   const int64_t grad_group = c.dp * c.sp;  // the gradients role's dp x sp, stride tp
@@ -338,7 +346,7 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   p.optimizer = optimizer;
   p.offload = offload;
   p.step = makespan + dp_exposed + optimizer + offload;
-  p.memory = memory_per_rank(w, c, &p.memory_parts);
+  p.memory = memory_per_rank(w, c, &p.memory_parts, mach.cluster.runtime_bytes);
   const double blocks_rank = static_cast<double>(m.layers) / static_cast<double>(c.pp);
   p.bytes_tp = M * blocks_rank * block_bytes_tp;
   if (c.tp > 1 && c.tp_mode == TpMode::k1D) p.bytes_tp += M * 2 * (tp - 1) / tp * e * bsh;

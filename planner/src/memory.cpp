@@ -49,7 +49,8 @@ struct StageMemory {
   std::vector<MemoryPart> parts;
 };
 
-StageMemory stage_memory(const Workload& w, const Candidate& c, int64_t stage) {
+StageMemory stage_memory(const Workload& w, const Candidate& c, int64_t stage,
+                         double runtime_bytes) {
   const ModelShape& m = w.model;
   const double e = w.element_bytes(), tp = static_cast<double>(c.tp);
   const double N = static_cast<double>(c.dp * c.sp);  // the gradients role's group
@@ -121,16 +122,17 @@ StageMemory stage_memory(const Workload& w, const Candidate& c, int64_t stage) {
   const double largest = std::max({static_cast<double>(m.vocab) * h, h * m.ffn(), h * h});
   add("temporaries", scores + 2 * e * largest / tp);
   add("allocator, buffers", kAllocatorAllowance * out.total);
-  add("runtime", kRuntimeBytes);
+  add("runtime", runtime_bytes);
   return out;
 }
 
 }  // namespace
 
-double memory_per_rank(const Workload& w, const Candidate& c, std::vector<MemoryPart>* parts) {
-  StageMemory worst = stage_memory(w, c, 0);
+double memory_per_rank(const Workload& w, const Candidate& c, std::vector<MemoryPart>* parts,
+                       double runtime_bytes) {
+  StageMemory worst = stage_memory(w, c, 0, runtime_bytes);
   if (c.pp > 1) {
-    StageMemory last = stage_memory(w, c, c.pp - 1);
+    StageMemory last = stage_memory(w, c, c.pp - 1, runtime_bytes);
     if (last.total > worst.total) worst = std::move(last);
   }
   if (parts != nullptr) *parts = worst.parts;

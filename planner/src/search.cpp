@@ -269,14 +269,16 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                         continue;
                       }
                       std::vector<MemoryPart> parts;
-                      const double mem = memory_per_rank(w, c, &parts);
+                      const double mem = memory_per_rank(w, c, &parts, mach.cluster.runtime_bytes);
                       if (off > 0) {
                         // The memory role's host tier holds a copy of every
                         // chunk: all the states the offload fraction thins
                         // on the device, for each rank of the node.
                         Candidate whole = c;
                         whole.offload = 0;
-                        const double states = (memory_per_rank(w, whole, nullptr) - mem) / off;
+                        const double states =
+                            (memory_per_rank(w, whole, nullptr, mach.cluster.runtime_bytes) - mem) /
+                            off;
                         const double host =
                             states * static_cast<double>(mach.cluster.devices_per_node);
                         if (host > mach.cluster.host_memory) {
@@ -316,6 +318,25 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
     const Candidate c = best.top().candidate;
     best.pop();
     ranked.push_back({c, predict(w, mach, c, /*simulate_pipeline=*/true)});
+  }
+  std::sort(ranked.begin(), ranked.end(), [](const RankedPlan& a, const RankedPlan& b) {
+    return a.prediction.step < b.prediction.step;
+  });
+  if (opt.accept) {
+    // The caller's last word (kolos's own checks of the run each plan
+    // makes), fastest first, until `top` plans are accepted.
+    std::vector<RankedPlan> accepted;
+    for (RankedPlan& plan : ranked) {
+      if (accepted.size() >= opt.top + 8) break;  // room for the tie-break below
+      const std::string refusal = opt.accept(plan.candidate, plan.prediction);
+      if (refusal.empty()) {
+        accepted.push_back(std::move(plan));
+      } else {
+        --result.survived;
+        tally.drop(refusal, kStageMemory, 1);
+      }
+    }
+    ranked = std::move(accepted);
   }
   // Steps within 1% of each other are a tie; ties go to fewer groups that
   // span nodes, then to the faster.

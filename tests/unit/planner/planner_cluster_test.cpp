@@ -2,6 +2,7 @@
 // file, line and field.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,50 @@ TEST(PlannerCluster, CalibrationReplacesRatesAndAddsMeasuredCollectives) {
     FAIL() << "no error";
   } catch (const kolos::ConfigError& e) {
     EXPECT_EQ(std::string(e.what()).rfind("cal.toml:7: calibration.collective.op:", 0), 0u)
+        << e.what();
+  }
+}
+
+TEST(PlannerCluster, CalibrationWrittenReadsBackWithItsCurveAndCollectives) {
+  MachineRates r;
+  r.gemm_flops = 4e10;
+  r.attention_flops = 1.5e10;
+  r.elementwise_bytes = 3e9;
+  r.op_seconds = 4e-6;
+  r.gemm_curve = {{6.5e4, 2e9}, {2.1e9, 4e10}};
+  r.measured[{Collective::kAllGather, 2}] = {2.5e-5, 3e9};
+  r.measured[{Collective::kSendRecv, 2}] = {1e-5, 6e9};
+  const MachineRates back = parse_calibration(format_calibration("node-7", r), "c.toml", {});
+  EXPECT_DOUBLE_EQ(back.gemm_flops, 4e10);
+  EXPECT_DOUBLE_EQ(back.op_seconds, 4e-6);
+  ASSERT_EQ(back.gemm_curve.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.gemm_curve[1].first, 2.1e9);
+  ASSERT_EQ(back.measured.size(), 2u);
+  EXPECT_DOUBLE_EQ((back.measured.at({Collective::kSendRecv, 2}).beta), 6e9);
+  // The curve: its ends outside, log-log between them.
+  EXPECT_DOUBLE_EQ(back.gemm_rate(1e3), 2e9);
+  EXPECT_DOUBLE_EQ(back.gemm_rate(1e12), 4e10);
+  const double mid = std::sqrt(6.5e4 * 2.1e9);
+  EXPECT_NEAR(back.gemm_rate(mid), std::sqrt(2e9 * 4e10), 1e-3 * 4e10);
+  // No curve: the single rate.
+  MachineRates flat;
+  flat.gemm_flops = 7;
+  EXPECT_DOUBLE_EQ(flat.gemm_rate(1e9), 7);
+}
+
+TEST(PlannerCluster, ACalibrationCurveOutOfOrderIsRefusedWithItsLine) {
+  const std::string cal =
+      "[calibration]\nhost = \"h\"\ngemm_flops = 1e10\nattention_flops = 1e10\n"
+      "elementwise_bytes = 1e9\ncollective = []\n"
+      "[[calibration.gemm]]\nflops = 1e9\nrate = 1e10\n"
+      "[[calibration.gemm]]\nflops = 1e6\nrate = 1e9\n";
+  try {
+    parse_calibration(cal, "cal.toml", {});
+    FAIL() << "no error";
+  } catch (const kolos::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cal.toml:11: calibration.gemm.flops: rows must be in "
+                                         "ascending order"),
+              std::string::npos)
         << e.what();
   }
 }

@@ -143,3 +143,37 @@ TEST(PlannerSearch, FixedSizesThatNoCandidateSatisfiesAreNamed) {
         << message;
   }
 }
+
+TEST(PlannerSearch, TheCallersVerdictRemovesPlansAndIsCounted) {
+  SearchOptions opt;
+  opt.ranks = 16;
+  const SearchResult all = search(small(), a100(), opt);
+  ASSERT_GE(all.plans.size(), 4u);
+  // Refuse the three fastest plans the callback is asked about; amend the
+  // others' memory.
+  std::vector<std::string> refused;
+  opt.accept = [&](const Candidate& c, Prediction& p) -> std::string {
+    if (refused.size() < 3) {
+      refused.push_back(c.describe());
+      return "caller: refused";
+    }
+    p.memory = 42;
+    return "";
+  };
+  const SearchResult some = search(small(), a100(), opt);
+  ASSERT_EQ(refused.size(), 3u);
+  ASSERT_FALSE(some.plans.empty());
+  for (const RankedPlan& p : some.plans) {
+    EXPECT_EQ(p.prediction.memory, 42);
+    for (const auto& r : refused) EXPECT_NE(p.candidate.describe(), r);
+  }
+  // Asked fastest first: the refused are among the best plans without the caller.
+  for (const auto& r : refused) {
+    bool among = false;
+    for (const RankedPlan& p : all.plans) among = among || p.candidate.describe() == r;
+    EXPECT_TRUE(among) << r;
+  }
+  ASSERT_TRUE(some.dropped.count("caller: refused"));
+  EXPECT_EQ(some.dropped.at("caller: refused"), 3);
+  EXPECT_EQ(some.survived + 3, all.survived);
+}

@@ -34,6 +34,10 @@ struct Cluster {
   int64_t nvlink_domain = 0;   // consecutive devices that share the fast fabric
   double host_bandwidth = 0;   // bytes/s per device to host memory (PCIe), for offload
   double host_memory = 0;      // bytes of host memory per node
+  // Bytes a rank holds before the model exists (CUDA context, NCCL,
+  // LibTorch). Not in the file: assumed 2 GiB for a GPU cluster; planning
+  // for this machine measures it (the process's resident set).
+  double runtime_bytes = 2.0 * 1024 * 1024 * 1024;
 
   int64_t devices() const { return nodes * devices_per_node; }
 };
@@ -54,7 +58,15 @@ struct MachineRates {
   // Measured (op, group size) -> alpha/beta within one NVLink domain; where a
   // pair is absent the cluster's intra figures are used.
   std::map<std::pair<Collective, int64_t>, AlphaBeta> measured;
+  // Measured matrix-product rates by size: (FLOPs of one product, FLOP/s),
+  // ascending. Small products run far below the large ones' rate; where the
+  // curve exists gemm_rate() interpolates it (log-log), else gemm_flops.
+  std::vector<std::pair<double, double>> gemm_curve;
+  // Fixed cost of one kernel (launch or CPU dispatch), measured; 0: none.
+  double op_seconds = 0;
   std::string source;  // "assumed", the cluster file, or the calibration file
+
+  double gemm_rate(double flops_per_product) const;
 
   // Fractions of the cluster's peaks, not measured: GEMM 0.80 and attention
   // 0.40 of peak_flops, elementwise 0.80 of memory_bandwidth.
@@ -75,5 +87,7 @@ ClusterFile parse_cluster(const std::string& toml_text, const std::string& name)
 MachineRates load_calibration(const std::string& path, MachineRates rates);
 MachineRates parse_calibration(const std::string& toml_text, const std::string& name,
                                MachineRates rates);
+// A calibration file's text for `rates` (what parse_calibration reads back).
+std::string format_calibration(const std::string& host, const MachineRates& rates);
 
 }  // namespace kolos::planner

@@ -44,7 +44,8 @@ bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first = 0)
 // again here over a Candidate so that the planner does not need LibTorch;
 // it is meant to be replaced by a call to that estimator once the estimator
 // takes a mesh and roles without a RunConfig.
-double memory_per_rank(const Workload& w, const Candidate& c, std::vector<MemoryPart>* parts);
+double memory_per_rank(const Workload& w, const Candidate& c, std::vector<MemoryPart>* parts,
+                       double runtime_bytes = kRuntimeBytes);
 
 // The whole prediction. Not thread-safe: the pipeline plans it simulates
 // are cached in a process-wide table. `simulate_pipeline`: run the pipeline plugin's

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -42,6 +43,11 @@ struct SearchOptions {
   size_t top = 10;         // plans kept
   size_t refine = 200;     // survivors re-ranked by simulating their schedule
   Fixed fixed;
+  // Optional: the caller's check of a surviving plan, called fastest first
+  // after the simulation until `top` plans pass; returns "" to accept, or
+  // the reason it refuses (counted with the drops). It may amend the
+  // prediction (kolos replaces the memory with its own estimate).
+  std::function<std::string(const Candidate&, Prediction&)> accept;
 };
 
 struct RankedPlan {
