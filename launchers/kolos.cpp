@@ -3,7 +3,9 @@
 //   kolos train CONFIG [--set k=v ...]      one rank's part of a job (mpirun/srun start it)
 //   kolos run -n N CONFIG [--set k=v ...]   N local ranks through mpirun
 //   kolos check CONFIG [-n N] [--set k=v]   every check a run makes before it communicates
+//   kolos plan CONFIG -n N [--cluster F]    the best plans by the planner role (kolos/core/planner.h)
 //   kolos plan --memory CONFIG -n N         the per-rank memory estimate, as a table
+//   kolos calibrate CONFIG -n N             measure this machine for the planner (N ranks at once)
 //   kolos plugins [--path DIR ...]          plugins found, their role and versions
 //   kolos data prepare FILE... -o OUT       byte-level token file from text
 //   kolos slurm gen [CONFIG] [options]      a ready sbatch script (launchers/slurm_command.cpp)
@@ -13,10 +15,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <boost/program_options.hpp>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -31,6 +36,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
 #include "kolos/core/memory_estimate.h"
+#include "kolos/core/planner.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/runtime.h"
@@ -54,7 +60,9 @@ commands:
   train CONFIG [--set key=value ...]     train; one rank's part of a job (run under mpirun/srun)
   run -n N CONFIG [--set key=value ...]  launch N local ranks of `kolos train` through mpirun
   check CONFIG [-n N] [--set key=value]  check a config as a run of N ranks would, start nothing
+  plan CONFIG -n N [--cluster FILE]      the best parallel layouts for N ranks, predicted
   plan --memory CONFIG -n N              print the per-rank memory estimate and whether it fits
+  calibrate CONFIG -n N                  measure this machine for the planner (cached)
   plugins [--path DIR ...]               list the plugins found, their role, versions, refusals
   data prepare FILE... -o OUT            write a byte-level token file for [data] kind = "tokens"
   ckpt inspect|verify|export DIR         look into, check or export a checkpoint
@@ -115,7 +123,19 @@ std::string format_summary(const TrainSummary& s, const Engine& engine) {
 // host name (libkolos_topology's check_locality): warnings on rank 0.
 // KOLOS_SIMULATED_HOSTS (one name per rank, comma-separated) stands in for
 // the host names, to check a multi-node layout on one machine. Collective.
+// The hosts of the world's ranks, by rank (KOLOS_SIMULATED_HOSTS stands in
+// for them). Collective.
+std::vector<std::string> rank_hosts(const Runtime& runtime);
+
 void report_locality(const Runtime& runtime, const MeshShape& shape) {
+  const topology::LocalityReport report = topology::check_locality(shape, rank_hosts(runtime));
+  if (runtime.rank() != 0) return;
+  for (const auto& warning : report.warnings()) {
+    std::fprintf(stderr, "kolos: warning: %s\n", warning.c_str());
+  }
+}
+
+std::vector<std::string> rank_hosts(const Runtime& runtime) {
   constexpr int kName = 256;
   std::vector<char> mine(kName, '\0');
   gethostname(mine.data(), kName - 1);
@@ -134,11 +154,141 @@ void report_locality(const Runtime& runtime, const MeshShape& shape) {
     }
     hosts = names;
   }
-  const topology::LocalityReport report = topology::check_locality(shape, hosts);
-  if (runtime.rank() != 0) return;
-  for (const auto& warning : report.warnings()) {
-    std::fprintf(stderr, "kolos: warning: %s\n", warning.c_str());
+  return hosts;
+}
+
+// The planner role's plugin for `config` ([plugins] planner, else `autoplan`),
+// configured from its [planner] section.
+std::shared_ptr<Planner> make_planner(const RunConfig& config) {
+  PluginRegistry registry(config.plugins.path);
+  const RoleChoice choice = choose_plugins(config);
+  const std::string name = choice.planner.empty() ? "autoplan" : choice.planner;
+  std::shared_ptr<Planner> planner = registry.create<Planner>("planner", name);
+  const RoleSpec& spec = role_spec("planner");
+  planner->configure(PluginContext{config, config.section(spec.section), spec.core_keys,
+                                   "planner plugin `" + name + "`", MeshShape{}, 1});
+  return planner;
+}
+
+// rank 0's string on every rank of the world.
+std::string broadcast_string(const Runtime& runtime, std::string text) {
+  long long size = static_cast<long long>(text.size());
+  MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  text.resize(static_cast<size_t>(size));
+  if (size > 0) MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  (void)runtime;
+  return text;
+}
+
+std::string split_lines_join(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
   }
+  return out;
+}
+
+std::string json_quote(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+// parallel.auto = true: the planner chooses the layout on rank 0 (this
+// machine calibrated first, once, by every rank together), every rank
+// loads the config with the plan's overrides, and rank 0 says what it chose.
+// Collective; errors are agreed. Returns the resolved config; `header` gets
+// the metrics file's header (the plan as JSON).
+RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
+                            std::vector<std::string> overrides, const RunConfig& config,
+                            std::string* header) {
+  comm::ProcessGroup& world = *runtime.world();
+  const int64_t ranks = runtime.size();
+  std::shared_ptr<Planner> planner;
+  std::string error;
+  int kind = 0;
+  try {
+    planner = make_planner(config);
+    planner->check(config);
+    std::set<std::string> hosts;
+    for (const auto& h : rank_hosts(runtime)) hosts.insert(h);
+    if (hosts.size() > 1 && planner->needs_calibration()) {
+      throw ConfigError(located(config, "parallel.auto",
+                                "parallel.auto = true on " + std::to_string(hosts.size()) +
+                                    " hosts needs a cluster file ([planner] cluster = FILE): "
+                                    "the calibration measures one node, not the network "
+                                    "between nodes (docs/planner.md)"));
+    }
+  } catch (const Error& e) {
+    error = e.what();
+    kind = static_cast<int>(e.kind());
+  }
+  detail::agree_on_error(world, error, kind);
+  int calibrate = 0;
+  if (runtime.rank() == 0) {
+    calibrate = planner->needs_calibration() &&
+                !std::filesystem::exists(planner->calibration_path(ranks));
+  }
+  MPI_Bcast(&calibrate, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (calibrate) {
+    if (runtime.rank() == 0) {
+      std::fprintf(stderr, "kolos: parallel.auto: calibrating this machine for %lld ranks (once: %s)\n",
+                   (long long)ranks, planner->calibration_path(ranks).c_str());
+    }
+    planner->calibrate(runtime.world(), config);
+  }
+  std::string chosen;
+  if (runtime.rank() == 0) {
+    try {
+      const PlanReport report = planner->plan(config, ranks);
+      const PlannedRun& best = report.plans.front();
+      chosen = split_lines_join(best.overrides);
+      std::string sets;
+      for (const auto& o : best.overrides) sets += " --set " + o;
+      std::fprintf(stderr,
+                   "kolos: parallel.auto: %s | predicted %.3f s/step, %s per rank | %zu plan(s) "
+                   "kept of %s\nkolos: parallel.auto: the run is%s\n",
+                   best.describe.c_str(), best.step_s,
+                   detail::format_bytes(best.memory_bytes).c_str(), report.plans.size(),
+                   report.machine.c_str(), sets.c_str());
+      std::ostringstream h;
+      h.precision(9);
+      h << "{\"plan\":{\"describe\":" << json_quote(best.describe)
+        << ",\"predicted_step_s\":" << best.step_s << ",\"memory_bytes\":" << best.memory_bytes
+        << ",\"bytes_per_step\":" << best.bytes_per_step
+        << ",\"machine\":" << json_quote(report.machine) << ",\"overrides\":[";
+      for (size_t i = 0; i < best.overrides.size(); ++i) {
+        h << (i ? "," : "") << json_quote(best.overrides[i]);
+      }
+      h << "]}}";
+      *header = h.str();
+    } catch (const Error& e) {
+      error = e.what();
+      kind = static_cast<int>(e.kind());
+    }
+  }
+  detail::agree_on_error(world, error, kind);
+  const std::vector<std::string> plan = split_lines(broadcast_string(runtime, chosen));
+  overrides.insert(overrides.end(), plan.begin(), plan.end());
+  RunConfig resolved;
+  try {
+    resolved = load_run_config(path, overrides);
+  } catch (const Error& e) {
+    error = e.what();
+    kind = static_cast<int>(e.kind());
+  }
+  detail::agree_on_error(world, error, kind);
+  return resolved;
 }
 
 int train(const std::vector<std::string>& args, int argc, char** argv) {
@@ -181,8 +331,13 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
       kind = static_cast<int>(e.kind());
     }
     detail::agree_on_error(*runtime.world(), error, kind);
+    std::string plan_header;
+    if (config.parallel.auto_plan) {
+      config = resolve_auto_plan(runtime, config_path, overrides, config, &plan_header);
+    }
     const double runtime_bytes = resident_bytes();  // before the model exists
     Engine engine(config, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
+    engine.set_metrics_header(plan_header);
     report_locality(runtime, engine.mesh().layout().shape());
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());
@@ -271,7 +426,16 @@ int run(const std::vector<std::string>& args) {
   // Check the config here, as every rank will, so a typo fails before any
   // rank starts.
   mpirun_command(launch);  // the launch options (-n) first
-  check_run(load_run_config(launch.config, launch.overrides), launch.ranks);
+  const RunConfig config = load_run_config(launch.config, launch.overrides);
+  if (config.parallel.auto_plan) {
+    // The layout is the planner's to choose once the ranks run: check what
+    // can be checked before (the config, the planner and its keys).
+    modules::register_builtin_models();
+    check_model_name(config);
+    make_planner(config)->check(config);
+  } else {
+    check_run(config, launch.ranks);
+  }
   return exec_mpirun(launch);
 }
 
@@ -314,39 +478,18 @@ int check(const std::vector<std::string>& args) {
             << " x " << plan.accumulation << " accum x " << plan.shape.dp << " dp | memory about "
             << detail::format_bytes(memory.peak()) << " per rank of "
             << detail::format_bytes(budget.bytes) << "\n";
+  if (config.parallel.auto_plan) {
+    std::cout << "kolos: parallel.auto = true: that is the config's own layout; a run uses the "
+                 "planner's choice (`kolos plan "
+              << config_path << " -n " << ranks << "` shows it)\n";
+  }
   if (effective) std::cout << "\n" << to_toml(config);
   return 0;
 }
 
 // kolos plan --memory: the estimate check_memory_fits uses, as a table.
-// The search over plans (the planner role) is not here yet: without
-// --memory the command says so.
-int plan_command(const std::vector<std::string>& args) {
-  po::options_description options("options");
-  std::string config_path;
-  std::vector<std::string> overrides;
-  int64_t ranks = 0;
-  int64_t per_node = 0;
-  bool memory = false;
-  bool json = false;
-  options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
-      "memory", po::bool_switch(&memory), "print the per-rank memory estimate")(
-      "json", po::bool_switch(&json), "as one JSON object (bytes)")(
-      "np,n", po::value(&ranks)->required(), "ranks of the run")(
-      "per-node", po::value(&per_node),
-      "ranks sharing this machine's memory (default: all of them)")(
-      "set", po::value(&overrides)->composing(), "override a key: --set train.micro_batch=2");
-  po::positional_options_description positional;
-  positional.add("config", 1);
-  Parsed parsed = parse("plan", args, options, positional,
-                        "--memory CONFIG -n N [--per-node K] [--json] [--set key=value ...]");
-  if (parsed.help) return 0;
-  if (!memory) {
-    throw UsageError(
-        "kolos plan: only --memory exists so far (the per-rank memory estimate); choosing "
-        "the parallel layout automatically is not implemented");
-  }
-  if (ranks < 1) throw UsageError("kolos plan: -n must be at least 1");
+int plan_memory(const std::string& config_path, const std::vector<std::string>& overrides,
+                int64_t ranks, int64_t per_node, bool json) {
   const RunConfig config = load_run_config(config_path, overrides);
   check_run(config, ranks);
   // What this process holds once LibTorch and the plugins are loaded stands
@@ -370,6 +513,146 @@ int plan_command(const std::vector<std::string>& args) {
               << (ranks == 1 ? " rank" : " ranks") << ": " << format_memory_table(estimate, budget);
   }
   return estimate.peak() <= budget.bytes ? 0 : 1;
+}
+
+// Starts `kolos calibrate --worker` on `ranks` local ranks through mpirun
+// and waits for it.
+int launch_calibration(const std::string& config_path, const std::vector<std::string>& overrides,
+                       int64_t ranks, const std::string& mpirun) {
+  LaunchOptions launch;
+  launch.ranks = static_cast<int>(ranks);
+  launch.config = config_path;
+  launch.overrides = overrides;
+  launch.mpirun = mpirun;
+  launch.command = "calibrate";
+  launch.extra = {"--worker"};
+  return spawn_mpirun(launch);
+}
+
+// kolos plan CONFIG -n N: the planner role's best plans for N ranks (the
+// sizes and modes the config sets stay fixed), or with --predict the
+// prediction for the config as it stands; --memory: the memory table.
+int plan_command(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  std::string config_path, cluster, calibration, mpirun;
+  std::vector<std::string> overrides;
+  int64_t ranks = 0;
+  int64_t per_node = 0;
+  int64_t top = 0;
+  bool memory = false, json = false, predict = false, recalibrate = false;
+  options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
+      "np,n", po::value(&ranks)->required(), "ranks of the run")(
+      "cluster", po::value(&cluster),
+      "plan for the machines a cluster file describes (sets planner.cluster)")(
+      "calibration", po::value(&calibration),
+      "use this calibration file instead of this host's cache (sets planner.calibration)")(
+      "top", po::value(&top), "plans to print (sets planner.top; default 10)")(
+      "predict", po::bool_switch(&predict),
+      "no search: the prediction for the config's own layout")(
+      "recalibrate", po::bool_switch(&recalibrate),
+      "measure this machine again even when a calibration is cached")(
+      "mpirun", po::value(&mpirun)->default_value(KOLOS_MPIEXEC), "mpirun for the calibration")(
+      "memory", po::bool_switch(&memory), "print the per-rank memory estimate instead")(
+      "per-node", po::value(&per_node),
+      "--memory: ranks sharing this machine's memory (default: all of them)")(
+      "json", po::bool_switch(&json), "as one JSON object")(
+      "set", po::value(&overrides)->composing(), "override a key: --set train.micro_batch=2");
+  po::positional_options_description positional;
+  positional.add("config", 1);
+  Parsed parsed = parse("plan", args, options, positional,
+                        "CONFIG -n N [--cluster FILE] [--top K] [--predict] [--json] [--set "
+                        "key=value ...]\n       kolos plan --memory CONFIG -n N [--per-node K] "
+                        "[--json]");
+  if (parsed.help) return 0;
+  if (ranks < 1) throw UsageError("kolos plan: -n must be at least 1");
+  if (memory) return plan_memory(config_path, overrides, ranks, per_node, json);
+  if (!cluster.empty()) overrides.push_back("planner.cluster=" + quote_toml(cluster));
+  if (!calibration.empty()) overrides.push_back("planner.calibration=" + quote_toml(calibration));
+  if (top > 0) overrides.push_back("planner.top=" + std::to_string(top));
+  modules::register_builtin_models();
+  const RunConfig config = load_run_config(config_path, overrides);
+  check_model_name(config);
+  std::shared_ptr<Planner> planner = make_planner(config);
+  planner->check(config);
+  if (planner->needs_calibration() &&
+      (recalibrate || !std::filesystem::exists(planner->calibration_path(ranks)))) {
+    std::cerr << "kolos plan: calibrating this machine for " << ranks << " ranks (once: "
+              << planner->calibration_path(ranks) << ")\n";
+    const int rc = launch_calibration(config_path, overrides, ranks, mpirun);
+    if (rc != 0) {
+      throw Error("kolos plan: the calibration failed (exit " + std::to_string(rc) +
+                  "); its message is above");
+    }
+  }
+  const PlanReport report = predict ? planner->predict(config, ranks) : planner->plan(config, ranks);
+  if (json) {
+    std::cout << report.json << "\n";
+  } else {
+    std::cout << "kolos: " << config_path << " on " << ranks << (ranks == 1 ? " rank" : " ranks")
+              << (predict ? " as configured" : "") << ", planned for " << report.text;
+    if (!predict && !report.plans.empty()) {
+      std::cout << "\nthe best as a run:";
+      for (const auto& o : report.plans.front().overrides) std::cout << " --set " << o;
+      std::cout << "\n";
+    }
+  }
+  return 0;
+}
+
+// kolos calibrate CONFIG -n N: measures this machine with N ranks at once
+// (compute rates at the config's model shape, collectives of every group
+// size) into the planner's cache. --worker: one rank of that measurement.
+int calibrate_command(const std::vector<std::string>& args, int argc, char** argv) {
+  po::options_description options("options");
+  std::string config_path, mpirun;
+  std::vector<std::string> overrides;
+  int64_t ranks = 0;
+  bool worker = false;
+  options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
+      "np,n", po::value(&ranks), "ranks to measure with (those of the runs to plan)")(
+      "mpirun", po::value(&mpirun)->default_value(KOLOS_MPIEXEC), "mpirun to use")(
+      "worker", po::bool_switch(&worker), "")(
+      "set", po::value(&overrides)->composing(), "override a key");
+  po::positional_options_description positional;
+  positional.add("config", 1);
+  Parsed parsed = parse("calibrate", args, options, positional, "CONFIG -n N [--set key=value ...]");
+  if (parsed.help) return 0;
+  if (!worker) {
+    if (ranks < 1) throw UsageError("kolos calibrate: -n N (at least 1) is required");
+    const RunConfig config = load_run_config(config_path, overrides);
+    std::shared_ptr<Planner> planner = make_planner(config);
+    if (!planner->needs_calibration()) {
+      throw UsageError("kolos calibrate: [planner] cluster is set: that plan uses the cluster "
+                       "file's rates, not this machine's; remove it to calibrate");
+    }
+    std::cerr << "kolos calibrate: " << ranks << " ranks -> " << planner->calibration_path(ranks)
+              << "\n";
+    return launch_calibration(config_path, overrides, ranks, mpirun);
+  }
+  install_stop_handlers();
+  Runtime runtime(&argc, &argv);
+  return run_guarded(runtime, [&] {
+    std::string error;
+    int kind = 0;
+    RunConfig config;
+    std::shared_ptr<Planner> planner;
+    try {
+      config = load_run_config(config_path, overrides);
+      planner = make_planner(config);
+    } catch (const Error& e) {
+      error = e.what();
+      kind = static_cast<int>(e.kind());
+    }
+    detail::agree_on_error(*runtime.world(), error, kind);
+    const auto start = std::chrono::steady_clock::now();
+    const std::string path = planner->calibrate(runtime.world(), config);
+    if (runtime.rank() == 0) {
+      std::fprintf(stderr, "kolos calibrate: %d ranks measured in %.1f s -> %s\n", runtime.size(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                   path.c_str());
+    }
+    return 0;
+  });
 }
 
 int plugins(const std::vector<std::string>& args) {
@@ -487,13 +770,14 @@ int dispatch(int argc, char** argv) {
   if (command == "run") return run(args);
   if (command == "check") return check(args);
   if (command == "plan") return plan_command(args);
+  if (command == "calibrate") return calibrate_command(args, argc, argv);
   if (command == "plugins") return plugins(args);
   if (command == "data") return data_command(args);
   if (command == "ckpt") return ckpt_command(args);
   if (command == "slurm") return slurm_command(args);
   if (command == "topo") return topo(args);
   if (command == "version") return version(args);
-  std::string hint = closest_match(command, {"train", "run", "check", "plan", "plugins", "data",
+  std::string hint = closest_match(command, {"train", "run", "check", "plan", "calibrate", "plugins", "data",
                                              "ckpt", "slurm", "topo", "version"});
   throw UsageError("unknown command `" + command + "`" +
                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +

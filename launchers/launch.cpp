@@ -1,11 +1,13 @@
 #include "launch.h"
 
 #include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 
@@ -161,7 +163,8 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
     if (std::getenv(name) != nullptr) cmd.insert(cmd.end(), {"-x", name});
   }
   cmd.push_back(o.kolos.empty() ? self_executable() : o.kolos);
-  cmd.insert(cmd.end(), {"train", o.config});
+  cmd.insert(cmd.end(), {o.command, o.config});
+  cmd.insert(cmd.end(), o.extra.begin(), o.extra.end());
   for (const auto& s : o.overrides) cmd.insert(cmd.end(), {"--set", s});
   if (o.resume) {
     cmd.push_back("--resume");
@@ -170,7 +173,10 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
   return cmd;
 }
 
-int exec_mpirun(LaunchOptions o) {
+namespace {
+
+// What both launches do first: the machine's cores and NUMA nodes.
+void look_at_machine(LaunchOptions& o) {
   if (o.cores <= 0) o.cores = usable_cores();
   o.root = geteuid() == 0;
   if (std::getenv("KOLOS_PLUGIN_PATH") == nullptr) setenv("KOLOS_PLUGIN_PATH", "", 0);
@@ -191,6 +197,12 @@ int exec_mpirun(LaunchOptions o) {
                 << o.cores << " cores\n";
     }
   }
+}
+
+}  // namespace
+
+int exec_mpirun(LaunchOptions o) {
+  look_at_machine(o);
   std::vector<std::string> cmd = mpirun_command(o);
   std::cerr << "kolos run: " << describe_binding(o) << "\n";
   if (o.dry_run) {
@@ -205,6 +217,30 @@ int exec_mpirun(LaunchOptions o) {
   execvp(argv[0], argv.data());
   throw UsageError("kolos run: cannot start `" + cmd[0] + "`: " + std::strerror(errno) +
                    " (is OpenMPI installed? pass --mpirun PATH)");
+}
+
+int spawn_mpirun(LaunchOptions o) {
+  look_at_machine(o);
+  std::vector<std::string> cmd = mpirun_command(o);
+  std::vector<char*> argv;
+  for (auto& word : cmd) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  std::cerr.flush();
+  const pid_t child = fork();
+  if (child < 0) throw Error(std::string("cannot fork: ") + std::strerror(errno));
+  if (child == 0) {
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "kolos: cannot start `%s`: %s (is OpenMPI installed?)\n", argv[0],
+                 std::strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0) {
+    if (errno != EINTR) throw Error(std::string("waitpid: ") + std::strerror(errno));
+  }
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
 }
 
 }  // namespace kolos::cli

@@ -13,6 +13,8 @@ struct LaunchOptions {
   std::vector<std::string> overrides;
   std::string mpirun;
   std::string kolos;    // the kolos executable to start; empty: this one
+  std::string command = "train";  // the kolos command every rank runs
+  std::vector<std::string> extra;  // arguments after the config (before --set)
   bool resume = false;  // pass --resume [resume_dir] to kolos train
   std::string resume_dir;
   bool no_ucx = false;  // never select MPI's UCX transport
@@ -54,5 +56,9 @@ std::vector<std::string> mpirun_command(const LaunchOptions& options);
 // Builds the command and replaces this process with it (or prints it for a
 // dry run). Returns only on failure or dry run.
 int exec_mpirun(LaunchOptions options);
+
+// As exec_mpirun, in a child process: waits for it and returns its exit
+// status (128 + the signal when a signal ended it).
+int spawn_mpirun(LaunchOptions options);
 
 }  // namespace kolos::cli

@@ -12,7 +12,7 @@ const std::vector<RoleSpec>& role_specs() {
       {"pipeline", "parallel.pipeline", {"size"}, "single-stage", true},
       {"gradients", "parallel.zero", {"stage"}, "dp", true},
       {"memory", "memory", {}, "", true},
-      {"planner", "planner", {}, "", false},
+      {"planner", "planner", {}, "", true},
   };
   return specs;
 }
@@ -60,6 +60,10 @@ RoleChoice choose_plugins(const RunConfig& config) {
   choice.sequence = p.sequence.size > 1 || p.sequence.mode == "megatron" ? p.sequence.mode : "";
   // A [memory] section asks for the memory role; `chunks` is its plugin.
   choice.memory = config.section("memory").present() ? "chunks" : "";
+  // parallel.auto = true (or a [planner] section) asks for the planner
+  // role; `autoplan` is its plugin.
+  choice.planner =
+      config.parallel.auto_plan || config.section("planner").present() ? "autoplan" : "";
   const auto& by_role = config.plugins.by_role;
   const auto override_with = [&](const char* role, std::string& slot) {
     const auto it = by_role.find(role);

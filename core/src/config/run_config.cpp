@@ -188,7 +188,8 @@ const SettingsTable<ParallelConfig>& parallel_table() {
   static const auto table = SettingsTable<ParallelConfig>("parallel")
                                 .integer("data", &ParallelConfig::data, 0)
                                 .integer("bucket_mb", &ParallelConfig::bucket_mb, 1)
-                                .integer("bucket_kb", &ParallelConfig::bucket_kb, 0);
+                                .integer("bucket_kb", &ParallelConfig::bucket_kb, 0)
+                                .boolean("auto", &ParallelConfig::auto_plan);
   return table;
 }
 

@@ -1,4 +1,5 @@
 #include "kolos/core/engine.h"
+#include "kolos/core/planner.h"
 #include "kolos/core/memory_estimate.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -153,6 +154,11 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   }
   configure(*plan.gradients, memory ? "memory" : "gradients");
   if (plan.sequence) configure(*plan.sequence, "sequence");
+  // The planner acts before a run (parallel.auto, kolos plan); loading it
+  // here checks its [planner] keys wherever a run is checked.
+  if (!plan.roles.planner.empty()) {
+    configure(*create_plugin<Planner>(registry, config, "planner", plan.roles.planner), "planner");
+  }
   return plan;
 }
 
@@ -168,6 +174,12 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
 
   // Phase 1, local only: everything a rank can check on its own.
   agreed(*world_, [&] {
+    if (config_.parallel.auto_plan) {
+      throw ConfigError(located(config_, "parallel.auto",
+                                "parallel.auto = true: the plan is not resolved yet; `kolos train` "
+                                "resolves it through the planner role before the engine starts "
+                                "(kolos/core/planner.h)"));
+    }
     check_model_name(config_);
     RunPlan plan = plan_run(config_, world_size);
     shape = plan.shape;
@@ -334,7 +346,7 @@ StepMetrics Engine::step() {
 
 TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_step) {
   const bool root = mesh_->rank() == 0;
-  detail::MetricsWriter writer(root ? config_.log.metrics : std::string());
+  detail::MetricsWriter writer(root ? config_.log.metrics : std::string(), metrics_header_);
   detail::Progress progress(root ? config_.log.progress : "off", config_.train.steps,
                             config_.log.every);
   TrainSummary summary;

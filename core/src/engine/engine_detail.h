@@ -14,7 +14,8 @@ namespace kolos::detail {
 // after every line so a killed run keeps what it measured.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);
+  // `header`: a JSON value written first as {"header": header}; empty: none.
+  explicit MetricsWriter(const std::string& path, const std::string& header = "");
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

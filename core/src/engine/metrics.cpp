@@ -26,11 +26,16 @@ std::string to_json(const StepMetrics& m) {
   return out.str();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+MetricsWriter::MetricsWriter(const std::string& path, const std::string& header) {
   if (path.empty()) return;
   file_ = std::fopen(path.c_str(), "w");
   if (file_ == nullptr) {
     throw Error("log.metrics: cannot open `" + path + "` for writing: " + std::strerror(errno));
+  }
+  if (!header.empty()) {
+    const std::string line = "{\"header\":" + header + "}\n";
+    std::fwrite(line.data(), 1, line.size(), file_);
+    std::fflush(file_);
   }
 }
 

@@ -453,11 +453,18 @@ TEST(RunConfigErrors, UnknownPluginRole) {
                             "Did you mean `layers`?"}));
 }
 
-TEST(RunConfigRoles, WhatThisVersionCannotRunIsRefusedAtOnce) {
-  EXPECT_TRUE(has_all(parse_error("[plugins]\nplanner = \"autoplan\"\n"),
-                      {"run.toml:2", "plugins.planner: the planner role is not available"}));
-  EXPECT_TRUE(has_all(parse_error("[planner]\nsearch = 1\n"),
-                      {"run.toml:1", "[planner]: the planner role is not available"}));
+TEST(RunConfigRoles, ParallelAutoOrAPlannerSectionAsksForThePlannerRole) {
+  EXPECT_EQ(choose_plugins(parse_run_config("", "run.toml")).planner, "");
+  const RunConfig automatic = parse_run_config("[parallel]\nauto = true\n", "run.toml");
+  EXPECT_TRUE(automatic.parallel.auto_plan);
+  EXPECT_EQ(choose_plugins(automatic).planner, "autoplan");
+  EXPECT_EQ(choose_plugins(parse_run_config("[planner]\ntop = 3\n", "run.toml")).planner, "autoplan");
+  EXPECT_EQ(choose_plugins(parse_run_config("[plugins]\nplanner = \"mine\"\n", "run.toml")).planner,
+            "mine");
+  EXPECT_TRUE(has_all(parse_error("[parallel]\nauto = 1\n"), {"run.toml:2", "parallel.auto"}));
+}
+
+TEST(RunConfigRoles, ABadModeIsRefusedAtOnce) {
   EXPECT_TRUE(has_all(parse_error("[parallel]\nsequence = { size = 2, mode = \"ulises\" }\n"),
                       {"parallel.sequence.mode", "ulises", "ulysses"}));
 }

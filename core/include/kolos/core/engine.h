@@ -107,6 +107,9 @@ class Engine {
   int64_t steps_done() const { return step_; }
   int64_t accumulation() const { return accumulation_; }
   std::string describe() const;  // one line: model size, mesh, plugins, batch
+  // A JSON object written as the metrics file's first line, {"header": ...}
+  // (kolos train writes the plan parallel.auto chose); empty: none.
+  void set_metrics_header(std::string json) { metrics_header_ = std::move(json); }
 
   // What a run resumes from (see training_state.h): this rank's pieces,
   // live, and the scalars. Local (no communication).
@@ -126,6 +129,7 @@ class Engine {
   void inject_overflow_at_step(int64_t step) { overflow_step_ = step; }
 
  private:
+  std::string metrics_header_;
   std::vector<MicroBatch> next_micro_batches();
 
   RunConfig config_;

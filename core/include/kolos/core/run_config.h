@@ -118,6 +118,9 @@ struct ParallelConfig {
   ZeroConfig zero;
   int64_t bucket_mb = 25;  // gradient bucket size for dp, in MiB (fractions via bucket_kb)
   int64_t bucket_kb = 0;   // if > 0, overrides bucket_mb
+  // parallel.auto: the planner role chooses the sizes and modes the config
+  // leaves open (kolos/core/planner.h); the run uses the plan it resolves to.
+  bool auto_plan = false;
 };
 
 struct LogConfig {
