@@ -64,7 +64,7 @@ std::string format_calibration(const std::string& host, const MachineRates& r) {
       << "[calibration]\nhost = \"" << host << "\"\n"
       << "gemm_flops = " << r.gemm_flops << "\nattention_flops = " << r.attention_flops
       << "\nelementwise_bytes = " << r.elementwise_bytes << "\nop_seconds = " << r.op_seconds
-      << "\n";
+      << "\nblock_factor = " << r.block_factor << "\ncores = " << r.cores << "\n";
   for (const auto& [flops, rate] : r.gemm_curve) {
     out << "\n[[calibration.gemm]]\nflops = " << flops << "\nrate = " << rate << "\n";
   }
@@ -275,6 +275,8 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
   t.string("host");
   read_rates(t, rates);
   if (t.find("op_seconds") != nullptr) rates.op_seconds = t.number("op_seconds", false);
+  if (t.find("block_factor") != nullptr) rates.block_factor = t.number("block_factor");
+  if (t.find("cores") != nullptr) rates.cores = t.number("cores", false);
   // [[calibration.gemm]]: flops (of one product), rate (FLOP/s); optional.
   rates.gemm_curve.clear();
   if (const toml::value* gemm = t.find("gemm")) {

@@ -151,7 +151,52 @@ Comm sequence_block(const Machine& mach, const ModelShape& m, const Candidate& c
   return out;
 }
 
+// One block's forward and backward arithmetic for one micro-batch on one
+// rank of candidate c (its tensor and sequence split), by the rates.
+void block_times(const Workload& w, const Machine& mach, const Candidate& c, double* fwd,
+                 double* bwd) {
+  const ModelShape& m = w.model;
+  const MachineRates& R = mach.rates;
+  const double e = w.element_bytes();
+  const double tp = static_cast<double>(c.tp), sp = static_cast<double>(c.sp);
+  const double b = static_cast<double>(c.micro_batch), s = static_cast<double>(m.seq_len);
+  const double h = static_cast<double>(m.hidden);
+  const double split = tp * sp;
+  const bool megatron = c.sp_mode == SpMode::kMegatron;
+  const BlockFlops fl = block_forward_flops(m, b);
+  const double gemm_f = fl.gemm / split / R.gemm_rate(fl.gemm / split / kProductsPerBlock) +
+                        kOpsPerBlock * R.op_seconds;
+  const double att_f = fl.attention / split / R.attention_flops;
+  const double bsh = b * s * h;
+  const double norms_bytes = e * 10 * bsh;
+  const double softmax_bytes = e * 4 * b * static_cast<double>(m.heads) * s * s;
+  const double wide_bytes = e * 2 * b * s * static_cast<double>(m.ffn());
+  const double norm_split = c.tp_mode == TpMode::k1D && !megatron ? sp : split;
+  const double elem_f =
+      (norms_bytes / norm_split + (softmax_bytes + wide_bytes) / split) / R.elementwise_bytes;
+  *fwd = gemm_f + att_f + elem_f;
+  *bwd = 2 * *fwd;
+}
+
 }  // namespace
+
+double block_seconds(const ModelShape& m, const MachineRates& rates, double b, double e) {
+  Workload w;
+  w.model = m;
+  w.global_batch = 1;
+  w.precision = e >= 4 ? "fp32" : "bf16";
+  Cluster cluster;
+  cluster.devices_per_node = cluster.nodes = cluster.nvlink_domain = 1;
+  cluster.intra_bandwidth = cluster.inter_bandwidth = cluster.host_bandwidth = 1;
+  MachineRates r = rates;
+  r.block_factor = 1;
+  r.cores = 0;
+  Candidate c;
+  c.micro_batch = static_cast<int64_t>(b);
+  double f = 0, bw = 0;
+  block_times(w, Machine{cluster, r}, c, &f, &bw);
+  return f + bw;
+}
 
 Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
                    bool simulate_pipeline) {
@@ -165,22 +210,23 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   const bool megatron = c.sp_mode == SpMode::kMegatron;
   const double tokens = s / sp;  // positions per rank outside attention (megatron: sp = 1)
 
-  // One block, one micro-batch: arithmetic.
+  // One block, one micro-batch: arithmetic (block_times), scaled by the
+  // calibration's measured block factor.
+  double block_f = 0, block_b = 0;
+  block_times(w, mach, c, &block_f, &block_b);
+  block_f *= R.block_factor;
+  block_b *= R.block_factor;
   const BlockFlops fl = block_forward_flops(m, b);
-  const double gemm_f =
-      fl.gemm / split / R.gemm_rate(fl.gemm / split / kProductsPerBlock) + kOpsPerBlock * R.op_seconds;
-  const double att_f = fl.attention / split / R.attention_flops;
+  const double att_f = R.block_factor * fl.attention / split / R.attention_flops;
   const double bsh = b * s * h;
-  const double norms_bytes = e * 10 * bsh;
   const double softmax_bytes = e * 4 * b * static_cast<double>(m.heads) * s * s;
-  const double wide_bytes = e * 2 * b * s * static_cast<double>(m.ffn());
-  // tp1d keeps norms and residuals whole on every tensor rank; the grid
-  // modes and megatron split them.
-  const double norm_split = c.tp_mode == TpMode::k1D && !megatron ? sp : split;
-  const double elem_f =
-      (norms_bytes / norm_split + (softmax_bytes + wide_bytes) / split) / R.elementwise_bytes;
-  const double block_f = gemm_f + att_f + elem_f;
-  double block_b = 2 * block_f;
+  // Fewer cores than ranks on a node: every rank computes at the shared
+  // rate the calibration measured, and no communication hides behind
+  // compute (the cores that would run it are busy).
+  const double node_ranks =
+      static_cast<double>(std::min<int64_t>(c.ranks(), mach.cluster.devices_per_node));
+  const bool shared = R.cores > 0 && R.cores < node_ranks;
+  const double overlap = shared ? 0.0 : kReductionOverlap;
 
   // One block, one micro-batch: tensor- and sequence-parallel traffic.
   Comm tpc;
@@ -197,11 +243,11 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
       tpc = grid_block(mach, m, c, e);
     }
   }
-  const Comm spc = sequence_block(mach, m, c, e, att_f);
+  const Comm spc = sequence_block(mach, m, c, e, shared ? 0.0 : att_f);
   if (c.recompute == Recompute::kFull) {
     block_b += block_f;
   } else if (c.recompute == Recompute::kSelective) {
-    block_b += att_f + softmax_bytes / split / R.elementwise_bytes;
+    block_b += att_f + R.block_factor * softmax_bytes / split / R.elementwise_bytes;
   }
   double comm_f = tpc.fwd + spc.fwd, comm_b = tpc.bwd + spc.bwd;
   double block_bytes_tp = tpc.bytes, block_bytes_sp = spc.bytes;
@@ -215,8 +261,8 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   const int64_t S = c.pp * c.chunks;
   const double nb = static_cast<double>(m.layers) / static_cast<double>(S);
   const double logit = logit_forward_flops(m, b) / split;
-  const double head_f = logit / R.gemm_rate(logit) +
-                        (e * 3 + 12) * b * tokens * V / tp / R.elementwise_bytes;
+  const double head_f = R.block_factor * (logit / R.gemm_rate(logit) +
+                                          (e * 3 + 12) * b * tokens * V / tp / R.elementwise_bytes);
   const double embed_f = 3 * e * b * tokens * h / R.elementwise_bytes;
   const int64_t grad_group = c.dp * c.sp;  // the gradients role's dp x sp, stride tp
   const double gN = static_cast<double>(grad_group);
@@ -255,8 +301,8 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
         gb += ag;
         zero_bytes_micro += 2 * (gN - 1) / gN * X;
       }
-      cf += std::max(0.0, gf - kReductionOverlap * (af + cf));
-      cb += std::max(0.0, gb - kReductionOverlap * (ab + cb));
+      cf += std::max(0.0, gf - overlap * (af + cf));
+      cb += std::max(0.0, gb - overlap * (ab + cb));
     }
     arith_f[vs] = af;
     arith_b[vs] = ab;
@@ -296,15 +342,33 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   }
   double makespan = busy_max;
   if (c.pp > 1) {
-    if (simulate_pipeline) {
-      double busiest = 0;
-      makespan =
-          simulate_schedule(c.schedule, c.pp, c.microbatches, c.chunks, stages, t_pp, &busiest);
-    } else {
-      const double f = busy_max / M / 3, bb = 2 * f;
+    // The schedule's makespan for stage times `st` whose busiest rank is
+    // busy `busy` seconds.
+    auto pipeline = [&](const std::vector<StageTimes>& st, double busy) {
+      if (simulate_pipeline) {
+        double busiest = 0;
+        return simulate_schedule(c.schedule, c.pp, c.microbatches, c.chunks, st, t_pp, &busiest);
+      }
+      const double f = busy / M / 3, bb = 2 * f;
       const double frac = bubble_fraction(c.schedule, c.pp, c.microbatches, c.chunks, f,
                                           kZbInput * bb, kZbWeight * bb);
-      makespan = busy_max / (1 - frac) + 2 * static_cast<double>(c.pp - 1) * t_pp;
+      return busy / (1 - frac) + 2 * static_cast<double>(c.pp - 1) * t_pp;
+    };
+    if (!shared) {
+      makespan = pipeline(stages, busy_max);
+    } else {
+      // Shared cores: a rank the schedule leaves idle lends its share, so a
+      // stage alone runs up to node_ranks / cores times faster; the step
+      // takes the schedule at that speed or the node's total work over its
+      // cores (the mean busy time at the shared rate), whichever is longer.
+      const double k = node_ranks / R.cores;
+      std::vector<StageTimes> fast = stages;
+      for (auto& st : fast) {
+        st.forward /= k, st.backward /= k, st.backward_input /= k, st.backward_weight /= k;
+      }
+      double mean_busy = 0;
+      for (const double busy : rank_busy) mean_busy += busy / static_cast<double>(c.pp);
+      makespan = std::max(pipeline(fast, busy_max / k), mean_busy);
     }
   }
 
@@ -314,7 +378,7 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   if (grad_group > 1) {
     const double ar = collective_time(mach, Collective::kAllReduce, Xg, grad_group, c.tp);
     const double ag = collective_time(mach, Collective::kAllGather, Xg, grad_group, c.tp);
-    const double hide = kReductionOverlap * backward_rank0;
+    const double hide = overlap * backward_rank0;
     switch (c.zero) {
       case 0:
         dp_exposed = std::max(0.0, ar - hide);
@@ -340,9 +404,13 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
                          off_params * optimizer_bytes_per_param(e) / kHostOptimizerBytes;
 
   Prediction p;
-  p.compute = arith_of_busiest;
-  p.bubble = makespan - busy_max;
-  p.comm = (busy_max - arith_of_busiest) + dp_exposed;
+  // Shared cores can make the makespan shorter than the busiest rank's
+  // time at the shared rate: its compute and communication then shrink in
+  // proportion, with no bubble.
+  const double scale = makespan < busy_max ? makespan / busy_max : 1.0;
+  p.compute = scale * arith_of_busiest;
+  p.bubble = std::max(0.0, makespan - busy_max);
+  p.comm = scale * (busy_max - arith_of_busiest) + dp_exposed;
   p.optimizer = optimizer;
   p.offload = offload;
   p.step = makespan + dp_exposed + optimizer + offload;

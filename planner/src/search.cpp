@@ -223,9 +223,20 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                   result.evaluated -= below_schedule;
                   continue;
                 }
-                if (m.layers % (pp * sch.chunks) != 0) {
-                  tally.drop("pp: layers not divisible by pp x chunks", kStagePipeline,
+                // An even cut: layers, or blocks (layers, the embedding and the
+                // head), divisible by pp.
+                if (m.layers % pp != 0 && (m.layers + 2) % pp != 0) {
+                  tally.drop("pp: neither layers nor layers + 2 divisible by pp", kStagePipeline,
                              below_schedule);
+                  continue;
+                }
+                // kolos's interleaved schedule gives every virtual stage the
+                // same number of blocks, and the embedding and the head are
+                // blocks of their own (docs/pipeline.md).
+                if (sch.kind == Schedule::kInterleaved && (m.layers + 2) % (pp * sch.chunks) != 0) {
+                  tally.drop("pp: interleaved needs layers + 2 (embedding, head) divisible by pp x "
+                             "chunks",
+                             kStagePipeline, below_schedule);
                   continue;
                 }
                 if (pp > 1) {
@@ -419,6 +430,7 @@ SearchResult check_fixed(const Workload& w, const Machine& mach, const SearchOpt
   str("parallel.sequence.mode", f.sp_mode, &Fixed::sp_mode);
   str("parallel.pipeline.schedule", f.schedule, &Fixed::schedule);
   str("train.recompute", f.recompute, &Fixed::recompute);
+  if (given.empty()) throw ConfigError("no plan fits: " + all.killer);
   std::string message;
   for (const Given& g : given) {
     SearchOptions one = opt;

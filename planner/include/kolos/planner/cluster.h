@@ -64,6 +64,16 @@ struct MachineRates {
   std::vector<std::pair<double, double>> gemm_curve;
   // Fixed cost of one kernel (launch or CPU dispatch), measured; 0: none.
   double op_seconds = 0;
+  // Measured time of a whole transformer block (forward and backward, one
+  // rank, no split) over what the rates above predict for it: the kernels
+  // the rates leave out (reshapes, masks, autograd's bookkeeping). Applies
+  // to every block and the logit layer; 1: none.
+  double block_factor = 1;
+  // Cores the ranks of one node share when there are fewer than ranks (a
+  // CPU run with more ranks than cores): the rates above were measured with
+  // every rank busy, so a rank that waits lends its share to the others,
+  // and nothing hides communication. 0: a core (a device) per rank.
+  double cores = 0;
   std::string source;  // "assumed", the cluster file, or the calibration file
 
   double gemm_rate(double flops_per_product) const;

@@ -55,6 +55,12 @@ double memory_per_rank(const Workload& w, const Candidate& c, std::vector<Memory
 Prediction predict(const Workload& w, const Machine& m, const Candidate& c,
                    bool simulate_pipeline = true);
 
+// One transformer block's forward and backward, micro-batch b, one rank
+// with no split, by the rates alone (block_factor not applied): what the
+// calibration compares a measured block with.
+double block_seconds(const ModelShape& m, const MachineRates& rates, double b,
+                     double element_bytes);
+
 // Per-stage times for the pipeline simulation.
 struct StageTimes {
   double forward = 0, backward = 0;  // B = BI + W

@@ -1,0 +1,192 @@
+#!/usr/bin/python3
+"""Predicted against measured step time, plan by plan (bench/run_planner_check.sh).
+
+For each plan (a list of --set overrides): the planner's prediction from
+`kolos plan CONFIG -n N --predict --json`, and the measured median
+step_time_s of `kolos run -n N CONFIG` over the steps after the warm-up.
+Then the planner's own choice (`kolos plan CONFIG -n N --json`), measured
+too. Prints a table, Spearman's rank correlation, the median absolute
+error, and the chosen plan's measured time against the best measured.
+Standard library only.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+# The plans measured at 4 ranks: every axis kolos has (data, tensor 1d and
+# 2d, Megatron and Ulysses and ring sequence, the pipeline's four
+# schedules, ZeRO 1-3, recomputation, micro-batch sizes).
+PLANS_4 = [
+    ["parallel.data=4", "train.micro_batch=4"],
+    ["parallel.data=4", "train.micro_batch=1"],
+    ["parallel.data=4", "train.micro_batch=4", "parallel.zero.stage=1"],
+    ["parallel.data=4", "train.micro_batch=2", "parallel.zero.stage=3"],
+    ["parallel.data=4", "train.micro_batch=4", 'train.recompute="full"'],
+    ["parallel.data=2", "parallel.tensor.size=2", "train.micro_batch=4"],
+    ["parallel.data=1", "parallel.tensor.size=4", "train.micro_batch=4"],
+    ["parallel.data=1", "parallel.tensor.size=4", 'parallel.tensor.mode="2d"', "train.micro_batch=4"],
+    ["parallel.data=2", "parallel.tensor.size=2", 'parallel.sequence.mode="megatron"', "train.micro_batch=4"],
+    ["parallel.data=2", "parallel.sequence.size=2", 'parallel.sequence.mode="ulysses"', "train.micro_batch=4"],
+    ["parallel.data=1", "parallel.sequence.size=4", 'parallel.sequence.mode="ring"', "train.micro_batch=4"],
+    ["parallel.data=2", "parallel.pipeline.size=2", 'parallel.pipeline.schedule="1f1b"', "train.micro_batch=2"],
+    ["parallel.data=1", "parallel.pipeline.size=4", 'parallel.pipeline.schedule="gpipe"', "train.micro_batch=4"],
+    ["parallel.data=1", "parallel.pipeline.size=4", 'parallel.pipeline.schedule="1f1b"', "train.micro_batch=2"],
+    ["parallel.data=2", "parallel.pipeline.size=2", 'parallel.pipeline.schedule="interleaved"',
+     "parallel.pipeline.chunks=2", "train.micro_batch=2"],
+    ["parallel.data=1", "parallel.pipeline.size=2", "parallel.tensor.size=2",
+     'parallel.pipeline.schedule="zb"', "train.micro_batch=4"],
+]
+# The smaller set the CI test runs: four plans far apart.
+PLANS_SMALL = [PLANS_4[0], PLANS_4[6], PLANS_4[12], PLANS_4[10]]
+
+
+def run(cmd, log):
+    with open(log, "w") as out:
+        rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+    if rc != 0:
+        sys.stderr.write(open(log).read())
+        raise SystemExit(f"check.py: failed (exit {rc}): {' '.join(cmd)}")
+
+
+def sets(overrides):
+    out = []
+    for o in overrides:
+        out += ["--set", o]
+    return out
+
+
+def predict(a, overrides, i):
+    log = os.path.join(a.out, f"predict-{i}.json")
+    run([a.kolos, "plan", a.config, "-n", str(a.ranks), "--predict", "--json"] + a.sets + sets(overrides), log)
+    plan = json.loads(open(log).read().strip().splitlines()[-1])["plans"][0]
+    return plan
+
+
+def measure(a, overrides, i):
+    metrics = os.path.join(a.out, f"run-{i}.jsonl")
+    run([a.kolos, "run", "-n", str(a.ranks), a.config] + a.sets + sets(overrides) +
+        ["--set", f"train.steps={a.steps}", "--set", f"log.metrics={metrics}"],
+        os.path.join(a.out, f"run-{i}.txt"))
+    steps = [json.loads(l) for l in open(metrics) if '"step"' in l]
+    times = [s["step_time_s"] for s in steps[a.warmup:]]
+    if not times:
+        raise SystemExit(f"check.py: no step after the warm-up in {metrics}")
+    return statistics.median(times)
+
+
+def ranks(xs):
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(x, y):
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return num / den if den else float("nan")
+
+
+def canonical(overrides):
+    """The run a list of overrides makes, as a comparable key."""
+    d = {}
+    for o in overrides:
+        k, v = o.split("=", 1)
+        d[k] = v.strip('"')
+    defaults = {"parallel.auto": "false", "parallel.data": "1", "parallel.tensor.size": "1",
+                "parallel.pipeline.size": "1", "parallel.sequence.size": "1", "parallel.zero.stage": "0",
+                "train.recompute": "none"}
+    for k, v in defaults.items():
+        d.setdefault(k, v)
+    d.pop("parallel.auto")
+    if d["parallel.tensor.size"] == "1":
+        d.pop("parallel.tensor.mode", None)
+    if d["parallel.sequence.size"] == "1" and d.get("parallel.sequence.mode") != "megatron":
+        d.pop("parallel.sequence.mode", None)
+    if d["parallel.pipeline.size"] == "1":
+        d.pop("parallel.pipeline.schedule", None)
+    if d["parallel.tensor.size"] != "1":
+        d.setdefault("parallel.tensor.mode", "1d")
+    if d["parallel.pipeline.size"] != "1":
+        d.setdefault("parallel.pipeline.schedule", "1f1b")
+    return tuple(sorted(d.items()))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kolos", required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--plans", choices=["all", "small"], default="all")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", required=True)
+    p.add_argument("--set", dest="sets", action="append", default=[])
+    a = p.parse_args()
+    a.sets = sets(a.sets)
+    os.makedirs(a.out, exist_ok=True)
+    plans = PLANS_4 if a.plans == "all" else PLANS_SMALL
+    if a.ranks != 4:
+        raise SystemExit("check.py: the plan lists are written for 4 ranks")
+
+    # The planner's choice first (it calibrates this machine when no
+    # calibration is cached), then every plan: predicted, then measured.
+    log = os.path.join(a.out, "plan.json")
+    run([a.kolos, "plan", a.config, "-n", str(a.ranks), "--json"] + a.sets, log)
+    chosen = json.loads(open(log).read().strip().splitlines()[-1])["plans"][0]
+    rows = []
+    for i, overrides in enumerate(plans):
+        pred = predict(a, overrides, i)
+        rows.append({"plan": pred["describe"], "overrides": overrides, "predicted": pred["step_s"],
+                     "measured": measure(a, overrides, i)})
+        r = rows[-1]
+        print(f"  {r['plan']:<46} predicted {r['predicted']:.3f} s  measured {r['measured']:.3f} s",
+              flush=True)
+    chosen_key = canonical(chosen["overrides"])
+    match = [r for r in rows if canonical(r["overrides"]) == chosen_key]
+    if match:
+        chosen_measured = match[0]["measured"]
+    else:
+        chosen_measured = measure(a, chosen["overrides"], "chosen")
+        print(f"  {chosen['describe']:<46} predicted {chosen['step_s']:.3f} s  measured "
+              f"{chosen_measured:.3f} s (the planner's choice)")
+
+    pred = [r["predicted"] for r in rows]
+    meas = [r["measured"] for r in rows]
+    errors = [abs(x - y) / y for x, y in zip(pred, meas)]
+    rho = spearman(pred, meas)
+    median_error = statistics.median(errors)
+    best = min(meas)
+    ratio = chosen_measured / best
+    print()
+    print("| plan | predicted s/step | measured s/step | error |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        signed = 100 * (r["predicted"] - r["measured"]) / r["measured"]
+        print(f"| {r['plan']} | {r['predicted']:.3f} | {r['measured']:.3f} | {signed:+.0f}% |")
+    print()
+    print(f"plans measured: {len(rows)}")
+    print(f"Spearman rank correlation: {rho:.3f} (goal >= 0.8)")
+    print(f"median absolute error: {100 * median_error:.1f}% (goal <= 20%)")
+    print(f"chosen plan: {chosen['describe']}, predicted {chosen['step_s']:.3f} s, measured "
+          f"{chosen_measured:.3f} s; best measured {best:.3f} s ({rows[meas.index(best)]['plan']}); "
+          f"chosen/best {ratio:.3f} (goal <= 1.10)")
+    json.dump({"rows": rows, "spearman": rho, "median_error": median_error,
+               "chosen": chosen["describe"], "chosen_measured": chosen_measured, "best_measured": best},
+              open(os.path.join(a.out, "summary.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

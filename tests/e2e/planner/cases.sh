@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The planner role through the `kolos` command (see CMakeLists.txt):
+#   cases.sh CASE      (environment: KOLOS, KOLOS_SOURCE_DIR)
+set -uo pipefail
+case_name=$1
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+PY=/usr/bin/python3
+export KOLOS_CACHE_DIR=$work/cache
+config=$KOLOS_SOURCE_DIR/bench/planner/gpt-check.toml
+cp "$config" gpt.toml
+
+# The JSON line of a `kolos plan --json` output.
+plan_json() { grep '^{' "$1" | tail -1; }
+
+case "$case_name" in
+  plan)
+    timeout 600 "$KOLOS" plan gpt.toml -n 4 >plan.txt 2>plan.err ||
+      { cat plan.txt plan.err; fail "kolos plan failed"; }
+    cat plan.err plan.txt
+    grep -q "calibrating this machine for 4 ranks" plan.err || fail "no calibration was announced"
+    ls cache/calibration/*-n4.toml >/dev/null || fail "no calibration file in the cache"
+    grep -q "the best as a run: --set parallel.auto=false" plan.txt || fail "no best run printed"
+    grep -q "Dropped" plan.txt || fail "no drop reasons printed"
+    # Cached now: a second plan does not calibrate again, and agrees.
+    timeout 300 "$KOLOS" plan gpt.toml -n 4 --json >plan.json 2>plan2.err ||
+      { cat plan2.err; fail "kolos plan --json failed"; }
+    ! grep -q calibrating plan2.err || fail "calibrated again with a cached calibration"
+    plan_json plan.json >p.json
+    $PY - p.json <<'PY' || fail "the JSON plans are not as expected"
+import json, sys
+r = json.load(open(sys.argv[1]))
+plans = r["plans"]
+assert 3 <= len(plans) <= 10, len(plans)
+steps = [p["step_s"] for p in plans]
+assert all(s > 0 for s in steps) and all(p["memory_bytes"] > 0 for p in plans), plans
+assert steps[0] <= min(steps) * 1.011, steps   # best first, within the 1% tie
+assert len({tuple(p["overrides"]) for p in plans}) == len(plans), "duplicate plans"
+assert r["dropped"], "no drop reasons"
+with open("runs.txt", "w") as out:
+    for p in plans[:3]:
+        out.write(" ".join("--set '" + o + "'" for o in p["overrides"]) + "\n")
+PY
+    # Every plan offered is a run kolos accepts.
+    while read -r sets; do
+      eval "timeout 120 \"$KOLOS\" check gpt.toml -n 4 $sets" >check.txt 2>&1 ||
+        { cat check.txt; fail "kolos check refuses a plan it was offered: $sets"; }
+      echo "accepted: $(head -1 check.txt)"
+    done <runs.txt
+    # --predict: the config's own layout, no search.
+    timeout 120 "$KOLOS" plan gpt.toml -n 4 --predict --json --set parallel.tensor.size=2 \
+      --set train.micro_batch=4 >predict.json 2>&1 || { cat predict.json; fail "--predict failed"; }
+    plan_json predict.json | $PY -c '
+import json, sys
+r = json.load(sys.stdin)
+assert len(r["plans"]) == 1, r
+p = r["plans"][0]
+assert "tp 2(1d)" in p["describe"] and "dp 2" in p["describe"] and "mb 4" in p["describe"], p
+' || fail "--predict did not describe the config's layout"
+    # A cluster file: 1024 GPUs, no calibration of this machine needed.
+    rm -rf cache
+    timeout 300 "$KOLOS" plan gpt.toml -n 1024 --set train.global_batch=1024 \
+      --cluster "$KOLOS_SOURCE_DIR/examples/clusters/a100-80gb-ib.toml" >cluster.txt 2>&1 ||
+      { cat cluster.txt; fail "planning for the cluster file failed"; }
+    grep -q "a100" cluster.txt || fail "the cluster is not named"
+    [[ ! -d cache ]] || fail "a cluster plan calibrated this machine"
+    echo "ok: plans ranked, cached calibration reused, every plan accepted, cluster planned"
+    ;;
+
+  auto)
+    timeout 600 "$KOLOS" run -n 4 gpt.toml --set parallel.auto=true --set train.steps=4 \
+      --set log.metrics=auto.jsonl >auto.txt 2>&1 || { cat auto.txt; fail "the auto run failed"; }
+    cat auto.txt
+    grep -q "kolos: parallel.auto: .* predicted .* s/step" auto.txt || fail "the plan was not printed"
+    head -1 auto.jsonl | $PY -c '
+import json, sys
+h = json.load(sys.stdin)["header"]["plan"]
+assert h["predicted_step_s"] > 0 and h["overrides"][0] == "parallel.auto=false", h
+open("sets.txt", "w").write(" ".join(h["overrides"]))
+' || fail "the metrics file has no plan header"
+    # The same layout set by hand trains the same losses.
+    args=()
+    for o in $(cat sets.txt); do args+=(--set "$o"); done
+    timeout 600 "$KOLOS" run -n 4 gpt.toml "${args[@]}" --set train.steps=4 \
+      --set log.metrics=hand.jsonl >hand.txt 2>&1 || { cat hand.txt; fail "the hand-set run failed"; }
+    $PY - <<'PY' || fail "the auto run and the hand-set run differ"
+import json
+auto = [json.loads(l)["loss"] for l in open("auto.jsonl") if '"step"' in l]
+hand = [json.loads(l)["loss"] for l in open("hand.jsonl") if '"step"' in l]
+assert len(auto) == 4 and auto == hand, (auto, hand)
+print("losses", auto)
+PY
+    echo "ok: the auto run chose, said and recorded its plan, and matches it set by hand"
+    ;;
+
+  predict)
+    "$KOLOS_SOURCE_DIR/bench/run_planner_check.sh" --build "$(dirname "$(dirname "$KOLOS")")" \
+      --plans small --steps 5 --warmup 2 --out results >check.txt 2>&1 ||
+      { cat check.txt; fail "the prediction check failed to run"; }
+    cat check.txt
+    grep -q "^plans measured: 4" check.txt || fail "not every plan was measured"
+    grep -q "^Spearman rank correlation: " check.txt || fail "no correlation printed"
+    grep -q "^chosen plan: " check.txt || fail "the chosen plan was not measured"
+    echo "ok: four plans predicted and measured"
+    ;;
+
+  refusals)
+    # The calibration every case below would otherwise start: not needed for refusals.
+    expect_failure "parallel.tensor.size = 3: parallel.auto = true finds no plan" -- \
+      "$KOLOS" plan gpt.toml -n 4 --cluster "$KOLOS_SOURCE_DIR/examples/clusters/a100-80gb-ib.toml" \
+      --set parallel.tensor.size=3
+    expect_failure "model.name = \"llama\": the planner's cost model describes GPT only" -- \
+      "$KOLOS" run -n 2 gpt.toml --set parallel.auto=true --set model.name=\"llama\"
+    sed '/^peak_flops/d' "$KOLOS_SOURCE_DIR/examples/clusters/a100-80gb-ib.toml" >bad-cluster.toml
+    expect_failure "bad-cluster.toml:[0-9]+: \[cluster\] has no .peak_flops." -- \
+      "$KOLOS" plan gpt.toml -n 8 --cluster bad-cluster.toml
+    expect_failure "no plan fits: .memory: exceeds device memory. removed the last" -- \
+      "$KOLOS" plan gpt.toml -n 8 --cluster "$KOLOS_SOURCE_DIR/examples/clusters/a100-80gb-ib.toml" \
+      --set model.layers=4096 --set model.hidden=16384 --set model.heads=128
+    expect_failure "planner.clustr: unknown key" -- \
+      "$KOLOS" check gpt.toml -n 2 --set planner.clustr=\"x.toml\"
+    expect_failure "parallel.auto = true on 2 hosts needs a cluster file" -- \
+      env KOLOS_SIMULATED_HOSTS=a,a,b,b "$KOLOS" run -n 4 gpt.toml --set parallel.auto=true
+    # An engine handed an unresolved plan refuses it (a library user's mistake).
+    [[ ! -d cache ]] || fail "a refusal calibrated this machine"
+    echo "ok: every refusal clear"
+    ;;
+
+  *) fail "unknown case $case_name" ;;
+esac
