@@ -204,6 +204,40 @@ std::string json_quote(const std::string& s) {
   return out + "\"";
 }
 
+// Measures this machine for the planner (collective): its rates, then a
+// reference run of the config's model, data parallel over every rank, whose
+// measured step the planner compares with its prediction (the step factor).
+void calibrate_machine(const Runtime& runtime, Planner& planner, const std::string& path,
+                       std::vector<std::string> overrides, const RunConfig& config) {
+  planner.calibrate(runtime.world(), config);
+  for (const char* o : {"parallel.auto=false", "parallel.data=0", "parallel.tensor.size=1",
+                        "parallel.pipeline.size=1", "parallel.sequence.size=1",
+                        "parallel.zero.stage=0", "train.recompute=\"none\"", "train.steps=6",
+                        "log.metrics=\"\"", "log.progress=\"off\"", "checkpoint.dir=\"\""}) {
+    overrides.push_back(o);
+  }
+  std::string error;
+  int kind = 0;
+  RunConfig reference;
+  try {
+    reference = load_run_config(path, overrides);
+  } catch (const Error& e) {
+    error = std::string("the calibration's reference run: ") + e.what();
+    kind = static_cast<int>(e.kind());
+  }
+  detail::agree_on_error(*runtime.world(), error, kind);
+  std::vector<double> times;
+  Engine engine(reference, runtime.world(),
+                [](const RunConfig& c) { return data::make_source(c); });
+  engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
+  if (runtime.rank() != 0) return;
+  // The steps after the first two (allocation, first touches).
+  std::vector<double> steady(times.begin() + std::min<size_t>(2, times.size()), times.end());
+  std::sort(steady.begin(), steady.end());
+  if (steady.empty()) return;
+  planner.record_reference(reference, runtime.size(), steady[steady.size() / 2]);
+}
+
 // parallel.auto = true: the planner chooses the layout on rank 0 (this
 // machine calibrated first, once, by every rank together), every rank
 // loads the config with the plan's overrides, and rank 0 says what it chose.
@@ -245,7 +279,7 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
       std::fprintf(stderr, "kolos: parallel.auto: calibrating this machine for %lld ranks (once: %s)\n",
                    (long long)ranks, planner->calibration_path(ranks).c_str());
     }
-    planner->calibrate(runtime.world(), config);
+    calibrate_machine(runtime, *planner, path, overrides, config);
   }
   std::string chosen;
   if (runtime.rank() == 0) {
@@ -632,6 +666,7 @@ int calibrate_command(const std::vector<std::string>& args, int argc, char** arg
   install_stop_handlers();
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
+    modules::register_builtin_models();
     std::string error;
     int kind = 0;
     RunConfig config;
@@ -645,7 +680,8 @@ int calibrate_command(const std::vector<std::string>& args, int argc, char** arg
     }
     detail::agree_on_error(*runtime.world(), error, kind);
     const auto start = std::chrono::steady_clock::now();
-    const std::string path = planner->calibrate(runtime.world(), config);
+    calibrate_machine(runtime, *planner, config_path, overrides, config);
+    const std::string path = planner->calibration_path(runtime.size());
     if (runtime.rank() == 0) {
       std::fprintf(stderr, "kolos calibrate: %d ranks measured in %.1f s -> %s\n", runtime.size(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),

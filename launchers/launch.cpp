@@ -157,9 +157,10 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
   // One BLAS thread: LibTorch's pool parallelises (see runtime.cpp).
   cmd.insert(cmd.end(), {"-x", "OPENBLAS_NUM_THREADS=1"});
   cmd.insert(cmd.end(), {"-x", "KOLOS_PLUGIN_PATH"});
-  // The watchdog's deadline and the plugin-trust override reach every rank
+  // The watchdog's deadline, the plugin-trust override and the planner's
+  // cache directory reach every rank
   // (remote ones too) when they are set here.
-  for (const char* name : {"KOLOS_COMM_TIMEOUT_S", "KOLOS_ALLOW_INSECURE_PLUGINS"}) {
+  for (const char* name : {"KOLOS_COMM_TIMEOUT_S", "KOLOS_ALLOW_INSECURE_PLUGINS", "KOLOS_CACHE_DIR"}) {
     if (std::getenv(name) != nullptr) cmd.insert(cmd.end(), {"-x", name});
   }
   cmd.push_back(o.kolos.empty() ? self_executable() : o.kolos);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 
 #include <toml.hpp>
@@ -57,6 +58,13 @@ double MachineRates::gemm_rate(double flops) const {
   return gemm_curve.back().second;
 }
 
+double MachineRates::sync_seconds(int64_t group) const {
+  if (sync.empty()) return 0;
+  auto it = sync.upper_bound(group);
+  if (it == sync.begin()) return it->second;
+  return std::prev(it)->second;
+}
+
 std::string format_calibration(const std::string& host, const MachineRates& r) {
   std::ostringstream out;
   out.precision(9);
@@ -64,9 +72,13 @@ std::string format_calibration(const std::string& host, const MachineRates& r) {
       << "[calibration]\nhost = \"" << host << "\"\n"
       << "gemm_flops = " << r.gemm_flops << "\nattention_flops = " << r.attention_flops
       << "\nelementwise_bytes = " << r.elementwise_bytes << "\nop_seconds = " << r.op_seconds
-      << "\nblock_factor = " << r.block_factor << "\ncores = " << r.cores << "\n";
+      << "\nblock_factor = " << r.block_factor << "\nstep_factor = " << r.step_factor
+      << "\ncores = " << r.cores << "\n";
   for (const auto& [flops, rate] : r.gemm_curve) {
     out << "\n[[calibration.gemm]]\nflops = " << flops << "\nrate = " << rate << "\n";
+  }
+  for (const auto& [group, seconds] : r.sync) {
+    out << "\n[[calibration.sync]]\ngroup = " << group << "\nseconds = " << seconds << "\n";
   }
   for (const auto& [key, ab] : r.measured) {
     out << "\n[[calibration.collective]]\nop = \"" << to_string(key.first)
@@ -276,6 +288,7 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
   read_rates(t, rates);
   if (t.find("op_seconds") != nullptr) rates.op_seconds = t.number("op_seconds", false);
   if (t.find("block_factor") != nullptr) rates.block_factor = t.number("block_factor");
+  if (t.find("step_factor") != nullptr) rates.step_factor = t.number("step_factor");
   if (t.find("cores") != nullptr) rates.cores = t.number("cores", false);
   // [[calibration.gemm]]: flops (of one product), rate (FLOP/s); optional.
   rates.gemm_curve.clear();
@@ -294,7 +307,22 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
     }
   }
   // [[calibration.collective]]: op, group, alpha (s), beta (bytes/s).
-  const toml::value& list = t.get("collective");
+  // [[calibration.sync]]: group, seconds; optional.
+  rates.sync.clear();
+  if (const toml::value* sync = t.find("sync")) {
+    if (!sync->is_array()) t.fail_at(*sync, "sync", "expected an array of tables");
+    for (const toml::value& row : sync->as_array()) {
+      if (!row.is_table()) t.fail_at(row, "sync", "expected a table");
+      Table r(row, name, "calibration.sync");
+      const int64_t group = r.integer("group");
+      rates.sync[group] = r.number("seconds", false);
+      r.unknown();
+    }
+  }
+  // Optional: a calibration of one rank has no group to measure.
+  static const toml::value kNone = toml::array{};
+  const toml::value* found = t.find("collective");
+  const toml::value& list = found != nullptr ? *found : kNone;
   if (!list.is_array()) t.fail_at(list, "collective", "expected an array of tables");
   for (const toml::value& row : list.as_array()) {
     if (!row.is_table()) t.fail_at(row, "collective", "expected a table");

@@ -55,6 +55,9 @@ double ring_time(Collective op, double bytes, int64_t n, double alpha, double be
 
 }  // namespace
 
+double alpha_beta_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,
+                       int64_t first);
+
 bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first) {
   if (n <= 1) return false;
   return spread(n, stride, first, c.devices_per_node).domains > 1;
@@ -63,6 +66,15 @@ bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first) {
 double collective_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,
                        int64_t first) {
   if (n <= 1 || bytes <= 0) return 0;
+  // Fewer cores than ranks: the group also waits for its ranks to be
+  // scheduled (the calibration's sync cost per group size).
+  const bool shared = m.rates.cores > 0 && m.rates.cores < static_cast<double>(m.cluster.devices_per_node);
+  return (shared ? m.rates.sync_seconds(op == Collective::kSendRecv ? 2 : n) : 0.0) +
+         alpha_beta_time(m, op, bytes, n, stride, first);
+}
+
+double alpha_beta_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,
+                       int64_t first) {
   const Cluster& c = m.cluster;
   const Spread s = spread(n, stride, first, c.nvlink_domain);
   if (s.domains == 1) {

@@ -357,18 +357,21 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
     if (!shared) {
       makespan = pipeline(stages, busy_max);
     } else {
-      // Shared cores: a rank the schedule leaves idle lends its share, so a
-      // stage alone runs up to node_ranks / cores times faster; the step
-      // takes the schedule at that speed or the node's total work over its
-      // cores (the mean busy time at the shared rate), whichever is longer.
+      // Shared cores: a rank the schedule leaves idle lends its share, so
+      // a stage alone runs up to node_ranks / cores times faster than the
+      // shared rate the stage times are in. The schedule is replayed with
+      // the computing ranks splitting the cores the pipeline has (the
+      // other pipelines of the node run the same schedule beside it).
       const double k = node_ranks / R.cores;
       std::vector<StageTimes> fast = stages;
       for (auto& st : fast) {
         st.forward /= k, st.backward /= k, st.backward_input /= k, st.backward_weight /= k;
       }
-      double mean_busy = 0;
-      for (const double busy : rank_busy) mean_busy += busy / static_cast<double>(c.pp);
-      makespan = std::max(pipeline(fast, busy_max / k), mean_busy);
+      const double slots = R.cores * static_cast<double>(c.pp) / node_ranks;
+      makespan = simulate_pipeline
+                     ? simulate_schedule_shared(c.schedule, c.pp, c.microbatches, c.chunks, fast,
+                                                t_pp, slots)
+                     : pipeline(stages, busy_max);
     }
   }
 
@@ -414,6 +417,11 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   p.optimizer = optimizer;
   p.offload = offload;
   p.step = makespan + dp_exposed + optimizer + offload;
+  if (R.step_factor != 1) {
+    for (double* part : {&p.step, &p.compute, &p.comm, &p.bubble, &p.optimizer, &p.offload}) {
+      *part *= R.step_factor;
+    }
+  }
   p.memory = memory_per_rank(w, c, &p.memory_parts, mach.cluster.runtime_bytes);
   const double blocks_rank = static_cast<double>(m.layers) / static_cast<double>(c.pp);
   p.bytes_tp = M * blocks_rank * block_bytes_tp;

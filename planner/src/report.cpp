@@ -112,12 +112,18 @@ std::string Candidate::describe() const {
 std::string format_plans(const SearchResult& r, const Workload& w, const Machine& m) {
   std::ostringstream out;
   const double gib = 1024.0 * 1024 * 1024;
-  out << "Plans for " << w.model.name << " (" << fixed(w.model.total_params() / 1e9, 1)
-      << "B parameters, batch " << w.global_batch << ", seq " << w.model.seq_len << ", "
+  const double params = w.model.total_params();
+  out << "Plans for " << w.model.name << " ("
+      << (params >= 1e9 ? fixed(params / 1e9, 1) + "B" : fixed(params / 1e6, 1) + "M")
+      << " parameters, batch " << w.global_batch << ", seq " << w.model.seq_len << ", "
       << w.precision << ") on " << m.cluster.name << "; rates: " << m.rates.source << "\n\n";
+  // Below a TFLOP/s (a CPU), throughput in GFLOP/s per rank.
+  bool small = false;
+  for (const RankedPlan& p : r.plans) small = small || p.prediction.model_flops_per_gpu < 1e12;
   if (!r.plans.empty()) {
     out << "| # | pp | dp | sp | tp | schedule | M | mb | zero | recompute | offload | step s | "
-           "compute | comm | bubble | optim | memory GiB | GB sent | TFLOP/s/GPU |\n";
+           "compute | comm | bubble | optim | memory GiB | GB sent | "
+        << (small ? "GFLOP/s/rank" : "TFLOP/s/GPU") << " |\n";
     out << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     int i = 0;
     for (const RankedPlan& p : r.plans) {
@@ -129,7 +135,8 @@ std::string format_plans(const SearchResult& r, const Workload& w, const Machine
           << fixed(c.offload, 2) << " | " << fixed(q.step, 3) << " | " << fixed(q.compute, 3)
           << " | " << fixed(q.comm, 3) << " | " << fixed(q.bubble, 3) << " | "
           << fixed(q.optimizer + q.offload, 3) << " | " << fixed(q.memory / gib, 1) << " | "
-          << fixed(q.bytes_sent / 1e9, 2) << " | " << fixed(q.model_flops_per_gpu / 1e12, 1)
+          << fixed(q.bytes_sent / 1e9, 2) << " | "
+          << (small ? fixed(q.model_flops_per_gpu / 1e9, 1) : fixed(q.model_flops_per_gpu / 1e12, 1))
           << " |\n";
     }
     out << "\n";

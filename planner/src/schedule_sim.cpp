@@ -125,4 +125,98 @@ double simulate_schedule(Schedule kind, int64_t P, int64_t M, int64_t V,
   return *std::max_element(now.begin(), now.end());
 }
 
+double simulate_schedule_shared(Schedule kind, int64_t P, int64_t M, int64_t V,
+                                const std::vector<StageTimes>& stage, double transfer,
+                                double slots) {
+  using pipeline::Op;
+  const pipeline::Plan& plan = cached_plan(kind, P, M, V);
+  const int64_t S = P * V;
+  if (static_cast<int64_t>(stage.size()) != S) {
+    throw std::invalid_argument("simulate_schedule_shared: one StageTimes per virtual stage is needed");
+  }
+  std::vector<double> arrival(2 * M * S, -1.0);
+  const auto slot = [&](bool grad, int micro, int64_t vs) {
+    return (static_cast<int64_t>(grad) * M + micro) * S + vs;
+  };
+  std::vector<size_t> pc(P, 0);
+  std::vector<double> remaining(P, 0.0);  // work left of the pass under way (full-core seconds)
+  std::vector<double> wait_until(P, -1.0);
+  double t = 0;
+  for (;;) {
+    // Move every rank past what takes no compute, up to its next pass or a
+    // receive whose message has not arrived, until no rank moves (a send
+    // may unblock a rank looked at before it).
+    for (bool moved = true; moved;) {
+    moved = false;
+    for (int64_t r = 0; r < P; ++r) {
+      const auto& actions = plan.ranks[r];
+      wait_until[r] = -1;
+      while (remaining[r] <= 0 && pc[r] < actions.size()) {
+        const pipeline::Action& a = actions[pc[r]];
+        const int64_t vs = static_cast<int64_t>(a.chunk) * P + r;
+        const StageTimes& st = stage[vs];
+        if (a.op == Op::kSendActivation) {
+          arrival[slot(false, a.micro, vs + 1)] = t + transfer;
+        } else if (a.op == Op::kSendGrad) {
+          arrival[slot(true, a.micro, vs - 1)] = t + transfer;
+        } else if (a.op == Op::kRecvActivation || a.op == Op::kRecvGrad) {
+          const double at = arrival[slot(a.op == Op::kRecvGrad, a.micro, vs)];
+          if (at < 0 || at > t) {
+            wait_until[r] = at;  // -1: not sent yet
+            break;
+          }
+        } else {
+          remaining[r] = a.op == Op::kForward          ? st.forward
+                         : a.op == Op::kBackward       ? st.backward
+                         : a.op == Op::kBackwardInput  ? st.backward_input
+                                                       : st.backward_weight;
+          if (remaining[r] <= 0) remaining[r] = 1e-15;
+          moved = true;
+          break;
+        }
+        ++pc[r];
+        moved = true;
+      }
+    }
+    }
+    int active = 0;
+    for (int64_t r = 0; r < P; ++r) active += remaining[r] > 0;
+    double next_arrival = -1;
+    for (int64_t r = 0; r < P; ++r) {
+      if (wait_until[r] > t && (next_arrival < 0 || wait_until[r] < next_arrival)) {
+        next_arrival = wait_until[r];
+      }
+    }
+    if (active == 0) {
+      if (next_arrival < 0) break;  // done (or stuck: checked below)
+      t = next_arrival;
+      continue;
+    }
+    // Processor sharing: the active ranks split `slots` cores, none faster
+    // than one core.
+    const double rate = std::min(1.0, slots / static_cast<double>(active));
+    double dt = -1;
+    for (int64_t r = 0; r < P; ++r) {
+      if (remaining[r] > 0 && (dt < 0 || remaining[r] / rate < dt)) dt = remaining[r] / rate;
+    }
+    if (next_arrival > t) dt = std::min(dt, next_arrival - t);
+    t += dt;
+    for (int64_t r = 0; r < P; ++r) {
+      if (remaining[r] <= 0) continue;
+      remaining[r] -= dt * rate;
+      if (remaining[r] <= 1e-12) {
+        remaining[r] = 0;
+        ++pc[r];
+      }
+    }
+  }
+  for (int64_t r = 0; r < P; ++r) {
+    if (pc[r] < plan.ranks[r].size()) {
+      throw std::logic_error("simulate_schedule_shared: the plan did not complete (rank " +
+                             std::to_string(r) + ")");
+    }
+  }
+  return t;
+}
+
 }  // namespace kolos::planner

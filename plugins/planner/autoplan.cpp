@@ -225,7 +225,9 @@ double group_max(comm::ProcessGroup& g, double x) {
 
 // Seconds per call of `fn`, every rank running it at once: a warm-up, then
 // as many calls as fill about `target` seconds (rank 0's count, so that the
-// ranks overlap), timed on each rank and averaged over the group.
+// ranks overlap). The time is the whole group's, from the barrier before
+// until the last rank is done, over the calls: what each rank gets of the
+// machine while all of them work, however the cores were shared among them.
 template <typename F>
 double timed(comm::ProcessGroup& world, F&& fn, double target = 0.15) {
   fn();
@@ -240,7 +242,8 @@ double timed(comm::ProcessGroup& world, F&& fn, double target = 0.15) {
   world.barrier()->wait();
   t0 = Clock::now();
   for (int64_t i = 0; i < reps; ++i) fn();
-  return group_mean(world, seconds_since(t0) / static_cast<double>(reps));
+  world.barrier()->wait();
+  return group_max(world, seconds_since(t0)) / static_cast<double>(reps);
 }
 
 pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig& config) {
@@ -320,7 +323,7 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
       const at::Tensor y = x2 + at::linear(at::gelu(at::linear(a, w_1, b_1)), w_2, b_2);
       y.sum().backward();
       for (const auto& t : params) const_cast<at::Tensor&>(t).mutable_grad() = at::Tensor();
-    });
+    }, 0.6);
     pl::ModelShape shape;
     shape.layers = 1, shape.hidden = h, shape.heads = m.heads, shape.seq_len = s;
     shape.vocab = m.vocab, shape.ffn_multiplier = m.mlp_ratio;
@@ -392,6 +395,21 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
       ab.alpha = std::max(0.0, t[0] - bytes[0] / ab.beta);
       r.measured[{op, g}] = ab;
     }
+    // The sync cost: a small all-reduce right after a piece of compute, as
+    // a tensor-parallel layer does it, against the compute alone and the
+    // all-reduce's own time back to back.
+    {
+      const int64_t k = 192;
+      const at::Tensor a = at::randn({k, k}, opts), b = at::randn({k, k}, opts);
+      at::Tensor c = at::empty({k, k}, opts), small = at::ones({256}, opts);
+      const double compute = timed(world, [&] { at::mm_out(c, a, b); }, 0.1);
+      const double both = timed(world, [&] {
+        at::mm_out(c, a, b);
+        group->all_reduce(small)->wait();
+      }, 0.1);
+      const pl::AlphaBeta& ar = r.measured[{pl::Collective::kAllReduce, g}];
+      r.sync[g] = std::max(0.0, both - compute - (ar.alpha + 1024.0 / ar.beta));
+    }
   }
   r.source = "calibration";
   return r;
@@ -451,6 +469,27 @@ class Autoplan final : public Planner {
     }
     detail::agree_on_error(*world, error, static_cast<int>(ErrorKind::kGeneric));
     return path;
+  }
+
+  void record_reference(const RunConfig& reference, int64_t ranks, double measured) override {
+    const std::string path = calibration_path(ranks);
+    std::string unused;
+    pl::Machine mach = machine_for(reference, ranks, &unused);
+    mach.rates.step_factor = 1;
+    const RunPlan plan = plan_run(reference, ranks);
+    const double predicted = pl::predict(workload_of(reference), mach, candidate_of(reference, plan)).step;
+    mach.rates.step_factor = measured / predicted;
+    std::ifstream in(path);
+    std::string first;
+    std::getline(in, first);  // the comment line calibrate() wrote
+    const std::string tmp = path + ".tmp";
+    std::ofstream out(tmp);
+    out << first << "; reference " << candidate_of(reference, plan).describe() << ": measured "
+        << measured << " s, predicted " << predicted << " s\n"
+        << pl::format_calibration(host_name(), mach.rates);
+    out.close();
+    if (!out) throw Error(tmp + ": cannot write");
+    fs::rename(tmp, path);
   }
 
   PlanReport plan(const RunConfig& config, int64_t ranks) override {

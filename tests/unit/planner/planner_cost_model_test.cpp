@@ -183,3 +183,25 @@ TEST(PlannerCostModel, PredictionAddsUp) {
   const Prediction q = predict(w, m, c, false);
   EXPECT_NEAR(q.step, p.step, 0.05 * p.step);
 }
+
+TEST(PlannerCostModel, SharedCoresReplayTheScheduleWithProcessorSharing) {
+  // Enough cores: the same makespan as the plain replay.
+  const std::vector<StageTimes> stages(2, StageTimes{1.0, 2.0, 1.0, 1.0});
+  for (const Schedule kind : {Schedule::kGPipe, Schedule::k1F1B}) {
+    double busiest = 0;
+    const double plain = simulate_schedule(kind, 2, 4, 1, stages, 0.25, &busiest);
+    EXPECT_DOUBLE_EQ(simulate_schedule_shared(kind, 2, 4, 1, stages, 0.25, 2.0), plain);
+  }
+  // One core for two ranks, no transfer delay: some rank always computes,
+  // so the step is the total work (2 ranks x 4 micro-batches x 3 s) on one core.
+  EXPECT_NEAR(simulate_schedule_shared(Schedule::kGPipe, 2, 4, 1, stages, 0.0, 1.0), 24.0, 1e-9);
+  // Half a core each way: between the total work over the cores and the plain makespan.
+  double busiest = 0;
+  const double plain = simulate_schedule(Schedule::k1F1B, 4, 8, 1,
+                                         std::vector<StageTimes>(4, {1.0, 2.0, 1.0, 1.0}), 0.0,
+                                         &busiest);
+  const double shared = simulate_schedule_shared(
+      Schedule::k1F1B, 4, 8, 1, std::vector<StageTimes>(4, {1.0, 2.0, 1.0, 1.0}), 0.0, 2.0);
+  EXPECT_GE(shared, 4 * 8 * 3.0 / 2.0 - 1e-9);
+  EXPECT_GE(shared, plain - 1e-9);
+}

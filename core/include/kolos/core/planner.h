@@ -48,6 +48,11 @@ class Planner : public RolePlugin {
   // once and the collectives of every group size, for `config`'s model
   // shape; rank 0 writes calibration_path(world size). Returns that path.
   virtual std::string calibrate(const comm::ProcessGroupPtr& world, const RunConfig& config) = 0;
+  // On rank 0 after calibrate(): the measured step time of `reference` (a
+  // run on this machine, every rank busy) against the model's prediction
+  // for it; their ratio joins calibration_path(ranks) as the step factor.
+  virtual void record_reference(const RunConfig& reference, int64_t ranks,
+                                double measured_step_s) = 0;
   // The search: the best plans for `config` on `ranks` ranks, keeping the
   // sizes and modes the config sets (its other parallel keys are open).
   // Throws ConfigError naming the constraint when no plan remains.

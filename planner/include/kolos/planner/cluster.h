@@ -69,11 +69,22 @@ struct MachineRates {
   // the rates leave out (reshapes, masks, autograd's bookkeeping). Applies
   // to every block and the logit layer; 1: none.
   double block_factor = 1;
+  // A whole training step of a reference run (data parallelism over every
+  // rank) measured on this machine over what the model predicts for it:
+  // what the model leaves out of a step (the optimizer's memory traffic
+  // under contention, the communication threads' share of the cores, the
+  // engine's own work). Applies to every prediction's step; 1: none.
+  double step_factor = 1;
   // Cores the ranks of one node share when there are fewer than ranks (a
   // CPU run with more ranks than cores): the rates above were measured with
   // every rank busy, so a rank that waits lends its share to the others,
   // and nothing hides communication. 0: a core (a device) per rank.
   double cores = 0;
+  // With shared cores: what a collective over a group of this size costs
+  // beyond its alpha-beta time when its ranks arrive from compute (a peer
+  // may be waiting for a core), measured per group size.
+  std::map<int64_t, double> sync;
+  double sync_seconds(int64_t group) const;  // the entry for the largest size <= group
   std::string source;  // "assumed", the cluster file, or the calibration file
 
   double gemm_rate(double flops_per_product) const;

@@ -72,6 +72,13 @@ struct StageTimes {
 // in `busiest`, the largest busy time of a rank.
 double simulate_schedule(Schedule kind, int64_t P, int64_t M, int64_t V,
                          const std::vector<StageTimes>& stage, double transfer, double* busiest);
+// As simulate_schedule, when the P ranks share `slots` cores (fewer cores
+// than ranks): `stage` holds full-core times, and the ranks computing at
+// any moment split the cores evenly, none faster than one core. Returns the
+// makespan.
+double simulate_schedule_shared(Schedule kind, int64_t P, int64_t M, int64_t V,
+                                const std::vector<StageTimes>& stage, double transfer,
+                                double slots);
 // The closed form of plan.h (Plan::theoretical_bubble) for uniform stages.
 double bubble_fraction(Schedule kind, int64_t P, int64_t M, int64_t V, double f, double bi,
                        double w);
