@@ -33,7 +33,8 @@ while [[ $# -gt 0 ]]; do
   esac
   shift 2
 done
-kolos=$root/$build/bin/kolos
+[[ $build == /* ]] || build=$root/$build
+kolos=$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_planner_check.sh: no $kolos; build it: ninja -C $build runtime" >&2; exit 2; }
 config=$root/bench/planner/gpt-check.toml
 [[ -n $out ]] || out=$(mktemp -d)

@@ -290,43 +290,37 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
   if (t.find("block_factor") != nullptr) rates.block_factor = t.number("block_factor");
   if (t.find("step_factor") != nullptr) rates.step_factor = t.number("step_factor");
   if (t.find("cores") != nullptr) rates.cores = t.number("cores", false);
-  // [[calibration.gemm]]: flops (of one product), rate (FLOP/s); optional.
+  // Each row of an optional array of tables `key`, as a Table of its own.
+  const auto rows = [&](const std::string& key, const auto& read) {
+    const toml::value* list = t.find(key);
+    if (list == nullptr) return;
+    if (!list->is_array()) t.fail_at(*list, key, "expected an array of tables");
+    for (const toml::value& row : list->as_array()) {
+      if (!row.is_table()) t.fail_at(row, key, "expected a table");
+      Table r(row, name, "calibration." + key);
+      read(r);
+      r.unknown();
+    }
+  };
+  // [[calibration.gemm]]: flops (of one product), rate (FLOP/s).
   rates.gemm_curve.clear();
-  if (const toml::value* gemm = t.find("gemm")) {
-    if (!gemm->is_array()) t.fail_at(*gemm, "gemm", "expected an array of tables");
-    for (const toml::value& row : gemm->as_array()) {
-      if (!row.is_table()) t.fail_at(row, "gemm", "expected a table");
-      Table r(row, name, "calibration.gemm");
-      const double flops = r.number("flops");
-      const double rate = r.number("rate");
-      r.unknown();
-      if (!rates.gemm_curve.empty() && flops <= rates.gemm_curve.back().first) {
-        r.fail_at(r.get("flops"), "flops", "rows must be in ascending order of flops");
-      }
-      rates.gemm_curve.emplace_back(flops, rate);
+  rows("gemm", [&](Table& r) {
+    const double flops = r.number("flops");
+    const double rate = r.number("rate");
+    if (!rates.gemm_curve.empty() && flops <= rates.gemm_curve.back().first) {
+      r.fail_at(r.get("flops"), "flops", "rows must be in ascending order of flops");
     }
-  }
-  // [[calibration.collective]]: op, group, alpha (s), beta (bytes/s).
-  // [[calibration.sync]]: group, seconds; optional.
+    rates.gemm_curve.emplace_back(flops, rate);
+  });
+  // [[calibration.sync]]: group, seconds.
   rates.sync.clear();
-  if (const toml::value* sync = t.find("sync")) {
-    if (!sync->is_array()) t.fail_at(*sync, "sync", "expected an array of tables");
-    for (const toml::value& row : sync->as_array()) {
-      if (!row.is_table()) t.fail_at(row, "sync", "expected a table");
-      Table r(row, name, "calibration.sync");
-      const int64_t group = r.integer("group");
-      rates.sync[group] = r.number("seconds", false);
-      r.unknown();
-    }
-  }
-  // Optional: a calibration of one rank has no group to measure.
-  static const toml::value kNone = toml::array{};
-  const toml::value* found = t.find("collective");
-  const toml::value& list = found != nullptr ? *found : kNone;
-  if (!list.is_array()) t.fail_at(list, "collective", "expected an array of tables");
-  for (const toml::value& row : list.as_array()) {
-    if (!row.is_table()) t.fail_at(row, "collective", "expected a table");
-    Table r(row, name, "calibration.collective");
+  rows("sync", [&](Table& r) {
+    const int64_t group = r.integer("group");
+    rates.sync[group] = r.number("seconds", false);
+  });
+  // [[calibration.collective]]: op, group, alpha (s), beta (bytes/s); a
+  // calibration of one rank has none.
+  rows("collective", [&](Table& r) {
     const std::string op = r.string("op");
     Collective kind = Collective::kAllReduce;
     bool found = false;
@@ -344,9 +338,8 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
     AlphaBeta ab;
     ab.alpha = r.number("alpha", false);
     ab.beta = r.number("beta");
-    r.unknown();
     rates.measured[{kind, group}] = ab;
-  }
+  });
   t.unknown();
   rates.source = name;
   return rates;

@@ -117,7 +117,7 @@ PY
     expect_failure "no plan fits: .memory: exceeds device memory. removed the last" -- \
       "$KOLOS" plan gpt.toml -n 8 --cluster "$KOLOS_SOURCE_DIR/examples/clusters/a100-80gb-ib.toml" \
       --set model.layers=4096 --set model.hidden=16384 --set model.heads=128
-    expect_failure "planner.clustr: unknown key" -- \
+    expect_failure "unknown key .planner.clustr.; valid keys in \[planner\] \(planner plugin .autoplan.\): cluster, calibration, top" -- \
       "$KOLOS" check gpt.toml -n 2 --set planner.clustr=\"x.toml\"
     expect_failure "parallel.auto = true on 2 hosts needs a cluster file" -- \
       env KOLOS_SIMULATED_HOSTS=a,a,b,b "$KOLOS" run -n 4 gpt.toml --set parallel.auto=true
