@@ -68,7 +68,8 @@ double collective_time(const Machine& m, Collective op, double bytes, int64_t n,
   if (n <= 1 || bytes <= 0) return 0;
   // Fewer cores than ranks: the group also waits for its ranks to be
   // scheduled (the calibration's sync cost per group size).
-  const bool shared = m.rates.cores > 0 && m.rates.cores < static_cast<double>(m.cluster.devices_per_node);
+  const bool shared =
+      m.rates.cores > 0 && m.rates.cores < static_cast<double>(m.cluster.devices_per_node);
   return (shared ? m.rates.sync_seconds(op == Collective::kSendRecv ? 2 : n) : 0.0) +
          alpha_beta_time(m, op, bytes, n, stride, first);
 }

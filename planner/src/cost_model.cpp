@@ -368,10 +368,9 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
         st.forward /= k, st.backward /= k, st.backward_input /= k, st.backward_weight /= k;
       }
       const double slots = R.cores * static_cast<double>(c.pp) / node_ranks;
-      makespan = simulate_pipeline
-                     ? simulate_schedule_shared(c.schedule, c.pp, c.microbatches, c.chunks, fast,
-                                                t_pp, slots)
-                     : pipeline(stages, busy_max);
+      makespan = simulate_pipeline ? simulate_schedule_shared(c.schedule, c.pp, c.microbatches,
+                                                              c.chunks, fast, t_pp, slots)
+                                   : pipeline(stages, busy_max);
     }
   }
 

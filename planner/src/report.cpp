@@ -136,7 +136,8 @@ std::string format_plans(const SearchResult& r, const Workload& w, const Machine
           << " | " << fixed(q.comm, 3) << " | " << fixed(q.bubble, 3) << " | "
           << fixed(q.optimizer + q.offload, 3) << " | " << fixed(q.memory / gib, 1) << " | "
           << fixed(q.bytes_sent / 1e9, 2) << " | "
-          << (small ? fixed(q.model_flops_per_gpu / 1e9, 1) : fixed(q.model_flops_per_gpu / 1e12, 1))
+          << (small ? fixed(q.model_flops_per_gpu / 1e9, 1)
+                    : fixed(q.model_flops_per_gpu / 1e12, 1))
           << " |\n";
     }
     out << "\n";

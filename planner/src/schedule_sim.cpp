@@ -132,7 +132,8 @@ double simulate_schedule_shared(Schedule kind, int64_t P, int64_t M, int64_t V,
   const pipeline::Plan& plan = cached_plan(kind, P, M, V);
   const int64_t S = P * V;
   if (static_cast<int64_t>(stage.size()) != S) {
-    throw std::invalid_argument("simulate_schedule_shared: one StageTimes per virtual stage is needed");
+    throw std::invalid_argument(
+        "simulate_schedule_shared: one StageTimes per virtual stage is needed");
   }
   std::vector<double> arrival(2 * M * S, -1.0);
   const auto slot = [&](bool grad, int micro, int64_t vs) {
@@ -147,37 +148,37 @@ double simulate_schedule_shared(Schedule kind, int64_t P, int64_t M, int64_t V,
     // receive whose message has not arrived, until no rank moves (a send
     // may unblock a rank looked at before it).
     for (bool moved = true; moved;) {
-    moved = false;
-    for (int64_t r = 0; r < P; ++r) {
-      const auto& actions = plan.ranks[r];
-      wait_until[r] = -1;
-      while (remaining[r] <= 0 && pc[r] < actions.size()) {
-        const pipeline::Action& a = actions[pc[r]];
-        const int64_t vs = static_cast<int64_t>(a.chunk) * P + r;
-        const StageTimes& st = stage[vs];
-        if (a.op == Op::kSendActivation) {
-          arrival[slot(false, a.micro, vs + 1)] = t + transfer;
-        } else if (a.op == Op::kSendGrad) {
-          arrival[slot(true, a.micro, vs - 1)] = t + transfer;
-        } else if (a.op == Op::kRecvActivation || a.op == Op::kRecvGrad) {
-          const double at = arrival[slot(a.op == Op::kRecvGrad, a.micro, vs)];
-          if (at < 0 || at > t) {
-            wait_until[r] = at;  // -1: not sent yet
+      moved = false;
+      for (int64_t r = 0; r < P; ++r) {
+        const auto& actions = plan.ranks[r];
+        wait_until[r] = -1;
+        while (remaining[r] <= 0 && pc[r] < actions.size()) {
+          const pipeline::Action& a = actions[pc[r]];
+          const int64_t vs = static_cast<int64_t>(a.chunk) * P + r;
+          const StageTimes& st = stage[vs];
+          if (a.op == Op::kSendActivation) {
+            arrival[slot(false, a.micro, vs + 1)] = t + transfer;
+          } else if (a.op == Op::kSendGrad) {
+            arrival[slot(true, a.micro, vs - 1)] = t + transfer;
+          } else if (a.op == Op::kRecvActivation || a.op == Op::kRecvGrad) {
+            const double at = arrival[slot(a.op == Op::kRecvGrad, a.micro, vs)];
+            if (at < 0 || at > t) {
+              wait_until[r] = at;  // -1: not sent yet
+              break;
+            }
+          } else {
+            remaining[r] = a.op == Op::kForward         ? st.forward
+                           : a.op == Op::kBackward      ? st.backward
+                           : a.op == Op::kBackwardInput ? st.backward_input
+                                                        : st.backward_weight;
+            if (remaining[r] <= 0) remaining[r] = 1e-15;
+            moved = true;
             break;
           }
-        } else {
-          remaining[r] = a.op == Op::kForward          ? st.forward
-                         : a.op == Op::kBackward       ? st.backward
-                         : a.op == Op::kBackwardInput  ? st.backward_input
-                                                       : st.backward_weight;
-          if (remaining[r] <= 0) remaining[r] = 1e-15;
+          ++pc[r];
           moved = true;
-          break;
         }
-        ++pc[r];
-        moved = true;
       }
-    }
     }
     int active = 0;
     for (int64_t r = 0; r < P; ++r) active += remaining[r] > 0;

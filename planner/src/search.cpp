@@ -234,9 +234,10 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                 // same number of blocks, and the embedding and the head are
                 // blocks of their own (docs/pipeline.md).
                 if (sch.kind == Schedule::kInterleaved && (m.layers + 2) % (pp * sch.chunks) != 0) {
-                  tally.drop("pp: interleaved needs layers + 2 (embedding, head) divisible by pp x "
-                             "chunks",
-                             kStagePipeline, below_schedule);
+                  tally.drop(
+                      "pp: interleaved needs layers + 2 (embedding, head) divisible by pp x "
+                      "chunks",
+                      kStagePipeline, below_schedule);
                   continue;
                 }
                 if (pp > 1) {

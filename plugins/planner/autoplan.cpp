@@ -111,13 +111,14 @@ std::string quoted(const std::string& s) { return "\"" + s + "\""; }
 
 // The --set lines that turn a config into the run of candidate `c`.
 std::vector<std::string> overrides_of(const pl::Candidate& c) {
-  std::vector<std::string> o = {"parallel.auto=false",
-                                "parallel.data=" + std::to_string(c.dp),
-                                "parallel.tensor.size=" + std::to_string(c.tp),
-                                "parallel.pipeline.size=" + std::to_string(c.pp),
-                                "parallel.zero.stage=" + std::to_string(c.zero),
-                                "train.micro_batch=" + std::to_string(c.micro_batch),
-                                std::string("train.recompute=") + quoted(pl::to_string(c.recompute))};
+  std::vector<std::string> o = {
+      "parallel.auto=false",
+      "parallel.data=" + std::to_string(c.dp),
+      "parallel.tensor.size=" + std::to_string(c.tp),
+      "parallel.pipeline.size=" + std::to_string(c.pp),
+      "parallel.zero.stage=" + std::to_string(c.zero),
+      "train.micro_batch=" + std::to_string(c.micro_batch),
+      std::string("train.recompute=") + quoted(pl::to_string(c.recompute))};
   if (c.tp > 1) {
     o.push_back(std::string("parallel.tensor.mode=") + quoted(pl::to_string(c.tp_mode)));
     if (c.tp_mode == pl::TpMode::k2p5D) {
@@ -135,7 +136,8 @@ std::vector<std::string> overrides_of(const pl::Candidate& c) {
     o.push_back("parallel.sequence.mode=\"megatron\"");
   } else {
     o.push_back("parallel.sequence.size=" + std::to_string(c.sp));
-    if (c.sp > 1) o.push_back(std::string("parallel.sequence.mode=") + quoted(pl::to_string(c.sp_mode)));
+    if (c.sp > 1)
+      o.push_back(std::string("parallel.sequence.mode=") + quoted(pl::to_string(c.sp_mode)));
     if (c.sp_mode == pl::SpMode::kHybrid) {
       o.push_back("parallel.sequence.ulysses=" + std::to_string(c.ulysses));
     }
@@ -149,32 +151,37 @@ pl::Candidate candidate_of(const RunConfig& config, const RunPlan& plan) {
   c.pp = plan.shape.pp, c.dp = plan.shape.dp, c.sp = plan.shape.sp, c.tp = plan.shape.tp;
   const auto& p = config.parallel;
   const std::string& tm = p.tensor.mode;
-  c.tp_mode = tm == "2d" ? pl::TpMode::k2D : tm == "2.5d" ? pl::TpMode::k2p5D
-              : tm == "3d"                 ? pl::TpMode::k3D
-                                           : pl::TpMode::k1D;
+  c.tp_mode = tm == "2d"     ? pl::TpMode::k2D
+              : tm == "2.5d" ? pl::TpMode::k2p5D
+              : tm == "3d"   ? pl::TpMode::k3D
+                             : pl::TpMode::k1D;
   if (c.tp_mode == pl::TpMode::k2p5D) config.section("parallel.tensor").read("depth", c.tp_depth);
   const std::string& sm = p.sequence.mode;
   if (sm == "megatron") {
     c.sp_mode = pl::SpMode::kMegatron;
   } else if (c.sp > 1) {
-    c.sp_mode = sm == "ring" ? pl::SpMode::kRing : sm == "hybrid" ? pl::SpMode::kHybrid
-                                                                   : pl::SpMode::kUlysses;
-    if (c.sp_mode == pl::SpMode::kHybrid) config.section("parallel.sequence").read("ulysses", c.ulysses);
+    c.sp_mode = sm == "ring"     ? pl::SpMode::kRing
+                : sm == "hybrid" ? pl::SpMode::kHybrid
+                                 : pl::SpMode::kUlysses;
+    if (c.sp_mode == pl::SpMode::kHybrid)
+      config.section("parallel.sequence").read("ulysses", c.ulysses);
   }
   if (c.pp > 1) {
     std::string s = "1f1b";
     config.section("parallel.pipeline").read("schedule", s);
-    c.schedule = s == "gpipe" ? pl::Schedule::kGPipe : s == "interleaved" ? pl::Schedule::kInterleaved
-                 : s == "zb"  ? pl::Schedule::kZeroBubble
-                              : pl::Schedule::k1F1B;
+    c.schedule = s == "gpipe"         ? pl::Schedule::kGPipe
+                 : s == "interleaved" ? pl::Schedule::kInterleaved
+                 : s == "zb"          ? pl::Schedule::kZeroBubble
+                                      : pl::Schedule::k1F1B;
     config.section("parallel.pipeline").read("chunks", c.chunks);
   }
   c.microbatches = plan.accumulation;
   c.zero = static_cast<int>(p.zero.stage);
   c.micro_batch = config.train.micro_batch;
   const std::string& r = config.train.recompute;
-  c.recompute = r == "full" ? pl::Recompute::kFull : r == "selective" ? pl::Recompute::kSelective
-                                                                      : pl::Recompute::kNone;
+  c.recompute = r == "full"        ? pl::Recompute::kFull
+                : r == "selective" ? pl::Recompute::kSelective
+                                   : pl::Recompute::kNone;
   return c;
 }
 
@@ -235,8 +242,8 @@ double timed(comm::ProcessGroup& world, F&& fn, double target = 0.15) {
   auto t0 = Clock::now();
   fn();
   double once = std::max(seconds_since(t0), 1e-7);
-  at::Tensor n = at::full({1}, static_cast<int64_t>(std::clamp(target / once, 2.0, 20000.0)),
-                          at::kLong);
+  at::Tensor n =
+      at::full({1}, static_cast<int64_t>(std::clamp(target / once, 2.0, 20000.0)), at::kLong);
   world.broadcast(n, 0)->wait();
   const int64_t reps = n.item<int64_t>();
   world.barrier()->wait();
@@ -269,7 +276,8 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
   const int64_t d = m.hidden / m.heads;
   {
     std::vector<at::Tensor> qkv;
-    for (int i = 0; i < 3; ++i) qkv.push_back(at::randn({1, m.heads, m.seq_len, d}, opts).requires_grad_());
+    for (int i = 0; i < 3; ++i)
+      qkv.push_back(at::randn({1, m.heads, m.seq_len, d}, opts).requires_grad_());
     const double s = timed(world, [&] {
       at::Tensor out = causal_attention(qkv);
       out.sum().backward();
@@ -294,7 +302,8 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
   // The fixed cost of one operation that autograd records.
   {
     const at::Tensor a = at::ones({8}, opts).requires_grad_(), b = at::ones({8}, opts);
-    r.op_seconds = timed(world, [&] { (void)(a + b); }, 0.05);
+    r.op_seconds = timed(
+        world, [&] { (void)(a + b); }, 0.05);
   }
 
   // A whole GPT block as modules/ builds it (LayerNorm, q/k/v/o with
@@ -312,18 +321,23 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
     const at::Tensor w_qkv = param({3 * h, h}), b_qkv = param({3 * h});
     const at::Tensor w_o = param({h, h}), b_o = param({h});
     const at::Tensor w_1 = param({f, h}), b_1 = param({f}), w_2 = param({h, f}), b_2 = param({h});
-    const std::vector<at::Tensor> params = {x, ln_w, ln_b, w_qkv, b_qkv, w_o, b_o, w_1, b_1, w_2, b_2};
-    const double measured = timed(world, [&] {
-      at::Tensor a = at::layer_norm(x, {h}, ln_w, ln_b);
-      const auto qkv = at::linear(a, w_qkv, b_qkv).view({b, s, 3, m.heads, d}).permute({2, 0, 3, 1, 4});
-      at::Tensor att = causal_attention({qkv[0], qkv[1], qkv[2]});
-      att = att.transpose(1, 2).reshape({b, s, h});
-      const at::Tensor x2 = x + at::linear(att, w_o, b_o);
-      a = at::layer_norm(x2, {h}, ln_w, ln_b);
-      const at::Tensor y = x2 + at::linear(at::gelu(at::linear(a, w_1, b_1)), w_2, b_2);
-      y.sum().backward();
-      for (const auto& t : params) const_cast<at::Tensor&>(t).mutable_grad() = at::Tensor();
-    }, 0.6);
+    const std::vector<at::Tensor> params = {x,   ln_w, ln_b, w_qkv, b_qkv, w_o,
+                                            b_o, w_1,  b_1,  w_2,   b_2};
+    const double measured = timed(
+        world,
+        [&] {
+          at::Tensor a = at::layer_norm(x, {h}, ln_w, ln_b);
+          const auto qkv =
+              at::linear(a, w_qkv, b_qkv).view({b, s, 3, m.heads, d}).permute({2, 0, 3, 1, 4});
+          at::Tensor att = causal_attention({qkv[0], qkv[1], qkv[2]});
+          att = att.transpose(1, 2).reshape({b, s, h});
+          const at::Tensor x2 = x + at::linear(att, w_o, b_o);
+          a = at::layer_norm(x2, {h}, ln_w, ln_b);
+          const at::Tensor y = x2 + at::linear(at::gelu(at::linear(a, w_1, b_1)), w_2, b_2);
+          y.sum().backward();
+          for (const auto& t : params) const_cast<at::Tensor&>(t).mutable_grad() = at::Tensor();
+        },
+        0.6);
     pl::ModelShape shape;
     shape.layers = 1, shape.hidden = h, shape.heads = m.heads, shape.seq_len = s;
     shape.vocab = m.vocab, shape.ffn_multiplier = m.mlp_ratio;
@@ -351,9 +365,9 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
     if (n % g != 0) continue;
     const comm::ProcessGroupPtr group =
         world.split(world.rank() / g, world.rank() % g, "calibrate-" + std::to_string(g));
-    for (const pl::Collective op : {pl::Collective::kAllReduce, pl::Collective::kAllGather,
-                                    pl::Collective::kReduceScatter, pl::Collective::kAllToAll,
-                                    pl::Collective::kSendRecv}) {
+    for (const pl::Collective op :
+         {pl::Collective::kAllReduce, pl::Collective::kAllGather, pl::Collective::kReduceScatter,
+          pl::Collective::kAllToAll, pl::Collective::kSendRecv}) {
       if (op == pl::Collective::kSendRecv && g != 2) continue;  // a neighbour's hop: pairs
       double t[2] = {0, 0}, bytes[2] = {64.0 * 1024, 4.0 * 1024 * 1024};
       for (int i = 0; i < 2; ++i) {
@@ -402,11 +416,15 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
       const int64_t k = 192;
       const at::Tensor a = at::randn({k, k}, opts), b = at::randn({k, k}, opts);
       at::Tensor c = at::empty({k, k}, opts), small = at::ones({256}, opts);
-      const double compute = timed(world, [&] { at::mm_out(c, a, b); }, 0.1);
-      const double both = timed(world, [&] {
-        at::mm_out(c, a, b);
-        group->all_reduce(small)->wait();
-      }, 0.1);
+      const double compute = timed(
+          world, [&] { at::mm_out(c, a, b); }, 0.1);
+      const double both = timed(
+          world,
+          [&] {
+            at::mm_out(c, a, b);
+            group->all_reduce(small)->wait();
+          },
+          0.1);
       const pl::AlphaBeta& ar = r.measured[{pl::Collective::kAllReduce, g}];
       r.sync[g] = std::max(0.0, both - compute - (ar.alpha + 1024.0 / ar.beta));
     }
@@ -425,7 +443,8 @@ class Autoplan final : public Planner {
     s.read("cluster", settings_.cluster);
     s.read("calibration", settings_.calibration);
     s.read("top", settings_.top);
-    if (settings_.top < 1) s.fail("top", std::to_string(settings_.top) + " is out of range; it must be >= 1");
+    if (settings_.top < 1)
+      s.fail("top", std::to_string(settings_.top) + " is out of range; it must be >= 1");
     for (const std::string* path : {&settings_.cluster, &settings_.calibration}) {
       if (!path->empty() && !fs::exists(*path)) {
         s.fail(path == &settings_.cluster ? "cluster" : "calibration",
@@ -477,7 +496,8 @@ class Autoplan final : public Planner {
     pl::Machine mach = machine_for(reference, ranks, &unused);
     mach.rates.step_factor = 1;
     const RunPlan plan = plan_run(reference, ranks);
-    const double predicted = pl::predict(workload_of(reference), mach, candidate_of(reference, plan)).step;
+    const double predicted =
+        pl::predict(workload_of(reference), mach, candidate_of(reference, plan)).step;
     mach.rates.step_factor = measured / predicted;
     std::ifstream in(path);
     std::string first;
@@ -506,15 +526,15 @@ class Autoplan final : public Planner {
       if (!settings_.calibration.empty()) {
         file.rates = pl::load_calibration(settings_.calibration, file.rates);
       }
-      *what = "cluster " + settings_.cluster + " (" + file.cluster.name + "), rates: " +
-              file.rates.source;
+      *what = "cluster " + settings_.cluster + " (" + file.cluster.name +
+              "), rates: " + file.rates.source;
       return {file.cluster, file.rates};
     }
     const std::string path = calibration_path(ranks);
     if (!fs::exists(path)) {
-      throw ConfigError("no calibration of this machine for " + std::to_string(ranks) +
-                        " ranks (" + path + "); `kolos calibrate CONFIG -n " +
-                        std::to_string(ranks) + "` measures it");
+      throw ConfigError("no calibration of this machine for " + std::to_string(ranks) + " ranks (" +
+                        path + "); `kolos calibrate CONFIG -n " + std::to_string(ranks) +
+                        "` measures it");
     }
     pl::MachineRates rates = pl::load_calibration(path, {});
     pl::Cluster c;
@@ -573,7 +593,8 @@ class Autoplan final : public Planner {
       const RunPlan plan = plan_run(config, ranks);
       const pl::Candidate c = candidate_of(config, plan);
       pl::RankedPlan rp{c, pl::predict(w, mach, c)};
-      if (here) rp.prediction.memory = estimate_memory(config, ranks, mach.cluster.runtime_bytes).peak();
+      if (here)
+        rp.prediction.memory = estimate_memory(config, ranks, mach.cluster.runtime_bytes).peak();
       result.plans.push_back(rp);
       result.evaluated = result.survived = 1;
     } else {
@@ -609,8 +630,8 @@ class Autoplan final : public Planner {
            << ",\"step_s\":" << pr.step_s << ",\"compute_s\":" << rp.prediction.compute
            << ",\"comm_s\":" << rp.prediction.comm << ",\"bubble_s\":" << rp.prediction.bubble
            << ",\"optimizer_s\":" << rp.prediction.optimizer
-           << ",\"memory_bytes\":" << pr.memory_bytes
-           << ",\"bytes_per_step\":" << pr.bytes_per_step << ",\"overrides\":[";
+           << ",\"memory_bytes\":" << pr.memory_bytes << ",\"bytes_per_step\":" << pr.bytes_per_step
+           << ",\"overrides\":[";
       for (size_t k = 0; k < pr.overrides.size(); ++k) {
         json << (k ? "," : "") << json_string(pr.overrides[k]);
       }

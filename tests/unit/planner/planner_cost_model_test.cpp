@@ -197,9 +197,8 @@ TEST(PlannerCostModel, SharedCoresReplayTheScheduleWithProcessorSharing) {
   EXPECT_NEAR(simulate_schedule_shared(Schedule::kGPipe, 2, 4, 1, stages, 0.0, 1.0), 24.0, 1e-9);
   // Half a core each way: between the total work over the cores and the plain makespan.
   double busiest = 0;
-  const double plain = simulate_schedule(Schedule::k1F1B, 4, 8, 1,
-                                         std::vector<StageTimes>(4, {1.0, 2.0, 1.0, 1.0}), 0.0,
-                                         &busiest);
+  const double plain = simulate_schedule(
+      Schedule::k1F1B, 4, 8, 1, std::vector<StageTimes>(4, {1.0, 2.0, 1.0, 1.0}), 0.0, &busiest);
   const double shared = simulate_schedule_shared(
       Schedule::k1F1B, 4, 8, 1, std::vector<StageTimes>(4, {1.0, 2.0, 1.0, 1.0}), 0.0, 2.0);
   EXPECT_GE(shared, 4 * 8 * 3.0 / 2.0 - 1e-9);

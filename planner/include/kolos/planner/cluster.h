@@ -85,7 +85,7 @@ struct MachineRates {
   // may be waiting for a core), measured per group size.
   std::map<int64_t, double> sync;
   double sync_seconds(int64_t group) const;  // the entry for the largest size <= group
-  std::string source;  // "assumed", the cluster file, or the calibration file
+  std::string source;                        // "assumed", the cluster file, or the calibration file
 
   double gemm_rate(double flops_per_product) const;
 
