@@ -216,21 +216,35 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
                         "log.metrics=\"\"", "log.progress=\"off\"", "checkpoint.dir=\"\""}) {
     overrides.push_back(o);
   }
-  std::string error;
-  int kind = 0;
+  // Without a reference run (the config fixes a mode that needs a size
+  // the reference does not have, or the model does not fit data parallel
+  // over every rank) the step factor stays 1; every rank reads the same
+  // config, so every rank decides alike, and the engine's refusals are
+  // agreed.
+  std::string skipped;
   RunConfig reference;
   try {
     reference = load_run_config(path, overrides);
   } catch (const Error& e) {
-    error = std::string("the calibration's reference run: ") + e.what();
-    kind = static_cast<int>(e.kind());
+    skipped = e.what();
   }
-  detail::agree_on_error(*runtime.world(), error, kind);
   std::vector<double> times;
-  Engine engine(reference, runtime.world(),
-                [](const RunConfig& c) { return data::make_source(c); });
-  engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
+  if (skipped.empty()) {
+    try {
+      Engine engine(reference, runtime.world(),
+                    [](const RunConfig& c) { return data::make_source(c); });
+      engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
+    } catch (const AgreedError& e) {
+      skipped = e.what();
+    }
+  }
   if (runtime.rank() != 0) return;
+  if (!skipped.empty()) {
+    std::fprintf(stderr,
+                 "kolos: calibration: no reference run, so no step factor (%s)\n",
+                 skipped.substr(0, skipped.find('\n')).c_str());
+    return;
+  }
   // The steps after the first two (allocation, first touches).
   std::vector<double> steady(times.begin() + std::min<size_t>(2, times.size()), times.end());
   std::sort(steady.begin(), steady.end());

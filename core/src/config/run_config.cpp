@@ -521,7 +521,9 @@ class Reader {
         plain.plugins.by_role.clear();
         return plain;
       }());
-      if (c.parallel.tensor.size == 1 && !by_role.count("layers")) {
+      // Under parallel.auto a mode without a size fixes the mode of the
+      // plans the planner may choose (kolos/core/planner.h).
+      if (c.parallel.tensor.size == 1 && !by_role.count("layers") && !c.parallel.auto_plan) {
         tensor.fail("mode", quote_toml(c.parallel.tensor.mode) +
                                 " has no effect: parallel.tensor.size = 1 runs the serial layers; "
                                 "remove it, or set a size > 1.");
@@ -537,7 +539,7 @@ class Reader {
     }
     const ConfigSection sequence = section("parallel.sequence");
     if (sequence.has("mode") && c.parallel.sequence.size == 1 && !by_role.count("sequence") &&
-        c.parallel.sequence.mode != "megatron") {
+        c.parallel.sequence.mode != "megatron" && !c.parallel.auto_plan) {
       sequence.fail("mode", quote_toml(c.parallel.sequence.mode) +
                                 " has no effect: parallel.sequence.size = 1 splits no sequence; "
                                 "remove it, or set a size > 1.");

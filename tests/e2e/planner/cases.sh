@@ -47,6 +47,14 @@ PY
         { cat check.txt; fail "kolos check refuses a plan it was offered: $sets"; }
       echo "accepted: $(head -1 check.txt)"
     done <runs.txt
+    # A mode the config fixes (under auto, without a size) holds in every plan.
+    timeout 120 "$KOLOS" plan gpt.toml -n 4 --json --set parallel.auto=true \
+      --set parallel.tensor.mode=\"2d\" >fixed.json 2>&1 || { cat fixed.json; fail "a fixed mode failed"; }
+    plan_json fixed.json | $PY -c '
+import json, sys
+plans = json.load(sys.stdin)["plans"]
+assert plans and all("(2d)" in p["describe"] for p in plans), plans
+' || fail "a plan without the fixed tensor mode was offered"
     # --predict: the config's own layout, no search.
     timeout 120 "$KOLOS" plan gpt.toml -n 4 --predict --json --set parallel.tensor.size=2 \
       --set train.micro_batch=4 >predict.json 2>&1 || { cat predict.json; fail "--predict failed"; }

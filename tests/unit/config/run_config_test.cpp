@@ -462,6 +462,15 @@ TEST(RunConfigRoles, ParallelAutoOrAPlannerSectionAsksForThePlannerRole) {
   EXPECT_EQ(choose_plugins(parse_run_config("[plugins]\nplanner = \"mine\"\n", "run.toml")).planner,
             "mine");
   EXPECT_TRUE(has_all(parse_error("[parallel]\nauto = 1\n"), {"run.toml:2", "parallel.auto"}));
+  // Under auto a mode without a size fixes the planner's mode; without
+  // auto it has no effect and is refused.
+  EXPECT_EQ(parse_run_config("[parallel]\nauto = true\ntensor = { mode = \"2d\" }\n"
+                             "sequence = { mode = \"ring\" }\n",
+                             "run.toml")
+                .parallel.tensor.mode,
+            "2d");
+  EXPECT_TRUE(has_all(parse_error("[parallel]\ntensor = { mode = \"2d\" }\n"),
+                      {"parallel.tensor.mode", "has no effect"}));
 }
 
 TEST(RunConfigRoles, ABadModeIsRefusedAtOnce) {
