@@ -111,9 +111,13 @@ bool matches(const Fixed& f, const Candidate& c) {
   if (f.dp && *f.dp != c.dp) return false;
   if (f.sp && *f.sp != (c.sp_mode == SpMode::kMegatron ? c.tp : c.sp)) return false;
   if (f.tp && *f.tp != c.tp) return false;
-  if (f.tp_mode && c.tp > 1 && *f.tp_mode != to_string(c.tp_mode)) return false;
+  // A fixed mode asks for its axis: a grid mode needs tp > 1, a schedule pp > 1.
+  if (f.tp_mode && (c.tp > 1 || *f.tp_mode != "1d") &&
+      (c.tp == 1 || *f.tp_mode != to_string(c.tp_mode))) {
+    return false;
+  }
   if (f.sp_mode && *f.sp_mode != to_string(c.sp_mode)) return false;
-  if (f.schedule && c.pp > 1 && *f.schedule != to_string(c.schedule)) return false;
+  if (f.schedule && (c.pp == 1 || *f.schedule != to_string(c.schedule))) return false;
   return true;
 }
 
