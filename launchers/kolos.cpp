@@ -119,14 +119,14 @@ std::string format_summary(const TrainSummary& s, const Engine& engine) {
   return line;
 }
 
-// Whether the mesh's tp and sp groups stay inside a node, from every rank's
-// host name (libkolos_topology's check_locality): warnings on rank 0.
-// KOLOS_SIMULATED_HOSTS (one name per rank, comma-separated) stands in for
-// the host names, to check a multi-node layout on one machine. Collective.
 // The hosts of the world's ranks, by rank (KOLOS_SIMULATED_HOSTS stands in
 // for them). Collective.
 std::vector<std::string> rank_hosts(const Runtime& runtime);
 
+// Whether the mesh's tp and sp groups stay inside a node, from every rank's
+// host name (libkolos_topology's check_locality): warnings on rank 0.
+// KOLOS_SIMULATED_HOSTS (one name per rank, comma-separated) stands in for
+// the host names, to check a multi-node layout on one machine. Collective.
 void report_locality(const Runtime& runtime, const MeshShape& shape) {
   const topology::LocalityReport report = topology::check_locality(shape, rank_hosts(runtime));
   if (runtime.rank() != 0) return;
@@ -171,19 +171,12 @@ std::shared_ptr<Planner> make_planner(const RunConfig& config) {
 }
 
 // rank 0's string on every rank of the world.
-std::string broadcast_string(const Runtime& runtime, std::string text) {
+std::string broadcast_string(std::string text) {
   long long size = static_cast<long long>(text.size());
   MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
   text.resize(static_cast<size_t>(size));
   if (size > 0) MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
-  (void)runtime;
   return text;
-}
-
-std::string split_lines_join(const std::vector<std::string>& lines) {
-  std::string out;
-  for (const auto& l : lines) out += l + "\n";
-  return out;
 }
 
 std::vector<std::string> split_lines(const std::string& text) {
@@ -300,7 +293,7 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
     try {
       const PlanReport report = planner->plan(config, ranks);
       const PlannedRun& best = report.plans.front();
-      chosen = split_lines_join(best.overrides);
+      for (const auto& o : best.overrides) chosen += o + "\n";
       std::string sets;
       for (const auto& o : best.overrides) sets += " --set " + o;
       std::fprintf(stderr,
@@ -326,7 +319,7 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
     }
   }
   detail::agree_on_error(world, error, kind);
-  const std::vector<std::string> plan = split_lines(broadcast_string(runtime, chosen));
+  const std::vector<std::string> plan = split_lines(broadcast_string(chosen));
   overrides.insert(overrides.end(), plan.begin(), plan.end());
   RunConfig resolved;
   try {
