@@ -1,25 +1,27 @@
-# Entry points. Each installs missing Debian packages first (quietly when
-# nothing is missing), then configures and builds with the `cpu` preset.
+# Entry points. Each installs missing Debian packages and the virtual
+# environment with the torch wheel first (quietly when nothing is missing),
+# then configures and builds with the `cpu` preset against that wheel's
+# LibTorch 2.x.
 #   make demo    train a small GPT on 2 MPI ranks with data parallelism
-#   make test    build and run the whole CTest suite, then build against
-#                LibTorch 2.x (the torch wheel) and run its unit tests, and
-#                run the LibTorch-free sanitizer subset
+#   make test    build and run the whole CTest suite, then the LibTorch-free
+#                sanitizer subset
 #   make test-asan  that subset (`asan` preset, ASan + UBSan, into
 #                build-asan); test-asan-full: all of it
 #   make install install into $(PREFIX)
-# TORCH=wheel selects LibTorch 2.x from the PyPI torch wheel (the `torch2`
-# preset, into build-torch2; the wheel goes into a virtual environment,
-# $(KOLOS_VENV)) for build, demo, install; the default is Debian's LibTorch.
+# TORCH=system builds against the LibTorch 2.x that find_package(Torch)
+# finds instead (name it with CMAKE_PREFIX_PATH, e.g. a GPU node's PyTorch:
+# `python -c 'import torch; print(torch.utils.cmake_prefix_path)'`), with
+# the `system` preset into build-system.
 PREFIX ?= $(CURDIR)/install
-TORCH  ?= system
+TORCH  ?= wheel
 ifeq ($(TORCH),wheel)
-PRESET := torch2
-BUILD  ?= build-torch2
-else ifeq ($(TORCH),system)
 PRESET := cpu
 BUILD  ?= build
+else ifeq ($(TORCH),system)
+PRESET := system
+BUILD  ?= build-system
 else
-$(error TORCH=$(TORCH): valid are system (Debian's LibTorch) and wheel (LibTorch 2.x from PyPI))
+$(error TORCH=$(TORCH): valid are wheel (LibTorch 2.x from the PyPI torch wheel, the default) and system (a LibTorch 2.x that CMAKE_PREFIX_PATH names))
 endif
 JOBS   ?= $(shell nproc)
 export KOLOS_VENV ?= $(CURDIR)/.cache/torch-venv
@@ -29,13 +31,11 @@ export CCACHE_MAXSIZE ?= 5G
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps venv configure build demo test test-suite test-torch2 test-asan test-asan-full asan-configure install clean
+.PHONY: deps venv configure build demo test test-suite test-asan test-asan-full asan-configure install clean
 
 deps:
 	@./scripts/install-deps.sh
-ifeq ($(TORCH),wheel)
 	@./scripts/install-venv.sh build
-endif
 
 # The environment the interop tests (and bench/'s Python peers) use: the
 # wheel with a working `import torch`, safetensors, transformers, h5py.
@@ -56,31 +56,11 @@ demo: configure
 	@cmake --build $(BUILD) -j $(JOBS) --target runtime
 	@$(BUILD)/bin/kolos run -n 2 examples/gpt-demo.toml --set log.metrics=$(BUILD)/demo-metrics.jsonl
 
-# CI runs exactly this: the whole suite against the default LibTorch, then
-# the 2.x build's unit tests, then the sanitizer subset. `make test TORCH=wheel`: the whole suite
-# against 2.x.
-ifeq ($(TORCH),wheel)
-test: test-suite
-else
-test: test-suite test-torch2 test-asan
-endif
+# CI runs exactly this: the whole suite, then the sanitizer subset.
+test: test-suite test-asan
 
 test-suite: venv build
 	@cd $(BUILD) && ctest -LE gpu --output-on-failure -j $(JOBS) --timeout 900
-
-# The 2.x tree builds kolos, its plugins (`runtime`) and what its unit
-# tests need (cmake/TestOutputs.cmake lists those files), not the MPI, e2e
-# and benchmark programs. The fuzz targets are a clang project of their own
-# without LibTorch (tests/fuzz/project): the default suite runs them.
-TORCH2_TESTS := -L;unit;-LE;fuzz
-test-torch2:
-	@$(MAKE) --no-print-directory TORCH=wheel BUILD=build-torch2 configure
-	@# An existing tree is regenerated first when CMakeLists changed, so the
-	@# listing below sees every test the sources now define.
-	@cmake --build build-torch2 --target build.ninja
-	@outputs=$$(cmake -DBUILD=build-torch2 "-DARGS=$(TORCH2_TESTS)" -P cmake/TestOutputs.cmake) && \
-	  cmake --build build-torch2 -j $(JOBS) --target runtime $$outputs
-	@cd build-torch2 && ctest $(subst ;, ,$(TORCH2_TESTS)) --output-on-failure -j $(JOBS) --timeout 900
 
 # The sanitizer subset (docs/reliability.md, "Sanitizers"), built alone
 # into build-asan with the `asan` preset (ASan + UBSan); any report fails

@@ -6,12 +6,12 @@
 #                         [--vocab 2048] [--global-batch 8] [--micro-batch 4]
 #                         [--steps 30] [--warmup 5] [--threads-1rank 1]
 #                         [--threads-2rank 1] [--bucket-mb 25] [--build build]
-#                         [--peer system|torch2]
+#                         [--peer torch2|system]
 #
 # Builds nothing: it needs build/bin/kolos, build/bin/bench_plain_loop and
-# plugins (ninja -C build kolos bench_plain_loop), OpenMPI's mpirun and
-# Debian's python3-torch (/usr/bin/python3). It writes a temporary TOML for
-# the shape, then runs, in this order:
+# plugins (ninja -C build kolos bench_plain_loop), OpenMPI's mpirun and a
+# Python with torch for the DDP peer (--peer, below). It writes a temporary
+# TOML for the shape, then runs, in this order:
 #   kolos-1     build/bin/kolos train CFG          (1 rank, the dp plugin)
 #   plain-1     build/bin/bench_plain_loop CFG     (same model, plain loop)
 #   kolos-dp2   build/bin/kolos run -n 2 CFG       (dp over 2 ranks, mpirun)
@@ -25,16 +25,17 @@
 # sets kolos's parallel.bucket_mb and DDP's bucket_cap_mb alike. All four
 # train on the same samples (the DDP peer reimplements kolos's synthetic
 # source bit for bit); DDP's initial weights differ.
-# --peer picks the PyTorch of the DDP peer: `system` (default), Debian's
-# 1.13 in /usr/bin/python3 (or $PYTHON); `torch2`, the torch 2.x of the
-# virtual environment scripts/install-venv.sh makes ($KOLOS_VENV, default
-# .cache/torch-venv). The same peer script runs under either.
+# --peer picks the PyTorch of the DDP peer: `torch2` (default), the torch
+# 2.x of the virtual environment scripts/install-venv.sh makes ($KOLOS_VENV,
+# default .cache/torch-venv; `make venv`), the wheel whose LibTorch the
+# default build (build/) is built against, so kolos and the peer run the
+# same kernels; `system`, Debian's python3-torch 1.13 in /usr/bin/python3
+# (or $PYTHON). The same peer script runs under either.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-python=${PYTHON:-/usr/bin/python3}
-peer=system
+peer=torch2
 
 layers=4 hidden=256 heads=8 seq_len=64 vocab=2048
 global_batch=8 micro_batch=4 steps=30 warmup=5
@@ -56,7 +57,7 @@ while [[ $# -gt 0 ]]; do
     --bucket-mb) bucket_mb=$2 ;;
     --build) build=$2 ;;
     --peer) peer=$2 ;;
-    -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_dp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -66,10 +67,11 @@ if (( warmup >= steps )); then
 fi
 
 case "$peer" in
-  system) ;;
   torch2) python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
-    [[ -x $python ]] || { echo "run_dp_bench.sh: $python missing (scripts/install-venv.sh)" >&2; exit 1; } ;;
-  *) echo "run_dp_bench.sh: --peer is system or torch2, not '$peer'" >&2; exit 2 ;;
+    install="scripts/install-venv.sh"
+    [[ -x $python ]] || { echo "run_dp_bench.sh: $python missing ($install)" >&2; exit 1; } ;;
+  system) python=${PYTHON:-/usr/bin/python3} install="apt-get install python3-torch" ;;
+  *) echo "run_dp_bench.sh: --peer is torch2 or system, not '$peer'" >&2; exit 2 ;;
 esac
 
 cd "$root"
@@ -79,7 +81,7 @@ for f in "$kolos" "$plain"; do
   [[ -x $f ]] || { echo "run_dp_bench.sh: $f not built (ninja -C $build kolos bench_plain_loop)" >&2; exit 1; }
 done
 "$python" -c 'import torch.distributed' 2>/dev/null ||
-  { echo "run_dp_bench.sh: $python has no torch (apt-get install python3-torch)" >&2; exit 1; }
+  { echo "run_dp_bench.sh: $python has no working torch ($install)" >&2; exit 1; }
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-dp-bench.XXXXXX")

@@ -1,10 +1,15 @@
 # Which LibTorch kolos builds against (KOLOS_TORCH):
 #
-#   system  find_package(Torch): Debian's libtorch-dev (1.13), or any LibTorch
-#           named by CMAKE_PREFIX_PATH, e.g. the CUDA LibTorch inside a Python
-#           torch on a GPU machine (`torch.utils.cmake_prefix_path`).
-#   wheel   the LibTorch inside a PyPI torch wheel installed in a virtual
-#           environment (scripts/install-venv.sh), CPU libraries only.
+#   wheel   (default) the LibTorch inside a PyPI torch wheel installed in a
+#           virtual environment (scripts/install-venv.sh), CPU libraries only.
+#   system  find_package(Torch): a LibTorch named by CMAKE_PREFIX_PATH, e.g.
+#           the CUDA LibTorch inside a Python torch on a GPU machine
+#           (`torch.utils.cmake_prefix_path`).
+#
+# kolos needs LibTorch 2.0 or newer. 1.x is refused at configure time:
+# Debian 12's libtorch-dev (1.13) has no fp16 matmul on the CPU and no CUDA,
+# and CI cannot build and test two LibTorch trees within its hour on two
+# cores (docs/building.md).
 #
 # The wheel is a CUDA build. Its TorchConfig.cmake finds the CUDA toolkit
 # (through Caffe2Config's public/cuda.cmake), links libtorch.so and with it
@@ -19,7 +24,7 @@
 #
 # Sets KOLOS_TORCH_VERSION ("1.13.1", "2.15.0") and TORCH_LIBRARIES (what a
 # target that uses LibTorch links).
-set(KOLOS_TORCH "system" CACHE STRING "LibTorch to build against: system (find_package) or wheel")
+set(KOLOS_TORCH "wheel" CACHE STRING "LibTorch to build against: system (find_package) or wheel")
 set_property(CACHE KOLOS_TORCH PROPERTY STRINGS system wheel)
 set(KOLOS_VENV "${PROJECT_SOURCE_DIR}/.cache/torch-venv" CACHE PATH
     "Virtual environment with the torch wheel (scripts/install-venv.sh; KOLOS_TORCH=wheel)")
@@ -93,4 +98,8 @@ endif()
 
 if(NOT KOLOS_TORCH_VERSION)
   set(KOLOS_TORCH_VERSION "unknown")
+elseif(KOLOS_TORCH_VERSION VERSION_LESS 2.0)
+  message(FATAL_ERROR "LibTorch ${KOLOS_TORCH_VERSION} (KOLOS_TORCH=${KOLOS_TORCH}, ${Torch_DIR}) is too old: kolos needs "
+                      "LibTorch 2.0 or newer. Use the default KOLOS_TORCH=wheel (scripts/install-venv.sh installs it), "
+                      "or name a LibTorch 2.x with CMAKE_PREFIX_PATH (docs/building.md).")
 endif()

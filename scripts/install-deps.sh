@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build ccache g++ make pkg-config
-  libtorch-dev libopenblas0-pthread
+  libopenblas0-pthread
   # OpenMPI brings UCX (libucx0) for its UCX transport; kolos does not link UCX
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools

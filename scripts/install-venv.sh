@@ -4,7 +4,7 @@
 #
 #   scripts/install-venv.sh [build|python]
 #
-#   build   what `make build TORCH=wheel` needs: the torch wheel installed
+#   build   what `make build` needs: the torch wheel installed
 #           with --no-deps, its pure-Python requirements, and the two CUDA
 #           runtime wheels that libtorch_cpu.so needs to load
 #           (nvidia-cuda-runtime, nvidia-cuda-cupti: libcudart.so.13 and

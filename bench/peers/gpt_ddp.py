@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch DDP peer of kolos's data-parallel GPT run (bench/run_dp_bench.sh).
 
-    /usr/bin/python3 bench/peers/gpt_ddp.py --ranks 2 --threads 1 \
+    .cache/torch-venv/bin/python bench/peers/gpt_ddp.py --ranks 2 --threads 1 \
         --layers 4 --hidden 256 --heads 8 --seq-len 128 --vocab 2048 \
         --global-batch 16 --micro-batch 8 --steps 30 --warmup 5
+
+It runs under torch 2.x (the virtual environment of scripts/install-venv.sh)
+and Debian's 1.13 (/usr/bin/python3) alike; run_dp_bench.sh --peer picks
+which.
 
 The model is written out with torch.nn to match kolos's GPT
 (modules/src/gpt/gpt.cpp, core/src/engine/layer_factory.cpp) op for op:

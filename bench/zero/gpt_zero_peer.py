@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peer of kolos's zero1: DDP + torch.distributed.optim.ZeroRedundancyOptimizer.
 
-    /usr/bin/python3 bench/zero/gpt_zero_peer.py --ranks 2 --threads 1 --layers 8 ...
+    .cache/torch-venv/bin/python bench/zero/gpt_zero_peer.py --ranks 2 --threads 1 --layers 8 ...
 
 The same GPT, data (kolos's synthetic samples, bit for bit, at the same
 sample indices), bucket size (--bucket-mb: DDP's bucket_cap_mb), schedule

@@ -6,12 +6,12 @@
 #      against the ideal 16·P/N of fp32 AdamW;
 #   2. peak RSS per rank (max over ranks) of the same runs;
 #   3. median step time of kolos zero1 vs PyTorch's ZeroRedundancyOptimizer
-#      (DDP + ZeRO-1, gloo, python3-torch, bench/zero/gpt_zero_peer.py) on
+#      (DDP + ZeRO-1, gloo, bench/zero/gpt_zero_peer.py) on
 #      the same model shape (the parameter counts are printed side by side),
 #      the same data (kolos's synthetic samples, bit for bit, at the same
 #      sample indices), the same bucket size (DDP's bucket_cap_mb =
 #      --bucket-mb = kolos's parallel.bucket_mb) and the same ranks;
-#   4. with --peer torch2 (PyTorch 2.x): also kolos zero3 vs FSDP2
+#   4. with --peer torch2 (PyTorch 2.x, the default): also kolos zero3 vs FSDP2
 #      (fully_shard, bench/peers/gpt_fsdp2.py) on the same shape, data and
 #      ranks: median step time and peak RSS (max over ranks), and their
 #      ratios.
@@ -19,22 +19,23 @@
 #   bench/zero/run_zero_bench.sh [--layers 8] [--hidden 512] [--heads 8] [--seq-len 64]
 #       [--vocab 2048] [--global-batch 8] [--micro-batch 2] [--steps 8] [--warmup 3]
 #       [--bucket-mb 4] [--ranks-time 2] [--sizes "2 4"] [--build build]
-#       [--peer system|torch2]
+#       [--peer torch2|system]
 #
 # Builds nothing: needs build/bin/kolos and the dp, zero1, zero2, zero3
 # plugins (kb kolos kolos_dp kolos_zero1 kolos_zero2 kolos_zero3), mpirun and
-# a Python with torch: --peer system (default) is /usr/bin/python3 (or
-# $PYTHON) with Debian's 1.13; --peer torch2 the virtual environment of
-# scripts/install-venv.sh ($KOLOS_VENV, default .cache/torch-venv), which
-# also runs the FSDP2 peer. --sizes: the rank counts of parts 1 and 2 (must
-# hold --ranks-time). One thread per rank everywhere.
+# a Python with torch: --peer torch2 (default) is the virtual environment of
+# scripts/install-venv.sh ($KOLOS_VENV, default .cache/torch-venv; `make
+# venv`), the wheel whose LibTorch the default build (build/) is built
+# against, and also runs the FSDP2 peer; --peer system is /usr/bin/python3
+# (or $PYTHON) with Debian's python3-torch 1.13, without FSDP2. --sizes: the
+# rank counts of parts 1 and 2 (must hold --ranks-time). One thread per rank
+# everywhere.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-python=${PYTHON:-/usr/bin/python3}
 layers=8 hidden=512 heads=8 seq_len=64 vocab=2048 global_batch=8 micro_batch=2
-steps=8 warmup=3 bucket_mb=4 ranks_time=2 build=build peer=system sizes="2 4"
+steps=8 warmup=3 bucket_mb=4 ranks_time=2 build=build peer=torch2 sizes="2 4"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --layers) layers=$2 ;; --hidden) hidden=$2 ;; --heads) heads=$2 ;;
@@ -42,17 +43,18 @@ while [[ $# -gt 0 ]]; do
     --micro-batch) micro_batch=$2 ;; --steps) steps=$2 ;; --warmup) warmup=$2 ;;
     --bucket-mb) bucket_mb=$2 ;; --ranks-time) ranks_time=$2 ;; --build) build=$2 ;;
     --peer) peer=$2 ;; --sizes) sizes=$2 ;;
-    -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_zero_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
 done
 
 case "$peer" in
-  system) ;;
   torch2) python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
-    [[ -x $python ]] || { echo "run_zero_bench.sh: $python missing (scripts/install-venv.sh)" >&2; exit 1; } ;;
-  *) echo "run_zero_bench.sh: --peer is system or torch2, not '$peer'" >&2; exit 2 ;;
+    install="scripts/install-venv.sh"
+    [[ -x $python ]] || { echo "run_zero_bench.sh: $python missing ($install)" >&2; exit 1; } ;;
+  system) python=${PYTHON:-/usr/bin/python3} install="apt-get install python3-torch" ;;
+  *) echo "run_zero_bench.sh: --peer is torch2 or system, not '$peer'" >&2; exit 2 ;;
 esac
 [[ " $sizes " == *" $ranks_time "* ]] ||
   { echo "run_zero_bench.sh: --sizes '$sizes' must hold --ranks-time $ranks_time" >&2; exit 2; }
@@ -61,7 +63,7 @@ cd "$root"
 kolos=$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_zero_bench.sh: $kolos not built" >&2; exit 1; }
 "$python" -c 'import torch.distributed.optim' 2>/dev/null ||
-  { echo "run_zero_bench.sh: $python has no torch (apt-get install python3-torch)" >&2; exit 1; }
+  { echo "run_zero_bench.sh: $python has no working torch ($install)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KOLOS_THREADS=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-zero-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

@@ -78,7 +78,7 @@ TOOL_USE = {"pkgconfig": r"find_package\(\s*PkgConfig|pkg_check_modules|pkg_sear
 VERSION_BOUNDS = {
     "toml11": ("3", "toml11 4 removed toml::string; run_config.cpp reads as_string().str"),
     "hdf5": ("1.14", "kolos uses the 1.10-1.14 C API; 2.x changes the API defaults"),
-    "py-torch": ("2", "LibTorch's C++ API of 1.13 and 2.x"),
+    "py-torch": ("2", "LibTorch's C++ API of 2.x"),
     "hwloc": ("2", "libkolos_topology reads hwloc 2.x's OS device types; hwloc 3 renumbers them"),
     "nccl": ("2", "NCCL 2.x"),
 }

@@ -43,9 +43,7 @@ void check_precision_runs(const RunConfig& config) {
         config, "train.precision",
         quote_toml(config.train.precision) + ": LibTorch " TORCH_VERSION " cannot run " + op +
             " in " + config.train.precision + " on the CPU (" + what + "); use precision = " +
-            (dtype == at::kHalf ? "\"bf16\" or \"fp32\", or build kolos against LibTorch 2.x "
-                                  "(make TORCH=wheel), whose CPU kernels run fp16"
-                                : "\"fp32\"") +
+            (dtype == at::kHalf ? "\"bf16\" or \"fp32\"" : "\"fp32\"") +
             "."));
   }
 }

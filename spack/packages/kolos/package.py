@@ -59,8 +59,9 @@ class Kolos(CMakePackage, CudaPackage):
     depends_on("nccl@2", when="+nccl")
 
     # LibTorch: the C++ library inside PyTorch (its share/cmake has
-    # TorchConfig.cmake). Tested: 1.13 (Debian) and the 2.x CUDA builds.
-    depends_on("py-torch@1.13:2")
+    # TorchConfig.cmake). 2.x only: kolos refuses LibTorch 1.x at configure
+    # time (docs/building.md).
+    depends_on("py-torch@2.0:2")
     depends_on("py-torch +cuda", when="+cuda")
     depends_on("py-torch ~cuda", when="~cuda")
     depends_on("py-torch +nccl", when="+nccl")
@@ -96,6 +97,8 @@ class Kolos(CMakePackage, CudaPackage):
     def cmake_args(self):
         spec = self.spec
         args = [
+            # py-torch's LibTorch through find_package(Torch), not a wheel.
+            self.define("KOLOS_TORCH", "system"),
             self.define("KOLOS_WITH_CUDA", "ON" if spec.satisfies("+cuda") else "OFF"),
             self.define("KOLOS_BUILD_TESTS", spec.satisfies("+tests") or self.run_tests),
             self.define("KOLOS_BUILD_BENCH", False),

@@ -33,8 +33,8 @@ std::unique_ptr<Engine> make_engine(const RunConfig& config) {
                                   [](const RunConfig& c) { return data::make_source(c); });
 }
 
-// Whether this LibTorch runs the model's ops in fp16 on the CPU (2.x does,
-// 1.13 does not); the reason to skip otherwise.
+// Whether this LibTorch runs the model's ops in fp16 on the CPU (2.15
+// does); the reason to skip otherwise.
 std::string fp16_unavailable() {
   try {
     check_precision_runs(tiny_gpt_config({"train.precision=\"fp16\""}));

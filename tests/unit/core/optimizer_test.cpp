@@ -28,9 +28,9 @@ TEST(AdamW, MatchesLibTorch) {
       b.mutable_grad() = g.clone();
       ours.step(s.lr);
       theirs.step();
-      // LibTorch 1.13: the same bits within 1e-7 (kolos/kernels/adamw.h).
-      // LibTorch 2.x rounds its CPU AdamW differently on some CPUs (AVX2
-      // without AVX-512, e.g. AMD EPYC): within a few float ulps there.
+      // LibTorch 1.13 gave the same bits within 1e-7 (kolos/kernels/adamw.h);
+      // 2.x rounds its CPU AdamW differently on some CPUs (AVX2 without
+      // AVX-512, e.g. AMD EPYC): within a few float ulps there.
       const double rtol = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 0.0;
       ASSERT_TRUE(torch::allclose(a, b.detach(), rtol, 1e-7))
           << "step " << step << " wd " << wd << ": max |diff| "

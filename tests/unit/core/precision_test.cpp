@@ -15,7 +15,7 @@
 namespace kolos {
 namespace {
 
-// Whether this LibTorch multiplies fp16 matrices on the CPU (1.13 does not).
+// Whether this LibTorch multiplies fp16 matrices on the CPU (2.x does).
 bool cpu_has_fp16_matmul() {
   try {
     const at::Tensor x = torch::ones({2, 2}, torch::kHalf);
@@ -62,7 +62,6 @@ TEST(AdamWMasters, Bf16ParametersStepThroughFp32Masters) {
 }
 
 TEST(AdamWMasters, Fp16ParametersStepThroughFp32Masters) {
-  // The optimizer's own ops (mul, add, sqrt, copy) run in fp16 on 1.13 too.
   expect_master_accumulates(at::kHalf, 1.0 / 2048);  // 11 significant bits: 2^-11 below 1
 }
 

@@ -21,8 +21,9 @@ at::ScalarType precision_dtype(const RunConfig& config);
 
 // Runs a tiny matmul, layer norm, GELU and softmax in the precision's dtype
 // on this LibTorch. A ConfigError located at train.precision when one is
-// not implemented (LibTorch 1.13 has no fp16 matmul on the CPU), naming
-// the LibTorch version and what works.
+// not implemented (LibTorch 1.x had no fp16 matmul on the CPU; a build
+// without a kernel would fail the same way), naming the LibTorch version
+// and what works.
 void check_precision_runs(const RunConfig& config);
 
 // Every parameter of `model` converted to `dtype` in place (Tensor::set_data:
