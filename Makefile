@@ -24,6 +24,11 @@ else
 $(error TORCH=$(TORCH): valid are wheel (LibTorch 2.x from the PyPI torch wheel, the default) and system (a LibTorch 2.x that CMAKE_PREFIX_PATH names))
 endif
 JOBS   ?= $(shell nproc)
+# Tests at once: twice the cores. An MPI test counts its ranks (at most 2,
+# tests/CMakeLists.txt), and many wait on process start-up, files and
+# timeouts, so at -j 2 the cores were idle half the time; at -j 4 the suite
+# kept them 75% busy (docs/performance.md, "CI time").
+TEST_JOBS ?= $(shell echo $$((2 * $(JOBS))))
 export KOLOS_VENV ?= $(CURDIR)/.cache/torch-venv
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_MAXSIZE ?= 5G
@@ -60,7 +65,7 @@ demo: configure
 test: test-suite test-asan
 
 test-suite: venv build
-	@cd $(BUILD) && ctest -LE gpu --output-on-failure -j $(JOBS) --timeout 900
+	@cd $(BUILD) && ctest -LE gpu --output-on-failure -j $(TEST_JOBS) --timeout 900
 
 # The sanitizer subset (docs/reliability.md, "Sanitizers"), built alone
 # into build-asan with the `asan` preset (ASan + UBSan); any report fails
