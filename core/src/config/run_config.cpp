@@ -178,7 +178,8 @@ const SettingsTable<RuntimeConfig>& runtime_table() {
       "comm_timeout_s", &RuntimeConfig::comm_timeout_s, [](double s) {
         return s == 0 || (s > 0 && s <= 604800) ? "" : "0 (the default) or in (0, 604800] (a week)";
       })
-      .bytes("memory_limit", &RuntimeConfig::memory_limit);
+      .bytes("memory_limit", &RuntimeConfig::memory_limit)
+      .choice("device", &RuntimeConfig::device, {"cpu", "cuda"}, "device");
   return table;
 }
 

@@ -18,6 +18,7 @@
 #include "engine_detail.h"
 #include "kolos/core/comm/watchdog.h"
 #include "kolos/core/config_located.h"
+#include "kolos/core/device.h"
 #include "kolos/core/error.h"
 #include "kolos/core/optimizer.h"
 #include "kolos/core/plugin_registry.h"
@@ -81,6 +82,34 @@ std::shared_ptr<Interface> create_plugin(const PluginRegistry& registry, const R
 
 }  // namespace
 
+// runtime.device = "cuda": what runs there so far. The rest is refused
+// here, where `kolos check` sees it too, naming what does run.
+void check_device_mix(const RunConfig& config, const RoleChoice& roles) {
+  if (config.runtime.device != "cuda") return;
+  if (!device::cuda_backend_built()) {
+    throw ConfigError(located(config, "runtime.device",
+                              "device = \"cuda\": this kolos was built without its CUDA backend "
+                              "(libkolos_cuda.so needs nvcc, NCCL and a LibTorch with CUDA when "
+                              "kolos is configured; docs/devices.md)"));
+  }
+  std::vector<std::string> not_yet;
+  if (roles.layers != role_spec("layers").builtin) not_yet.push_back("tensor parallelism");
+  if (roles.pipeline != role_spec("pipeline").builtin) not_yet.push_back("pipeline parallelism");
+  if (!roles.sequence.empty()) not_yet.push_back("sequence parallelism");
+  if (roles.gradients != role_spec("gradients").builtin) not_yet.push_back("ZeRO");
+  if (!roles.memory.empty()) not_yet.push_back("the memory role");
+  if (!config.checkpoint.dir.empty()) not_yet.push_back("checkpoints");
+  if (!not_yet.empty()) {
+    std::string list;
+    for (size_t i = 0; i < not_yet.size(); ++i) list += (i ? ", " : "") + not_yet[i];
+    throw ConfigError(located(config, "runtime.device",
+                              "device = \"cuda\" runs data parallelism (plugin `" +
+                                  role_spec("gradients").builtin +
+                                  "`) in fp32, bf16 or fp16 so far; not yet with " + list +
+                                  " (docs/devices.md)"));
+  }
+}
+
 RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   RunPlan plan;
   plan.shape = resolve_mesh_shape(config, world_size);
@@ -103,7 +132,8 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   }
   plan.accumulation = config.train.global_batch / per_step;
   plan.roles = choose_plugins(config);
-  check_precision_runs(config);
+  check_device_mix(config, plan.roles);
+  if (config.runtime.device != "cuda") check_precision_runs(config);  // a CPU probe
   PluginRegistry registry(config.plugins.path);
   const auto& layers = role_spec("layers");
   const auto& pipeline = role_spec("pipeline");
@@ -197,7 +227,13 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
     data_ = make_data(config_);
     KOLOS_CHECK_KIND(kData, data_ != nullptr, "no data source for data.kind = ", config_.data.kind);
     KOLOS_CHECK_EQ(data_->seq_len(), config_.model.seq_len, "the data source's sample length");
+    if (config_.runtime.device == "cuda") {
+      const int index = device::cuda_backend().open(node_local_rank(), node_host());
+      device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+    }
   });
+  // CUDA tensors go to NCCL over every group of the mesh, CPU ones to MPI.
+  if (device_.is_cuda()) world_ = device::route_by_device(world_);
 
   try {
     // Collective: communicators for every axis set.
@@ -211,6 +247,7 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
       model_ = build_model(config_.model, *factory_);
       // Initialised in fp32 (the same values as an fp32 run), then rounded.
       cast_parameters(*model_, precision_dtype(config_));
+      if (device_.is_cuda()) move_parameters(*model_, device_);
       model_->set_recompute(config_.train.recompute, config_.train.recompute_every);
       schedule_->setup(*model_, *mesh_, config_);
     });
@@ -265,6 +302,11 @@ std::vector<MicroBatch> Engine::next_micro_batches() {
     if (positions.defined()) {
       inputs = inputs.index_select(1, positions);
       targets = targets.index_select(1, positions);
+    }
+    if (device_.is_cuda()) {
+      inputs = inputs.to(device_, /*non_blocking=*/false, /*copy=*/false,
+                         at::MemoryFormat::Contiguous);
+      targets = targets.to(device_, false, false, at::MemoryFormat::Contiguous);
     }
     batches.push_back(MicroBatch{inputs.contiguous(), targets.contiguous()});
   }
@@ -497,6 +539,7 @@ std::string Engine::describe() const {
       << (roles_.sequence.empty() ? "" : ", sequence " + roles_.sequence)
       << " | batch " << config_.train.global_batch << " = " << config_.train.micro_batch << " x "
       << accumulation_ << " accum x " << mesh_->size(Axis::kDP) << " dp";
+  if (device_.is_cuda()) out << " | " << device::cuda_backend().describe(device_.index());
   return out.str();
 }
 

@@ -59,6 +59,16 @@ void cast_parameters(Model& model, at::ScalarType dtype) {
   }
 }
 
+void move_parameters(Model& model, const at::Device& device) {
+  torch::NoGradGuard no_grad;
+  std::set<const void*> done;
+  for (auto& p : model.all_parameters()) {
+    if (!done.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+    if (p.tensor.device() == device) continue;
+    p.tensor.set_data(p.tensor.detach().to(device));
+  }
+}
+
 void LossScaler::update(bool overflow) {
   if (overflow) {
     scale_ *= 0.5;

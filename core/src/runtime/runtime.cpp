@@ -24,6 +24,9 @@
 namespace kolos {
 namespace {
 
+int g_local_rank = 0;
+std::string g_host;
+
 int mpi_check(int code, const char* what) {
   if (code != MPI_SUCCESS) {
     char text[MPI_MAX_ERROR_STRING];
@@ -86,6 +89,8 @@ Runtime::Runtime(int* argc, char*** argv) {
   MPI_Get_processor_name(host, &length);
   info_.host.assign(host, length);
   detail::set_current_rank(info_.size > 1 ? info_.rank : -1);
+  g_local_rank = info_.local_rank;
+  g_host = info_.host;
   set_stop_context(info_.rank, info_.size, info_.host);
 
   threads_ = std::max(1, usable_cores() / std::max(1, info_.local_size));
@@ -108,6 +113,14 @@ Runtime::~Runtime() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+int node_local_rank() { return g_local_rank; }
+
+std::string node_host() {
+  if (!g_host.empty()) return g_host;
+  char name[256] = {};
+  return gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("localhost");
 }
 
 const char* error_text(const std::exception& error) {

@@ -18,8 +18,8 @@ class GptEmbedding : public Layer {
   }
   at::Tensor forward(const at::Tensor& tokens) override {
     // Global positions: under sequence parallelism a rank's tokens are a
-    // slice of the sequence.
-    at::Tensor positions = factory_->positions(tokens.size(1));
+    // slice of the sequence. Made on the CPU; moved where the tokens are.
+    at::Tensor positions = factory_->positions(tokens.size(1)).to(tokens.device());
     return wte_->forward(tokens) + wpe_->forward(positions).unsqueeze(0);
   }
   const LayerPtr& token_embedding() const { return wte_; }

@@ -171,6 +171,19 @@ case "$case_name" in
   mesh_mismatch)
     expect_failure "world size is 3" -- "$KOLOS" run -n 3 "$tiny" --set parallel.data=2
     ;;
+  device_cuda_without_gpu)
+    # On a machine without a GPU: one message, exit 2 (every rank agreed),
+    # from a kolos with its CUDA backend (no GPU) or without it.
+    if [[ -e /dev/nvidia0 ]]; then
+      fail "this machine has a GPU; the case checks the refusal where there is none"
+    fi
+    why='runtime\.device = "cuda" on [^ ]+: no usable GPU|device = "cuda": this kolos was built without its CUDA backend'
+    expect_failure "$why" -- "$KOLOS" run -n 2 "$tiny" --set runtime.device=cuda
+    [[ $(grep -Ec "$why" err.txt) -eq 1 ]] || fail "the refusal was not printed exactly once"
+    "$KOLOS" run -n 2 "$tiny" --set runtime.device=cuda >/dev/null 2>&1
+    rc=$?
+    [[ $rc -eq 2 ]] || fail "exit code $rc, expected 2 (an agreed set-up error)"
+    ;;
   data_missing)
     expect_failure "/nonexistent/train\.bin" -- "$KOLOS" run -n 2 "$tiny" \
       --set data.kind=tokens --set data.path=/nonexistent/train.bin

@@ -183,6 +183,19 @@ TEST(RunConfigParse, ReadsEveryKey) {
             (std::map<std::string, std::string>{{"layers", "tp2d"}, {"gradients", "zero2"}}));
 }
 
+TEST(RunConfigParse, RuntimeDevice) {
+  EXPECT_EQ(parse_run_config("", kName).runtime.device, "cpu");
+  EXPECT_EQ(parse_run_config("[runtime]\ndevice = \"cuda\"\n", kName).runtime.device, "cuda");
+  try {
+    parse_run_config("[runtime]\ndevice = \"gpu\"\n", kName);
+    FAIL() << "device = \"gpu\" was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"gpu\" is not a valid device; valid: \"cpu\", \"cuda\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(RunConfigParse, SubTableSectionsWork) {
   const RunConfig c = parse_run_config(
       "[parallel.tensor]\nsize = 8\nmode = \"2.5d\"\ndepth = 2\n[parallel.zero]\nstage = 3\n",

@@ -145,6 +145,7 @@ class Engine {
   int64_t accumulation_ = 1;
   int64_t step_ = 0;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
+  at::Device device_{at::kCPU};          // runtime.device
   int64_t overflow_step_ = -1;
 };
 

@@ -30,6 +30,10 @@ void check_precision_runs(const RunConfig& config);
 // the tensors keep their identity, so tied weights stay tied).
 void cast_parameters(Model& model, at::ScalarType dtype);
 
+// Every parameter of `model` moved to `device` in place, the same way (tied
+// weights stay tied; gradients are made on the device by backward).
+void move_parameters(Model& model, const at::Device& device);
+
 // Dynamic loss scaling as torch.cuda.amp.GradScaler does it: multiply the
 // loss by scale() before backward; after an overflow-free step, count it,
 // and double the scale after growth_interval such steps in a row; after a

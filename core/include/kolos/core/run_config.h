@@ -148,6 +148,11 @@ struct RuntimeConfig {
   // ranks. Runs whose estimate exceeds it are refused before the model is
   // built (kolos/core/memory_estimate.h).
   int64_t memory_limit = 0;
+  // Where the model computes: "cpu", or "cuda" (the GPU of the rank's
+  // node-local rank; kolos/core/device.h). "cuda" needs a kolos built with
+  // its CUDA backend and a usable GPU, and is refused for the mixes not yet
+  // tested on one (check_device_mix in the engine).
+  std::string device = "cpu";
 };
 
 struct PluginsConfig {

@@ -69,6 +69,11 @@ class AgreedError : public Error {
   int origin_;
 };
 
+// This process's node-local rank and host, as the Runtime learned them (0
+// and the host name before a Runtime exists): what picks a rank's GPU.
+int node_local_rank();
+std::string node_host();
+
 // Runs `body` with every exception turned into a clear end of the whole job:
 // - An AgreedError (raised identically on every rank during set-up: a bad
 //   config, a missing plugin, bad data) is printed once, by rank 0, and every

@@ -32,6 +32,9 @@ constexpr size_t kMaxOutstanding = 64;  // unfinished heartbeat sends before ski
 constexpr int kHostLength = 64;
 
 std::atomic<int64_t> g_step{-1};
+// Run before MPI_Abort when an operation times out (NCCL communicators).
+std::mutex g_hooks_mutex;
+std::vector<std::function<void()>> g_abort_hooks;
 std::atomic<int64_t> g_micro{-1};
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -286,6 +289,10 @@ class Watchdog {
     std::fwrite(text.data(), 1, text.size(), stderr);
     std::fflush(stderr);
     ::alarm(10);  // should MPI_Abort itself hang, SIGALRM ends this process
+    {
+      std::lock_guard<std::mutex> lock(g_hooks_mutex);
+      for (const auto& hook : g_abort_hooks) hook();
+    }
     MPI_Abort(MPI_COMM_WORLD, 1);
     ::_exit(1);
   }
@@ -320,6 +327,11 @@ Watchdog& dog() {
 }
 
 }  // namespace
+
+void add_watchdog_abort_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(g_hooks_mutex);
+  g_abort_hooks.push_back(std::move(hook));
+}
 
 void set_progress_step(int64_t step) { g_step.store(step, std::memory_order_relaxed); }
 void set_progress_micro_batch(int64_t micro_batch) {

@@ -45,6 +45,11 @@ void set_progress_micro_batch(int64_t micro_batch);
 // operation times out. Cheap when no watchdog runs.
 uint64_t watchdog_begin(std::function<std::string()> describe);
 void watchdog_end(uint64_t token);
+// Called (in order of registration, never concurrently) when an operation
+// times out, just before the job is ended: the NCCL backend aborts its
+// communicators here, since a kernel waiting for a stopped peer never
+// returns. A hook must not block.
+void add_watchdog_abort_hook(std::function<void()> hook);
 
 // Starts this process's watchdog. Collective over MPI_COMM_WORLD (it creates
 // the heartbeat communicator and learns every rank's host); the Runtime calls
