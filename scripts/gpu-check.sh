@@ -23,7 +23,8 @@
 #     rate measured in the same run with PyTorch (8192^3, mean of 10 after
 #     3 warm-ups): a ratio against the GPU's own limit, not a datasheet's.
 # --configure-only stops after CMake (used where there is no GPU, to check
-# that kolos configures against a CUDA PyTorch).
+# that kolos configures against a CUDA PyTorch); KOLOS_GPU_DEPS=bundle
+# takes the dependencies from .gpu-bundle/ even where the system has them.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${OUT:-$root/gpu-check-out}
@@ -74,7 +75,7 @@ have_system_deps() {
   command -v mpicxx >/dev/null && [[ -f /usr/include/toml.hpp || -f /usr/include/toml11/toml.hpp ]] &&
     [[ -f /usr/include/boost/program_options.hpp ]] && pkg-config --exists hwloc 2>/dev/null
 }
-if have_system_deps; then
+if [[ ${KOLOS_GPU_DEPS:-} != bundle ]] && have_system_deps; then
   say "dependencies: the system's"
 else
   bundle=$root/.gpu-bundle

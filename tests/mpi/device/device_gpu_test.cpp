@@ -126,27 +126,20 @@ TEST(Device, TrainsLikeTheCpu) {
                                 "cuda vs cpu");
 }
 
-// bf16 on the GPU trains (its loss falls as the fp32 run's does).
-TEST(Device, Bf16Trains) {
+// A low precision on the GPU trains: its loss falls as the fp32 run's does.
+void expect_trains_in(const std::string& precision) {
   open_gpu();
   testing::RunRecord r = testing::run_and_record(
-      testing::tiny_gpt_config({"runtime.device=\"cuda\"", "train.precision=\"bf16\"",
+      testing::tiny_gpt_config({"runtime.device=\"cuda\"", "train.precision=\"" + precision + "\"",
                                 "train.steps=60"}),
       testing::world_group());
   ASSERT_FALSE(r.losses.empty());
-  EXPECT_LT(r.losses.back(), 0.8 * r.losses.front());
+  EXPECT_LT(r.losses.back(), 0.8 * r.losses.front()) << precision;
 }
 
-// fp16 with its loss scaling trains on the GPU.
-TEST(Device, Fp16Trains) {
-  open_gpu();
-  testing::RunRecord r = testing::run_and_record(
-      testing::tiny_gpt_config({"runtime.device=\"cuda\"", "train.precision=\"fp16\"",
-                                "train.steps=60"}),
-      testing::world_group());
-  ASSERT_FALSE(r.losses.empty());
-  EXPECT_LT(r.losses.back(), 0.8 * r.losses.front());
-}
+TEST(Device, Bf16Trains) { expect_trains_in("bf16"); }
+// fp16 with its loss scaling.
+TEST(Device, Fp16Trains) { expect_trains_in("fp16"); }
 
 // Recomputation on the GPU gives the run without it (no dropout: the same
 // arithmetic, replayed).
