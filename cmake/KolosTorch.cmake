@@ -32,6 +32,15 @@ set(KOLOS_VENV "${PROJECT_SOURCE_DIR}/.cache/torch-venv" CACHE PATH
 if(KOLOS_TORCH STREQUAL "system")
   find_package(Torch REQUIRED)
   set(KOLOS_TORCH_VERSION "${Torch_VERSION}")
+  # A pip PyTorch finds its CUDA libraries (site-packages/nvidia/*/lib)
+  # through its RPATH. The linker resolves libtorch_cuda.so's dependencies
+  # (NCCL, cuBLAS, ...) from the -rpath folders first, where a CUDA
+  # toolkit's older copies may lie: name the wheel's folders first.
+  file(GLOB torch_nvidia_libs "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
+  foreach(dir IN LISTS torch_nvidia_libs)
+    string(APPEND CMAKE_EXE_LINKER_FLAGS " -Wl,-rpath-link,${dir}")
+    string(APPEND CMAKE_SHARED_LINKER_FLAGS " -Wl,-rpath-link,${dir}")
+  endforeach()
   # LibTorch's CMake config appends to CMAKE_CXX_FLAGS (-D_GLIBCXX_USE_CXX11_ABI);
   # keep them so every target, torch-free ones included, shares one ABI.
 elseif(KOLOS_TORCH STREQUAL "wheel")

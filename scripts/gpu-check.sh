@@ -97,9 +97,17 @@ else
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# The GPU's own architecture (9.0 on an H100/H200), else kolos's default list.
-arch=$("$py" -c 'import torch; p = torch.cuda.get_device_capability(0); print(f"{p[0]}{p[1]}")' 2>/dev/null)
-[[ -n $arch ]] && cmake_extra+=(-DCMAKE_CUDA_ARCHITECTURES="$arch")
+# The GPU's own architecture (9.0 on an H100/H200), else kolos's default
+# list. TorchConfig.cmake adds -gencode flags of its own from
+# TORCH_CUDA_ARCH_LIST; unset, it guesses, and without a GPU it guesses
+# 5.0, which nvcc 13 refuses.
+arch=$("$py" -c 'import torch; p = torch.cuda.get_device_capability(0); print(f"{p[0]}.{p[1]}")' 2>/dev/null)
+if [[ -n $arch ]]; then
+  cmake_extra+=(-DCMAKE_CUDA_ARCHITECTURES="${arch/./}")
+  export TORCH_CUDA_ARCH_LIST=$arch
+else
+  export TORCH_CUDA_ARCH_LIST="7.5;8.0;8.6;9.0"
+fi
 
 # ---- build -------------------------------------------------------------------
 say "configuring into $build"
