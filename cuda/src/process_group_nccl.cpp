@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "kolos/core/comm/counters.h"
 #include "kolos/core/comm/watchdog.h"
 #include "kolos/core/error.h"
 
@@ -329,20 +330,8 @@ class ProcessGroupNCCL final : public comm::ProcessGroup {
     return part ? make_nccl_group(part, device_) : nullptr;
   }
 
-  comm::CommStats stats() const override {
-    comm::CommStats out;
-    for (size_t i = 0; i < out.bytes.size(); ++i) {
-      out.bytes[i] = bytes_[i].load(std::memory_order_relaxed);
-      out.calls[i] = calls_[i].load(std::memory_order_relaxed);
-    }
-    return out;
-  }
-  void reset_stats() override {
-    for (size_t i = 0; i < bytes_.size(); ++i) {
-      bytes_[i].store(0, std::memory_order_relaxed);
-      calls_[i].store(0, std::memory_order_relaxed);
-    }
-  }
+  comm::CommStats stats() const override { return counters_.snapshot(); }
+  void reset_stats() override { counters_.reset(); }
 
  private:
   void check(ncclResult_t rc, const char* call) const {
@@ -392,9 +381,7 @@ class ProcessGroupNCCL final : public comm::ProcessGroup {
     }
     cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), op, "cudaEventCreate");
     cuda_check(cudaEventRecord(done, stream), op, "cudaEventRecord");
-    const auto index = static_cast<size_t>(type);
-    bytes_[index].fetch_add(bytes, std::memory_order_relaxed);
-    calls_[index].fetch_add(1, std::memory_order_relaxed);
+    counters_.add(type, bytes);
     return std::make_shared<NcclWork>(comm_, std::move(what), tensors, done, token, device_);
   }
 
@@ -415,8 +402,7 @@ class ProcessGroupNCCL final : public comm::ProcessGroup {
   std::shared_ptr<Comm> comm_;
   std::unique_ptr<c10::cuda::CUDAStream> stream_;
   std::mutex mutex_;
-  std::array<std::atomic<uint64_t>, static_cast<int>(OpType::kCount)> bytes_{};
-  std::array<std::atomic<uint64_t>, static_cast<int>(OpType::kCount)> calls_{};
+  comm::CommCounters counters_;
 };
 
 }  // namespace

@@ -65,6 +65,7 @@
 #include <thread>
 #include <utility>
 
+#include "kolos/core/comm/counters.h"
 #include "kolos/core/comm/mpi.h"
 #include "kolos/core/comm/watchdog.h"
 #include "kolos/core/dtype.h"
@@ -483,21 +484,8 @@ class ProcessGroupMPI final : public ProcessGroup {
   const std::string& name() const override { return name_; }
   std::string backend() const override { return "mpi"; }
 
-  CommStats stats() const override {
-    CommStats out;
-    for (size_t i = 0; i < out.bytes.size(); ++i) {
-      out.bytes[i] = bytes_[i].load(std::memory_order_relaxed);
-      out.calls[i] = calls_[i].load(std::memory_order_relaxed);
-    }
-    return out;
-  }
-
-  void reset_stats() override {
-    for (size_t i = 0; i < bytes_.size(); ++i) {
-      bytes_[i].store(0, std::memory_order_relaxed);
-      calls_[i].store(0, std::memory_order_relaxed);
-    }
-  }
+  CommStats stats() const override { return counters_.snapshot(); }
+  void reset_stats() override { counters_.reset(); }
 
   // ---- collectives ----------------------------------------------------------
 
@@ -1112,11 +1100,7 @@ class ProcessGroupMPI final : public ProcessGroup {
         });
     try {
       op.run(*op.work);
-      if (op.counted) {
-        const int index = static_cast<int>(op.type);
-        bytes_[index].fetch_add(op.bytes, std::memory_order_relaxed);
-        calls_[index].fetch_add(1, std::memory_order_relaxed);
-      }
+      if (op.counted) counters_.add(op.type, op.bytes);
     } catch (const CommError&) {
       error = std::current_exception();
     } catch (const std::exception& e) {
@@ -1217,9 +1201,7 @@ class ProcessGroupMPI final : public ProcessGroup {
       }
       watchdog_end(transfer.watch);
       if (transfer.error.empty()) {
-        const int index = static_cast<int>(transfer.type);
-        bytes_[index].fetch_add(transfer.bytes, std::memory_order_relaxed);
-        calls_[index].fetch_add(1, std::memory_order_relaxed);
+        counters_.add(transfer.type, transfer.bytes);
         transfer.work->finish(nullptr);
       } else {
         transfer.work->finish(std::make_exception_ptr(
@@ -1294,8 +1276,7 @@ class ProcessGroupMPI final : public ProcessGroup {
   std::shared_ptr<HalfTypes> half_types_;
   std::shared_ptr<const GroupIdentity> id_;
 
-  std::array<std::atomic<uint64_t>, static_cast<int>(OpType::kCount)> bytes_{};
-  std::array<std::atomic<uint64_t>, static_cast<int>(OpType::kCount)> calls_{};
+  CommCounters counters_;
 
   std::mutex mutex_;  // guards queue_, busy_, stop_ and starting thread_
   std::condition_variable cv_;
