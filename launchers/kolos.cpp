@@ -116,6 +116,8 @@ std::string format_summary(const TrainSummary& s, const Engine& engine) {
                 detail::format_count(s.tokens_per_s).c_str(),
                 detail::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str(),
                 engine.mesh().layout().describe().c_str(), engine.roles().gradients.c_str());
+  // The memory role serves in the gradients role's place.
+  if (!engine.roles().memory.empty()) return std::string(line) + " | memory " + engine.roles().memory;
   return line;
 }
 
@@ -515,6 +517,7 @@ int check(const std::vector<std::string>& args) {
             << " tp=" << plan.shape.tp << " | layers " << plan.roles.layers << ", pipeline "
             << plan.roles.pipeline << ", gradients " << plan.roles.gradients
             << (plan.roles.sequence.empty() ? "" : ", sequence " + plan.roles.sequence)
+            << (plan.roles.memory.empty() ? "" : ", memory " + plan.roles.memory)
             << " | batch " << config.train.global_batch << " = " << config.train.micro_batch
             << " x " << plan.accumulation << " accum x " << plan.shape.dp << " dp | memory about "
             << detail::format_bytes(memory.peak()) << " per rank of "

@@ -164,27 +164,35 @@ class ChunkedMemory : public GradientStrategy {
     if (c.offload != "nvme" && s.has("io_threads")) {
       s.fail("io_threads", "applies to offload = \"nvme\" only.");
     }
-    // What this version composes with (data parallelism, each rank holding
-    // every chunk); every other mix is refused here.
+    // What this version composes with: data parallelism (every rank holding
+    // every chunk), tensor parallelism of modes 1d and 2d and sequence
+    // parallelism of every mode (the chunks hold this rank's pieces); every
+    // other mix is refused here.
     const MeshShape& m = context.shape;
-    if (m.pp * m.sp * m.tp != 1) {
+    const RunConfig& cfg = context.config;
+    const RoleChoice roles = choose_plugins(cfg);
+    if (m.pp != 1) {
       s.fail_here(context.owner +
-                  " composes with data parallelism only in this version (no tensor, sequence "
-                  "or pipeline parallelism with it yet); the mesh is pp " +
+                  " does not compose with pipeline parallelism in this version (data, tensor "
+                  "1d/2d and sequence parallelism do); the mesh is pp " +
                   std::to_string(m.pp) + " x dp " + std::to_string(m.dp) + " x sp " +
                   std::to_string(m.sp) + " x tp " + std::to_string(m.tp) + ".");
     }
-    const RunConfig& config = context.config;
-    if (config.train.precision != "fp32") {
+    if (roles.layers != "serial" && roles.layers != "tp1d" && roles.layers != "tp2d") {
+      s.fail_here(context.owner + " composes with tensor modes \"1d\" and \"2d\" in this "
+                  "version; parallel.tensor.mode is " + quote_toml(cfg.parallel.tensor.mode) +
+                  " (layers plugin `" + roles.layers + "`).");
+    }
+    if (cfg.train.precision != "fp32") {
       s.fail_here(context.owner + " keeps fp32 states only in this version; train.precision is " +
-                  quote_toml(config.train.precision) + ".");
+                  quote_toml(cfg.train.precision) + ".");
     }
     accumulation_ = context.accumulation;
   }
 
   void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override {
     model_ = &model;
-    group_ = mesh.group(AxisSet{Axis::kDP});
+    group_ = mesh.group(AxisSet{Axis::kDP, Axis::kSP});  // as dp averages
     for (auto& p : model.placed_parameters()) {
       if (!p.tensor.requires_grad()) continue;
       const at::Tensor& t = p.tensor;
@@ -250,17 +258,19 @@ class ChunkedMemory : public GradientStrategy {
     return true;
   }
 
-  double gradient_norm(const std::vector<GradPiece>&, const DeviceMesh&) override {
-    // As global_grad_norm() sums one rank's replicated pieces: the norms in
-    // parameter order, squared and summed in double.
-    std::vector<at::Tensor> list;
+  double gradient_norm(const std::vector<GradPiece>&, const DeviceMesh& mesh) override {
+    // global_grad_norm()'s arithmetic on the norms taken where each
+    // gradient became final: replicated pieces counted once, sharded ones
+    // (tensor parallelism) summed over their group.
+    std::vector<at::Tensor> norms;
+    std::vector<Placement> placements;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (params_[i].tensor.numel() == 0) continue;
       KOLOS_CHECK(norms_[i].defined(), "internal error: no gradient norm for ", params_[i].name);
-      list.push_back(norms_[i]);
+      norms.push_back(norms_[i]);
+      placements.push_back(params_[i].placement);
     }
-    const double sum = torch::stack(list).to(torch::kDouble).pow(2).sum().item<double>();
-    return std::sqrt(sum);
+    return global_grad_norm(norms, placements, mesh);
   }
 
   void scale_gradients(std::vector<GradPiece>&, double factor) override {
@@ -401,7 +411,9 @@ class ChunkedMemory : public GradientStrategy {
   // weights), found by one probe forward, as ZeRO-3 does.
   void find_uses(const RunConfig& config) {
     if (!model_->has_block_reads()) {
-      model_->find_block_reads(torch::zeros({1, config.model.seq_len}, torch::kInt64));
+      // A micro-batch's shape: tensor 2d splits the batch over its grid.
+      model_->find_block_reads(
+          torch::zeros({config.train.micro_batch, config.model.seq_len}, torch::kInt64));
     }
     std::map<const void*, size_t> index;
     for (size_t i = 0; i < params_.size(); ++i) index[params_[i].tensor.unsafeGetTensorImpl()] = i;
@@ -687,7 +699,7 @@ class ChunkedMemory : public GradientStrategy {
     ::close(fd);
   }
 
-  comm::ProcessGroupPtr group_;  // dp: gradients averaged over it
+  comm::ProcessGroupPtr group_;  // dp x sp: gradients averaged over it
   int64_t reduced_bytes_ = 0;    // this step's
   int64_t reductions_ = 0;
   ChunkSettings settings_;

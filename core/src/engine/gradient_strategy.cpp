@@ -20,15 +20,31 @@ namespace kolos {
 // only by its canonical replica along pp (Placement::is_canonical_replica,
 // the stage that checkpoints it).
 double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh) {
-  const AxisSet varying = mesh.size(Axis::kPP) > 1 ? AxisSet{Axis::kPP} : AxisSet{};
-  const Coords coords = mesh.layout().coords(mesh.rank());
-  // Per set of sharded axes: the pieces' norms (in their own dtype, no
-  // copies), squared and summed in double with one host sync per set.
-  std::map<uint8_t, std::vector<at::Tensor>> norms;
+  // Each piece's norm in its own dtype, no copies.
+  std::vector<at::Tensor> norms;
+  std::vector<Placement> placements;
   for (const auto& piece : pieces) {
     if (!piece.grad.defined() || piece.grad.numel() == 0) continue;
-    if (!piece.placement.is_canonical_replica(coords, varying)) continue;
-    norms[(piece.placement.sharded() | varying).bits()].push_back(piece.grad.norm());
+    norms.push_back(piece.grad.norm());
+    placements.push_back(piece.placement);
+  }
+  return global_grad_norm(norms, placements, mesh);
+}
+
+double global_grad_norm(const std::vector<at::Tensor>& piece_norms,
+                        const std::vector<Placement>& placements, const DeviceMesh& mesh) {
+  KOLOS_CHECK(piece_norms.size() == placements.size(), "global_grad_norm: ",
+              piece_norms.size(), " norms for ", placements.size(), " placements");
+  const AxisSet varying = mesh.size(Axis::kPP) > 1 ? AxisSet{Axis::kPP} : AxisSet{};
+  const Coords coords = mesh.layout().coords(mesh.rank());
+  // Per set of sharded axes: the pieces' norms, squared and summed in
+  // double with one host sync per set.
+  std::map<uint8_t, std::vector<at::Tensor>> norms;
+  for (size_t i = 0; i < piece_norms.size(); ++i) {
+    if (!piece_norms[i].defined()) continue;
+    const Placement& placement = placements[i];
+    if (!placement.is_canonical_replica(coords, varying)) continue;
+    norms[(placement.sharded() | varying).bits()].push_back(piece_norms[i]);
   }
   std::map<uint8_t, double> sums;
   for (const auto& [bits, list] : norms) {

@@ -584,7 +584,8 @@ std::string format_memory_table(const MemoryEstimate& e, const MemoryBudget& bud
   out << "mesh pp=" << e.shape.pp << " dp=" << e.shape.dp << " sp=" << e.shape.sp
       << " tp=" << e.shape.tp << " | layers " << e.roles.layers << ", pipeline " << e.roles.pipeline
       << ", gradients " << e.roles.gradients
-      << (e.roles.sequence.empty() ? "" : ", sequence " + e.roles.sequence) << " | "
+      << (e.roles.sequence.empty() ? "" : ", sequence " + e.roles.sequence)
+      << (e.roles.memory.empty() ? "" : ", memory " + e.roles.memory) << " | "
       << fmt_count(e.model_parameters) << " parameters | per rank, " << e.rank << ":\n";
   for (const auto& t : e.terms) row(t.name, t.bytes, t.detail);
   row("training peak", e.training_peak(), "the sum");

@@ -11,6 +11,8 @@
 // way round, the resumed run equals the uninterrupted one. Bad input: each refusal names the key
 // and the numbers. At 2 ranks: with data parallelism (every rank holding
 // every chunk), the serial run's results within the harness's tolerance.
+// At 2 and 4 ranks: with tensor and sequence parallelism, bit-equal to the
+// same mix held in memory.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <torch/torch.h>
@@ -198,6 +200,60 @@ TEST(ChunksWithDp, MatchesTheSerialRun) {
   }
 }
 
+// ---- with tensor and sequence parallelism ------------------------------------
+
+// The chunks hold this rank's pieces of the mix; its tensor- and
+// sequence-parallel collectives run inside the blocks as they do in memory,
+// gradients are averaged over dp x sp, and the norm sums sharded pieces over
+// their groups: the same mix held in memory (the default dp plugin), bit for
+// bit. At 2 ranks: tensor 1d, Megatron, Ulysses and ring sequence
+// parallelism; at 4: tensor 2d, hybrid sequence parallelism and dp x tp.
+void expect_mixes_bit_equal(const std::vector<std::vector<std::string>>& mixes) {
+  const std::string nvme = testing::shared_tmpdir("chunks-mix");
+  for (const auto& mix : mixes) {
+    std::string label;
+    for (const auto& o : mix) label += o + " ";
+    const auto in_memory = testing::run_and_record(config(mix), testing::world_group());
+    EXPECT_LT(in_memory.losses.back(), in_memory.losses.front()) << label;
+    testing::expect_records_bit_equal(
+        in_memory,
+        testing::run_and_record(config(plus(chunks("auto", "nvme", nvme), mix)),
+                                testing::world_group()),
+        label + "(auto, nvme)");
+    testing::expect_records_bit_equal(
+        in_memory,
+        testing::run_and_record(
+            config(plus(plus(chunks("static", "host"), mix), {"memory.param_fraction=0.1"})),
+            testing::world_group()),
+        label + "(static, host)");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (testing::world_rank() == 0) {
+    EXPECT_TRUE(fs::is_empty(nvme)) << nvme << " still holds files";
+    fs::remove_all(nvme);
+  }
+}
+
+TEST(ChunksWithTensorAndSequence, BitEqualToTheMixInMemoryAt2) {
+  REQUIRE_RANKS(2);
+  expect_mixes_bit_equal({
+      {"parallel.tensor.size=2"},
+      {"parallel.tensor.size=2", "parallel.sequence.mode=\"megatron\""},
+      {"parallel.sequence.size=2", "parallel.sequence.mode=\"ulysses\""},
+      {"parallel.sequence.size=2", "parallel.sequence.mode=\"ring\""},
+  });
+}
+
+TEST(ChunksWithTensorAndSequence, BitEqualToTheMixInMemoryAt4) {
+  REQUIRE_RANKS(4);
+  expect_mixes_bit_equal({
+      {"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""},
+      {"parallel.sequence.size=4", "parallel.sequence.mode=\"hybrid\"",
+       "parallel.sequence.ulysses=2"},
+      {"parallel.data=2", "parallel.tensor.size=2"},
+  });
+}
+
 // ---- bad input ---------------------------------------------------------------
 
 // The message of the error an engine for `overrides` raises ("" if none).
@@ -248,10 +304,13 @@ TEST(ChunksBadInput, RefusedWithTheNumbers) {
   // Mixes this version does not run.
   e = testing::config_error(plus(chunks("auto", "host"), {"parallel.zero.stage=1"}));
   EXPECT_NE(e.find("zero1"), std::string::npos) << e;
-  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.tensor.size=2"}));
-  EXPECT_NE(e.find("data parallelism only"), std::string::npos) << e;
+  e = testing::config_error(
+      plus(chunks("auto", "host"), {"parallel.tensor.size=8", "parallel.tensor.mode=\"3d\""}));
+  EXPECT_NE(e.find("\"1d\" and \"2d\""), std::string::npos) << e;
+  EXPECT_NE(e.find("\"3d\""), std::string::npos) << e;
   e = testing::config_error(plus(chunks("auto", "host"), {"parallel.pipeline.size=2"}));
-  EXPECT_NE(e.find("data parallelism only"), std::string::npos) << e;
+  EXPECT_NE(e.find("pipeline parallelism"), std::string::npos) << e;
+  EXPECT_NE(e.find("pp 2"), std::string::npos) << e;
   e = testing::config_error(plus(chunks("auto", "host"), {"train.precision=\"bf16\""}));
   EXPECT_NE(e.find("fp32"), std::string::npos) << e;
 }

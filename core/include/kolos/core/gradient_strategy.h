@@ -119,6 +119,11 @@ class GradientStrategy : public RolePlugin {
 // pipelining also over pp, where a piece held by several stages (a tied
 // weight) counts on its canonical replica (Placement::is_canonical_replica).
 double global_grad_norm(const std::vector<GradPiece>& pieces, const DeviceMesh& mesh);
+// The same from norms already taken: norms[i] is the L2 norm (a 0-dim tensor)
+// of the gradient of a piece placed as placements[i]; an undefined norm is
+// a piece with no gradient. The same arithmetic, so the same value.
+double global_grad_norm(const std::vector<at::Tensor>& norms,
+                        const std::vector<Placement>& placements, const DeviceMesh& mesh);
 
 // The AdamW options of a run, as LibTorch's AdamW takes them.
 struct AdamWSettings {
