@@ -165,23 +165,17 @@ class ChunkedMemory : public GradientStrategy {
       s.fail("io_threads", "applies to offload = \"nvme\" only.");
     }
     // What this version composes with: data parallelism (every rank holding
-    // every chunk), tensor parallelism of modes 1d and 2d and sequence
-    // parallelism of every mode (the chunks hold this rank's pieces); every
-    // other mix is refused here.
+    // every chunk), tensor parallelism of every mode and sequence parallelism
+    // of every mode (the chunks hold this rank's pieces); every other mix is
+    // refused here.
     const MeshShape& m = context.shape;
     const RunConfig& cfg = context.config;
-    const RoleChoice roles = choose_plugins(cfg);
     if (m.pp != 1) {
       s.fail_here(context.owner +
                   " does not compose with pipeline parallelism in this version (data, tensor "
-                  "1d/2d and sequence parallelism do); the mesh is pp " +
+                  "and sequence parallelism do); the mesh is pp " +
                   std::to_string(m.pp) + " x dp " + std::to_string(m.dp) + " x sp " +
                   std::to_string(m.sp) + " x tp " + std::to_string(m.tp) + ".");
-    }
-    if (roles.layers != "serial" && roles.layers != "tp1d" && roles.layers != "tp2d") {
-      s.fail_here(context.owner + " composes with tensor modes \"1d\" and \"2d\" in this "
-                  "version; parallel.tensor.mode is " + quote_toml(cfg.parallel.tensor.mode) +
-                  " (layers plugin `" + roles.layers + "`).");
     }
     if (cfg.train.precision != "fp32") {
       s.fail_here(context.owner + " keeps fp32 states only in this version; train.precision is " +
