@@ -38,6 +38,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,10 +90,13 @@ const SettingsTable<ChunkSettings>& settings_table() {
   return t;
 }
 
-// The four kinds of state, each packed with the same layout (all fp32):
-// chunk k of every kind holds the same parameters.
-enum Kind : size_t { kParam = 0, kGrad = 1, kExpAvg = 2, kExpAvgSq = 3, kKinds = 4 };
-const char* const kKindNames[kKinds] = {"parameters", "gradients", "exp_avg", "exp_avg_sq"};
+// The kinds of state, each packed with the same layout: chunk k of every
+// kind holds the same parameters. Parameters and gradients are in the run's
+// dtype (fp32, bf16 or fp16), the moments in fp32; under bf16/fp16 a fifth
+// kind holds the fp32 masters AdamW steps. A kind of 2-byte elements packs
+// at half the offsets into chunks of half the bytes (rounded up to the
+// direct-I/O alignment).
+enum Kind : size_t { kParam = 0, kGrad = 1, kExpAvg = 2, kExpAvgSq = 3, kMaster = 4, kKinds = 5 };
 
 struct TraceStep {
   enum Type { kForward, kBackward, kOptimizer } type;
@@ -166,8 +170,8 @@ class ChunkedMemory : public GradientStrategy {
     }
     // What this version composes with: data parallelism (every rank holding
     // every chunk), tensor parallelism of every mode and sequence parallelism
-    // of every mode (the chunks hold this rank's pieces); every other mix is
-    // refused here.
+    // of every mode (the chunks hold this rank's pieces), in every precision;
+    // every other mix is refused here.
     const MeshShape& m = context.shape;
     const RunConfig& cfg = context.config;
     if (m.pp != 1) {
@@ -177,10 +181,7 @@ class ChunkedMemory : public GradientStrategy {
                   std::to_string(m.pp) + " x dp " + std::to_string(m.dp) + " x sp " +
                   std::to_string(m.sp) + " x tp " + std::to_string(m.tp) + ".");
     }
-    if (cfg.train.precision != "fp32") {
-      s.fail_here(context.owner + " keeps fp32 states only in this version; train.precision is " +
-                  quote_toml(cfg.train.precision) + ".");
-    }
+    reduce_in_fp32_ = cfg.train.reduce_dtype == "fp32" && cfg.train.precision != "fp32";
     accumulation_ = context.accumulation;
   }
 
@@ -190,17 +191,20 @@ class ChunkedMemory : public GradientStrategy {
     for (auto& p : model.placed_parameters()) {
       if (!p.tensor.requires_grad()) continue;
       const at::Tensor& t = p.tensor;
-      KOLOS_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu(), name(), ": parameter ",
-                  p.name, " is ", t.scalar_type(), " on ", t.device(),
-                  "; chunks hold fp32 CPU tensors");
+      if (params_.empty()) dtype_ = t.scalar_type();
+      KOLOS_CHECK(t.scalar_type() == dtype_ && t.device().is_cpu(), name(), ": parameter ",
+                  p.name, " is ", t.scalar_type(), " on ", t.device(), "; chunks hold ", dtype_,
+                  " CPU tensors");
       KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
-                      static_cast<int64_t>(t.storage().nbytes()) == t.numel() * 4,
+                      static_cast<int64_t>(t.storage().nbytes()) == t.numel() * t.element_size(),
                   name(), ": parameter ", p.name,
                   " does not own its storage (a view of another tensor?); chunks replace each "
                   "parameter's memory");
       params_.push_back(p);
     }
     KOLOS_CHECK(!params_.empty(), name(), ": the model has no trainable parameters");
+    low_ = dtype_ != at::kFloat;
+    kinds_ = low_ ? kKinds : kMaster;
     lay_out_chunks(config);
     find_uses(config);
     build_trace();
@@ -226,10 +230,13 @@ class ChunkedMemory : public GradientStrategy {
   void zero_grad() override {
     reduced_bytes_ = 0;
     reductions_ = 0;
+    finish_skipped_step();
     KOLOS_CHECK(cursor_ == 0, name(), ": a step began at trace step ", cursor_, " of ",
                 steps_.size(), " (the previous step did not finish)");
     materialized_.clear();  // copies made for a checkpoint
     std::fill(norms_.begin(), norms_.end(), at::Tensor());
+    std::fill(finite_.begin(), finite_.end(), true);
+    unscale_.reset();
     scales_.clear();
   }
 
@@ -245,9 +252,11 @@ class ChunkedMemory : public GradientStrategy {
 
   std::vector<GradPiece> grad_pieces() override { return {}; }
 
+  void set_loss_scale(double scale) override { unscale_ = 1.0 / scale; }
+
   bool gradients_finite(const std::vector<GradPiece>&) override {
-    for (const auto& n : norms_) {
-      if (n.defined() && !std::isfinite(n.item<float>())) return false;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!finite_[i]) return false;
     }
     return true;
   }
@@ -281,7 +290,9 @@ class ChunkedMemory : public GradientStrategy {
         for (double f : scales_) params_[i].tensor.mutable_grad().mul_(f);
       }
       optimizer_->update(lr, first, last, t);
-      for (Kind kind : {kParam, kExpAvg, kExpAvgSq}) executor_->mark_dirty(id(kind, k));
+      for (Kind kind : {kParam, kExpAvg, kExpAvgSq, kMaster}) {
+        if (kind < kinds_) executor_->mark_dirty(id(kind, k));
+      }
     }
     end_current_step();
     optimizer_->set_step_count(t);
@@ -296,12 +307,13 @@ class ChunkedMemory : public GradientStrategy {
     MemoryStats m;
     m.parameter_bytes = peak_by_kind_[kParam];
     m.gradient_bytes = peak_by_kind_[kGrad];
-    m.optimizer_bytes = peak_by_kind_[kExpAvg] + peak_by_kind_[kExpAvgSq];
+    m.optimizer_bytes = peak_by_kind_[kExpAvg] + peak_by_kind_[kExpAvgSq] + peak_by_kind_[kMaster];
     return m;
   }
 
   // Checkpoints: copies of the states, read from whichever tier holds each
-  // chunk (they live until the next step; loading writes them back).
+  // chunk (they live until the next step; loading writes them back). Under
+  // bf16/fp16 a checkpoint saves a parameter's fp32 master (master_of).
   std::vector<PlacedParameter> parameters_at_rest() override {
     materialize();
     std::vector<PlacedParameter> out;
@@ -319,6 +331,16 @@ class ChunkedMemory : public GradientStrategy {
     return out;
   }
 
+  at::Tensor master_of(const at::Tensor& param) override {
+    if (!low_ || materialized_.empty()) return at::Tensor();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (materialized_[kParam][i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) {
+        return materialized_[kMaster][i];
+      }
+    }
+    return at::Tensor();
+  }
+
   std::vector<StatePiece> optimizer_state() override {
     materialize();
     std::vector<StatePiece> pieces;
@@ -334,15 +356,23 @@ class ChunkedMemory : public GradientStrategy {
   void after_load() override {
     KOLOS_CHECK(!materialized_.empty(), "internal error: ", name(),
                 ": after_load() without the state it was loaded into");
-    std::vector<std::byte> bytes(static_cast<size_t>(chunk_bytes_));
-    for (Kind kind : {kParam, kExpAvg, kExpAvgSq}) {
+    torch::NoGradGuard no_grad;
+    if (low_) {
+      // The masters were loaded; the parameters are their roundings.
+      for (size_t i = 0; i < params_.size(); ++i) {
+        materialized_[kParam][i].copy_(materialized_[kMaster][i]);
+      }
+    }
+    for (Kind kind : {kParam, kExpAvg, kExpAvgSq, kMaster}) {
+      if (kind >= kinds_) continue;
+      std::vector<std::byte> bytes(static_cast<size_t>(kind_bytes(kind)));
       for (size_t k = 0; k < num_chunks_; ++k) {
         std::fill(bytes.begin(), bytes.end(), std::byte{0});
         const auto [first, last] = chunk_params_[k];
         for (size_t i = first; i < last; ++i) {
           const at::Tensor& t = materialized_[kind][i];
-          std::memcpy(bytes.data() + layout_.slots[i].offset, t.data_ptr(),
-                      static_cast<size_t>(layout_.slots[i].bytes));
+          std::memcpy(bytes.data() + slot_offset(kind, i), t.data_ptr(),
+                      static_cast<size_t>(slot_bytes(kind, i)));
         }
         executor_->write_chunk(id(kind, k), bytes.data());
       }
@@ -366,11 +396,38 @@ class ChunkedMemory : public GradientStrategy {
 
  private:
   ChunkId id(Kind kind, size_t k) const { return kind * num_chunks_ + k; }
+  // Bytes of one element, of a chunk, and of parameter i's slot, in a kind.
+  int64_t elem_bytes(size_t kind) const {
+    return kind == kParam || kind == kGrad ? static_cast<int64_t>(c10::elementSize(dtype_)) : 4;
+  }
+  int64_t kind_bytes(size_t kind) const {
+    const int64_t align = memory::kDirectIoAlignment;
+    return (chunk_bytes_ / 4 * elem_bytes(kind) + align - 1) / align * align;
+  }
+  int64_t slot_offset(size_t kind, size_t i) const {
+    return layout_.slots[i].offset / 4 * elem_bytes(kind);
+  }
+  int64_t slot_bytes(size_t kind, size_t i) const {
+    return layout_.slots[i].bytes / 4 * elem_bytes(kind);
+  }
+
+  // A step whose backward ended but whose optimizer step the engine skipped
+  // (fp16's loss scaler found an overflow): the optimizer's trace steps run
+  // all the same, since the plan expects them (what is resident where), but
+  // nothing is updated or marked changed.
+  void finish_skipped_step() {
+    if (cursor_ != optimizer_begin_) return;
+    for (size_t k = 0; k < num_chunks_; ++k) begin(optimizer_begin_ + k);
+    end_current_step();
+    scales_.clear();
+    cursor_ = 0;
+  }
 
   // ---- set-up -----------------------------------------------------------------
 
   void lay_out_chunks(const RunConfig& config) {
     std::vector<memory::TensorSpec> specs;
+    // The fp32 layout; 2-byte kinds take it at half the offsets.
     for (const auto& p : params_) specs.push_back({p.name, p.tensor.numel() * 4});
     const int64_t align = memory::kDirectIoAlignment;
     if (chunk_bytes_ == 0) {
@@ -437,10 +494,12 @@ class ChunkedMemory : public GradientStrategy {
   void build_trace() {
     trace_.chunks.clear();
     const memory::StateKind kinds[kKinds] = {memory::StateKind::kParam, memory::StateKind::kGrad,
-                                             memory::StateKind::kOptim,
+                                             memory::StateKind::kOptim, memory::StateKind::kOptim,
                                              memory::StateKind::kOptim};
-    for (size_t kind = 0; kind < kKinds; ++kind) {
-      for (size_t k = 0; k < num_chunks_; ++k) trace_.chunks.push_back({chunk_bytes_, kinds[kind]});
+    for (size_t kind = 0; kind < kinds_; ++kind) {
+      for (size_t k = 0; k < num_chunks_; ++k) {
+        trace_.chunks.push_back({kind_bytes(kind), kinds[kind]});
+      }
     }
     const size_t blocks = uses_.size();
     for (int64_t m = 0; m < accumulation_; ++m) {
@@ -457,6 +516,7 @@ class ChunkedMemory : public GradientStrategy {
     for (size_t k = 0; k < num_chunks_; ++k) {
       steps_.push_back({TraceStep::kOptimizer, k});
       trace_.steps.push_back({id(kParam, k), id(kGrad, k), id(kExpAvg, k), id(kExpAvgSq, k)});
+      if (low_) trace_.steps.back().push_back(id(kMaster, k));
     }
     // A gradient chunk is zeroed where the iteration first uses it.
     zero_at_.assign(steps_.size(), {});
@@ -472,6 +532,7 @@ class ChunkedMemory : public GradientStrategy {
     // parameter; its norm is taken there, while its chunk is resident.
     // A parameter no block reads has a zero gradient.
     norms_.assign(params_.size(), at::Tensor());
+    finite_.assign(params_.size(), true);
     norm_at_.assign(steps_.size(), {});
     std::vector<bool> done(params_.size(), false);
     for (size_t s = optimizer_begin_; s-- > 0;) {
@@ -517,6 +578,9 @@ class ChunkedMemory : public GradientStrategy {
       AdamWSlot& slot = optimizer_->slots().back();
       free_storage(slot.exp_avg);  // zeros: the chunks start zeroed
       free_storage(slot.exp_avg_sq);
+      // The master (bf16/fp16) is the parameter widened, as the chunk's
+      // initial contents are made (make_executor).
+      if (slot.master.defined()) free_storage(slot.master);
     }
   }
 
@@ -526,7 +590,8 @@ class ChunkedMemory : public GradientStrategy {
       case kParam: return slot.param;
       case kGrad: return slot.grad;
       case kExpAvg: return slot.exp_avg;
-      default: return slot.exp_avg_sq;
+      case kExpAvgSq: return slot.exp_avg_sq;
+      default: return slot.master;
     }
   }
 
@@ -537,11 +602,17 @@ class ChunkedMemory : public GradientStrategy {
     options.nvme.threads = static_cast<int>(settings_.io_threads);
     options.init = [this](ChunkId c, std::byte* dst, int64_t bytes) {
       std::memset(dst, 0, static_cast<size_t>(bytes));
-      if (c / num_chunks_ != kParam) return;
+      const size_t kind = c / num_chunks_;
+      if (kind != kParam && kind != kMaster) return;
       const auto [first, last] = chunk_params_[c % num_chunks_];
       for (size_t i = first; i < last; ++i) {
-        std::memcpy(dst + layout_.slots[i].offset, params_[i].tensor.data_ptr(),
-                    static_cast<size_t>(layout_.slots[i].bytes));
+        const at::Tensor& param = params_[i].tensor;
+        if (kind == kParam) {
+          std::memcpy(dst + slot_offset(kind, i), param.data_ptr(),
+                      static_cast<size_t>(slot_bytes(kind, i)));
+        } else {
+          at::from_blob(dst + slot_offset(kind, i), param.sizes(), at::kFloat).copy_(param);
+        }
       }
     };
     try {
@@ -551,7 +622,7 @@ class ChunkedMemory : public GradientStrategy {
     }
     // The chunks hold the parameters now: their own memory goes.
     for (auto& p : params_) free_storage(p.tensor);
-    bound_.assign(kKinds * num_chunks_, false);
+    bound_.assign(kinds_ * num_chunks_, false);
   }
 
   void install_hooks() {
@@ -581,8 +652,8 @@ class ChunkedMemory : public GradientStrategy {
         s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
         s->set_nbytes(0);
       } else {
-        s->set_data_ptr_noswap(at::DataPtr(base + layout_.slots[i].offset, s->device()));
-        s->set_nbytes(static_cast<size_t>(layout_.slots[i].bytes));
+        s->set_data_ptr_noswap(at::DataPtr(base + slot_offset(kind, i), s->device()));
+        s->set_nbytes(static_cast<size_t>(slot_bytes(kind, i)));
       }
     }
     bound_[c] = base != nullptr;
@@ -611,11 +682,19 @@ class ChunkedMemory : public GradientStrategy {
     for (size_t i : norm_at_[current_]) {
       const at::Tensor& grad = params_[i].tensor.grad();
       if (group_->size() > 1) {
-        group_->all_reduce(grad, comm::ReduceOp::kAvg)->wait();
-        reduced_bytes_ += grad.numel() * grad.element_size();
+        // train.reduce_dtype = "fp32" under bf16/fp16: averaged in fp32, as
+        // the dp plugin's buckets do.
+        at::Tensor reduced = reduce_in_fp32_ ? grad.to(at::kFloat) : grad;
+        group_->all_reduce(reduced, comm::ReduceOp::kAvg)->wait();
+        if (reduce_in_fp32_) const_cast<at::Tensor&>(grad).copy_(reduced);
+        reduced_bytes_ += reduced.numel() * reduced.element_size();
         ++reductions_;
       }
-      norms_[i] = grad.norm();
+      // As in memory: finiteness of the gradient as backward left it; the
+      // norm after the engine's unscaling (fp16: 1 / loss scale, applied
+      // to this copy here and to the gradient itself in step()).
+      finite_[i] = !unscale_ || torch::isfinite(grad).all().item<bool>();
+      norms_[i] = (unscale_ ? grad * *unscale_ : grad).norm();
     }
     in_step_ = false;
   }
@@ -624,7 +703,7 @@ class ChunkedMemory : public GradientStrategy {
     KOLOS_CHECK(s == cursor_, "internal error: trace step ", s, ", expected ", cursor_);
     end_current_step();
     if (s == optimizer_begin_) {
-      for (size_t i : unused_) norms_[i] = torch::zeros({}, torch::kFloat);
+      for (size_t i : unused_) norms_[i] = torch::zeros({}, dtype_);
     }
     executor_->begin_step(s);
     std::vector<bool> needed(bound_.size(), false);
@@ -634,7 +713,7 @@ class ChunkedMemory : public GradientStrategy {
     }
     for (ChunkId c : trace_.steps[s]) bind(c, executor_->chunk(c));
     for (ChunkId c : zero_at_[s]) {
-      std::memset(executor_->chunk(c), 0, static_cast<size_t>(chunk_bytes_));
+      std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(c / num_chunks_)));
     }
     if (steps_[s].type == TraceStep::kBackward) {
       for (ChunkId c : trace_.steps[s]) {
@@ -648,12 +727,12 @@ class ChunkedMemory : public GradientStrategy {
   }
 
   void count_resident() {
-    int64_t by_kind[kKinds] = {0, 0, 0, 0};
+    int64_t by_kind[kKinds] = {0, 0, 0, 0, 0};
     int64_t total = 0;
     for (ChunkId c = 0; c < bound_.size(); ++c) {
       if (!executor_->resident(c)) continue;
-      by_kind[c / num_chunks_] += chunk_bytes_;
-      total += chunk_bytes_;
+      by_kind[c / num_chunks_] += kind_bytes(c / num_chunks_);
+      total += kind_bytes(c / num_chunks_);
     }
     if (total > peak_total_) {
       peak_total_ = total;
@@ -663,17 +742,20 @@ class ChunkedMemory : public GradientStrategy {
 
   void materialize() {
     if (!materialized_.empty()) return;
+    finish_skipped_step();
     KOLOS_CHECK(cursor_ == 0, name(), ": a checkpoint was asked for in the middle of a step");
     materialized_.assign(kKinds, std::vector<at::Tensor>(params_.size()));
-    std::vector<std::byte> bytes(static_cast<size_t>(chunk_bytes_));
-    for (Kind kind : {kParam, kExpAvg, kExpAvgSq}) {
+    for (Kind kind : {kParam, kExpAvg, kExpAvgSq, kMaster}) {
+      if (kind >= kinds_) continue;
+      std::vector<std::byte> bytes(static_cast<size_t>(kind_bytes(kind)));
       for (size_t k = 0; k < num_chunks_; ++k) {
         executor_->read_chunk(id(kind, k), bytes.data());
         const auto [first, last] = chunk_params_[k];
         for (size_t i = first; i < last; ++i) {
-          at::Tensor t = torch::empty(params_[i].tensor.sizes(), torch::kFloat);
-          std::memcpy(t.data_ptr(), bytes.data() + layout_.slots[i].offset,
-                      static_cast<size_t>(layout_.slots[i].bytes));
+          at::Tensor t =
+              torch::empty(params_[i].tensor.sizes(), kind == kParam ? dtype_ : at::kFloat);
+          std::memcpy(t.data_ptr(), bytes.data() + slot_offset(kind, i),
+                      static_cast<size_t>(slot_bytes(kind, i)));
           materialized_[kind][i] = t;
         }
       }
@@ -698,7 +780,11 @@ class ChunkedMemory : public GradientStrategy {
   int64_t reductions_ = 0;
   ChunkSettings settings_;
   int64_t accumulation_ = 1;
-  int64_t chunk_bytes_ = 0;
+  int64_t chunk_bytes_ = 0;  // of an fp32 kind (kind_bytes: of any)
+  at::ScalarType dtype_ = at::kFloat;  // of the parameters and gradients
+  bool low_ = false;                   // bf16/fp16: master chunks too
+  size_t kinds_ = kMaster;             // kinds in use: 4, or 5 with masters
+  bool reduce_in_fp32_ = false;
   memory::ChunkSearchResult search_;
   memory::ChunkLayout layout_;
   size_t num_chunks_ = 0;
@@ -719,10 +805,12 @@ class ChunkedMemory : public GradientStrategy {
   size_t current_ = 0;
   bool in_step_ = false;
   std::vector<at::Tensor> norms_;  // [parameter]: its gradient's norm this step
+  std::vector<bool> finite_;       // [parameter]: fp16: its gradient is finite
+  std::optional<double> unscale_;  // fp16: 1 / this step's loss scale
   std::vector<double> scales_;     // factors for the gradients, in order
   std::vector<std::vector<at::Tensor>> materialized_;  // [kind][parameter]
   int64_t peak_total_ = 0;
-  int64_t peak_by_kind_[kKinds] = {0, 0, 0, 0};
+  int64_t peak_by_kind_[kKinds] = {0, 0, 0, 0, 0};
 };
 
 }  // namespace

@@ -324,7 +324,10 @@ StepMetrics Engine::step() {
   std::vector<MicroBatch> micro = next_micro_batches();
   gradients_->zero_grad();
   StepContext context{model_.get(), gradients_.get(), &micro};
-  if (scaler_) context.loss_scale = scaler_->scale();
+  if (scaler_) {
+    context.loss_scale = scaler_->scale();
+    gradients_->set_loss_scale(scaler_->scale());
+  }
   if (step_ == overflow_step_) context.loss_scale *= std::numeric_limits<double>::infinity();
   StepLoss loss = schedule_->run(context);
   gradients_->finish_backward();
@@ -453,7 +456,6 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
 
 TrainingState Engine::state() {
   TrainingState state;
-  AdamW* optimizer = gradients_->adamw();
   for (auto& p : gradients_->parameters_at_rest()) {
     at::Tensor tensor = p.tensor.detach();
     // Mixed precision: the fp32 master is the parameter's truth, and what
@@ -461,7 +463,7 @@ TrainingState Engine::state() {
     // (zero3's shards at rest do not require grad themselves; their masters
     // are found all the same.)
     if (tensor.scalar_type() != at::kFloat && tensor.is_floating_point()) {
-      at::Tensor master = optimizer ? optimizer->master_of(p.tensor) : at::Tensor();
+      at::Tensor master = gradients_->master_of(p.tensor);
       KOLOS_CHECK(master.defined() || !p.tensor.requires_grad(),
                   "checkpoint: the gradients plugin `", gradients_->name(),
                   "` holds no fp32 master for parameter ", p.name, " at rest (",

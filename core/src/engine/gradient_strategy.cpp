@@ -6,6 +6,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/gradient_strategy.h"
 #include "kolos/core/mesh.h"
+#include "kolos/core/optimizer.h"
 
 namespace kolos {
 
@@ -94,6 +95,11 @@ void GradientStrategy::scale_gradients(std::vector<GradPiece>& pieces, double fa
   for (auto& piece : pieces) {
     if (piece.grad.defined()) piece.grad.mul_(factor);
   }
+}
+
+at::Tensor GradientStrategy::master_of(const at::Tensor& param) {
+  AdamW* optimizer = adamw();
+  return optimizer != nullptr ? optimizer->master_of(param) : at::Tensor();
 }
 
 std::vector<PlacedParameter> GradientStrategy::parameters_at_rest() {

@@ -69,6 +69,11 @@ class GradientStrategy : public RolePlugin {
   virtual void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) = 0;
   virtual void zero_grad() = 0;
   // `sync`: this is the last micro-batch of the step; reduce its gradients.
+  // fp16: the loss scale of the step about to run, called after zero_grad();
+  // its gradients arrive multiplied by it, and the engine divides them by it
+  // (scale_gradients) before their norm. A strategy that takes norms as
+  // gradients become final needs it; the default ignores it.
+  virtual void set_loss_scale(double scale) { (void)scale; }
   virtual void prepare_backward(bool sync) = 0;
   virtual void finish_backward() = 0;
   virtual std::vector<GradPiece> grad_pieces() = 0;
@@ -103,6 +108,10 @@ class GradientStrategy : public RolePlugin {
   // checkpoints its fp32 masters in place of the low-precision parameters
   // at rest, and rounds them back into the parameters after a load.
   virtual AdamW* adamw() { return nullptr; }
+  // The fp32 master of a bf16/fp16 parameter at rest (one that
+  // parameters_at_rest() returned), what a checkpoint saves in its place;
+  // undefined when there is none. By default adamw()'s.
+  virtual at::Tensor master_of(const at::Tensor& param);
   // Called by Engine::load_state() once a state's pieces (and, under mixed
   // precision, the masters' roundings) are written: a strategy whose pieces
   // at rest are not the model's tensors makes the model's tensors whole
