@@ -182,6 +182,18 @@ class ChunkedMemory : public GradientStrategy {
                   std::to_string(m.sp) + " x tp " + std::to_string(m.tp) + ".");
     }
     reduce_in_fp32_ = cfg.train.reduce_dtype == "fp32" && cfg.train.precision != "fp32";
+    // ZeRO over chunks: stage 1 shards the optimizer's chunks (moments and
+    // masters) over the data-parallel group; the engine hands this plugin
+    // [parallel.zero] in the gradients plugin's place.
+    const ConfigSection zero = cfg.section("parallel.zero");
+    zero_stage_ = cfg.parallel.zero.stage;
+    if (zero_stage_ > 1) {
+      zero.fail("stage", std::to_string(zero_stage_) + " with [memory]: " + context.owner +
+                             " shards its optimizer chunks over dp (stage 1) in this version; "
+                             "stages 2 and 3 (gradient and parameter chunks sharded) are not "
+                             "implemented. Set parallel.zero.stage = 1 or 0.");
+    }
+    zero.check_keys({"stage"}, context.owner + " (which serves parallel.zero under [memory])");
     accumulation_ = context.accumulation;
   }
 
@@ -205,6 +217,10 @@ class ChunkedMemory : public GradientStrategy {
     KOLOS_CHECK(!params_.empty(), name(), ": the model has no trainable parameters");
     low_ = dtype_ != at::kFloat;
     kinds_ = low_ ? kKinds : kMaster;
+    if (zero_stage_ == 1) {
+      shards_ = group_->size();
+      shard_rank_ = group_->rank();
+    }
     lay_out_chunks(config);
     find_uses(config);
     build_trace();
@@ -285,14 +301,25 @@ class ChunkedMemory : public GradientStrategy {
     const int64_t t = optimizer_->step_count() + 1;
     for (size_t k = 0; k < num_chunks_; ++k) {
       begin(optimizer_begin_ + k);
-      const auto [first, last] = chunk_params_[k];
-      for (size_t i = first; i < last; ++i) {
-        for (double f : scales_) params_[i].tensor.mutable_grad().mul_(f);
+      if (owns(k)) {
+        const auto [first, last] = chunk_params_[k];
+        for (size_t i = first; i < last; ++i) {
+          for (double f : scales_) params_[i].tensor.mutable_grad().mul_(f);
+        }
+        optimizer_->update(lr, first, last, t);
+        for (Kind kind : {kExpAvg, kExpAvgSq, kMaster}) {
+          if (kind < kinds_) executor_->mark_dirty(id(kind, k));
+        }
       }
-      optimizer_->update(lr, first, last, t);
-      for (Kind kind : {kParam, kExpAvg, kExpAvgSq, kMaster}) {
-        if (kind < kinds_) executor_->mark_dirty(id(kind, k));
+      if (shards_ > 1) {
+        // ZeRO-1: the chunk's owner stepped it; every rank takes its
+        // parameters (the whole chunk, padding and all).
+        at::Tensor bytes = at::from_blob(executor_->chunk(id(kParam, k)), {kind_bytes(kParam)},
+                                         at::TensorOptions().dtype(at::kByte));
+        group_->broadcast(bytes, owner(k))->wait();
+        reduced_bytes_ += kind_bytes(kParam);
       }
+      executor_->mark_dirty(id(kParam, k));
     }
     end_current_step();
     optimizer_->set_step_count(t);
@@ -367,6 +394,7 @@ class ChunkedMemory : public GradientStrategy {
       if (kind >= kinds_) continue;
       std::vector<std::byte> bytes(static_cast<size_t>(kind_bytes(kind)));
       for (size_t k = 0; k < num_chunks_; ++k) {
+        if (!has(kind, k)) continue;  // another rank's optimizer chunk
         std::fill(bytes.begin(), bytes.end(), std::byte{0});
         const auto [first, last] = chunk_params_[k];
         for (size_t i = first; i < last; ++i) {
@@ -395,7 +423,15 @@ class ChunkedMemory : public GradientStrategy {
   }
 
  private:
-  ChunkId id(Kind kind, size_t k) const { return kind * num_chunks_ + k; }
+  // The executor's chunks: kind `kind`, index k. Under ZeRO-1 a rank holds
+  // the optimizer's chunks (moments, masters) of the indices it owns only.
+  ChunkId id(Kind kind, size_t k) const {
+    KOLOS_CHECK(has(kind, k), "internal error: no chunk ", k, " of kind ", kind, " here");
+    return ids_[kind][k];
+  }
+  bool has(Kind kind, size_t k) const { return ids_[kind][k] != kNoChunk; }
+  int owner(size_t k) const { return static_cast<int>(k % static_cast<size_t>(shards_)); }
+  bool owns(size_t k) const { return owner(k) == shard_rank_; }
   // Bytes of one element, of a chunk, and of parameter i's slot, in a kind.
   int64_t elem_bytes(size_t kind) const {
     return kind == kParam || kind == kGrad ? static_cast<int64_t>(c10::elementSize(dtype_)) : 4;
@@ -496,8 +532,16 @@ class ChunkedMemory : public GradientStrategy {
     const memory::StateKind kinds[kKinds] = {memory::StateKind::kParam, memory::StateKind::kGrad,
                                              memory::StateKind::kOptim, memory::StateKind::kOptim,
                                              memory::StateKind::kOptim};
+    ids_.assign(kKinds, std::vector<ChunkId>(num_chunks_, kNoChunk));
+    kind_of_.clear();
+    index_of_.clear();
     for (size_t kind = 0; kind < kinds_; ++kind) {
       for (size_t k = 0; k < num_chunks_; ++k) {
+        const bool optimizer = kind == kExpAvg || kind == kExpAvgSq || kind == kMaster;
+        if (optimizer && !owns(k)) continue;
+        ids_[kind][k] = trace_.chunks.size();
+        kind_of_.push_back(static_cast<Kind>(kind));
+        index_of_.push_back(k);
         trace_.chunks.push_back({kind_bytes(kind), kinds[kind]});
       }
     }
@@ -515,16 +559,19 @@ class ChunkedMemory : public GradientStrategy {
     optimizer_begin_ = steps_.size();
     for (size_t k = 0; k < num_chunks_; ++k) {
       steps_.push_back({TraceStep::kOptimizer, k});
-      trace_.steps.push_back({id(kParam, k), id(kGrad, k), id(kExpAvg, k), id(kExpAvgSq, k)});
-      if (low_) trace_.steps.back().push_back(id(kMaster, k));
+      trace_.steps.push_back({id(kParam, k)});
+      if (!owns(k)) continue;  // ZeRO-1: it receives the chunk's parameters
+      for (Kind kind : {kGrad, kExpAvg, kExpAvgSq, kMaster}) {
+        if (kind < kinds_) trace_.steps.back().push_back(id(kind, k));
+      }
     }
     // A gradient chunk is zeroed where the iteration first uses it.
     zero_at_.assign(steps_.size(), {});
     std::vector<bool> seen(num_chunks_, false);
     for (size_t s = 0; s < steps_.size(); ++s) {
       for (ChunkId c : trace_.steps[s]) {
-        if (c / num_chunks_ != kGrad || seen[c % num_chunks_]) continue;
-        seen[c % num_chunks_] = true;
+        if (kind_of_[c] != kGrad || seen[index_of_[c]]) continue;
+        seen[index_of_[c]] = true;
         zero_at_[s].push_back(c);
       }
     }
@@ -602,9 +649,9 @@ class ChunkedMemory : public GradientStrategy {
     options.nvme.threads = static_cast<int>(settings_.io_threads);
     options.init = [this](ChunkId c, std::byte* dst, int64_t bytes) {
       std::memset(dst, 0, static_cast<size_t>(bytes));
-      const size_t kind = c / num_chunks_;
+      const size_t kind = kind_of_[c];
       if (kind != kParam && kind != kMaster) return;
-      const auto [first, last] = chunk_params_[c % num_chunks_];
+      const auto [first, last] = chunk_params_[index_of_[c]];
       for (size_t i = first; i < last; ++i) {
         const at::Tensor& param = params_[i].tensor;
         if (kind == kParam) {
@@ -622,7 +669,7 @@ class ChunkedMemory : public GradientStrategy {
     }
     // The chunks hold the parameters now: their own memory goes.
     for (auto& p : params_) free_storage(p.tensor);
-    bound_.assign(kinds_ * num_chunks_, false);
+    bound_.assign(trace_.chunks.size(), false);
   }
 
   void install_hooks() {
@@ -644,8 +691,8 @@ class ChunkedMemory : public GradientStrategy {
 
   // Points every tensor of chunk `c` into `base` (nullptr: no memory).
   void bind(ChunkId c, std::byte* base) {
-    const size_t kind = c / num_chunks_;
-    const auto [first, last] = chunk_params_[c % num_chunks_];
+    const size_t kind = kind_of_[c];
+    const auto [first, last] = chunk_params_[index_of_[c]];
     for (size_t i = first; i < last; ++i) {
       c10::StorageImpl* s = tensor_of(kind, i).storage().unsafeGetStorageImpl();
       if (base == nullptr) {
@@ -713,11 +760,11 @@ class ChunkedMemory : public GradientStrategy {
     }
     for (ChunkId c : trace_.steps[s]) bind(c, executor_->chunk(c));
     for (ChunkId c : zero_at_[s]) {
-      std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(c / num_chunks_)));
+      std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(kind_of_[c])));
     }
     if (steps_[s].type == TraceStep::kBackward) {
       for (ChunkId c : trace_.steps[s]) {
-        if (c / num_chunks_ == kGrad) executor_->mark_dirty(c);
+        if (kind_of_[c] == kGrad) executor_->mark_dirty(c);
       }
     }
     count_resident();
@@ -731,8 +778,8 @@ class ChunkedMemory : public GradientStrategy {
     int64_t total = 0;
     for (ChunkId c = 0; c < bound_.size(); ++c) {
       if (!executor_->resident(c)) continue;
-      by_kind[c / num_chunks_] += kind_bytes(c / num_chunks_);
-      total += kind_bytes(c / num_chunks_);
+      by_kind[kind_of_[c]] += kind_bytes(kind_of_[c]);
+      total += kind_bytes(kind_of_[c]);
     }
     if (total > peak_total_) {
       peak_total_ = total;
@@ -749,7 +796,14 @@ class ChunkedMemory : public GradientStrategy {
       if (kind >= kinds_) continue;
       std::vector<std::byte> bytes(static_cast<size_t>(kind_bytes(kind)));
       for (size_t k = 0; k < num_chunks_; ++k) {
-        executor_->read_chunk(id(kind, k), bytes.data());
+        if (has(kind, k)) executor_->read_chunk(id(kind, k), bytes.data());
+        if (kind != kParam && shards_ > 1) {
+          // ZeRO-1: the owner's optimizer chunk, to every rank (a checkpoint
+          // holds every piece on every rank of the group).
+          at::Tensor t = at::from_blob(bytes.data(), {kind_bytes(kind)},
+                                       at::TensorOptions().dtype(at::kByte));
+          group_->broadcast(t, owner(k))->wait();
+        }
         const auto [first, last] = chunk_params_[k];
         for (size_t i = first; i < last; ++i) {
           at::Tensor t =
@@ -787,7 +841,14 @@ class ChunkedMemory : public GradientStrategy {
   bool reduce_in_fp32_ = false;
   memory::ChunkSearchResult search_;
   memory::ChunkLayout layout_;
-  size_t num_chunks_ = 0;
+  size_t num_chunks_ = 0;  // per kind
+  static constexpr ChunkId kNoChunk = static_cast<ChunkId>(-1);
+  std::vector<std::vector<ChunkId>> ids_;  // [kind][index]: the executor's chunk, or kNoChunk
+  std::vector<Kind> kind_of_;              // [chunk]
+  std::vector<size_t> index_of_;           // [chunk]
+  int64_t zero_stage_ = 0;
+  int shards_ = 1;       // ZeRO-1: ranks the optimizer chunks are spread over
+  int shard_rank_ = 0;   // this rank's place among them
   std::vector<PlacedParameter> params_;                // trainable, in model order
   std::vector<std::pair<size_t, size_t>> chunk_params_;  // [chunk]: parameters [first, last)
   std::vector<std::vector<size_t>> uses_;              // [block]: parameters it reads

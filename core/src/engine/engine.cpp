@@ -146,15 +146,18 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
           : create_plugin<PipelineSchedule>(registry, config, "pipeline", plan.roles.pipeline);
   // The memory role's plugin keeps the gradients and the optimizer states
   // in its chunks: it serves in the gradients role's place.
+  // parallel.zero.stage reaches it then: it shards its own chunks (or
+  // refuses the stage, at its line).
   const bool memory = !plan.roles.memory.empty();
-  if (memory && plan.roles.gradients != role_spec("gradients").builtin) {
+  if (memory && plan.roles.gradients != role_spec("gradients").builtin &&
+      config.plugins.by_role.count("gradients") != 0) {
     throw ConfigError(located(
         config, config.plugins.by_role.count("gradients") ? "plugins.gradients" : "parallel.zero",
         "the memory plugin `" + plan.roles.memory +
             "` keeps gradients and optimizer states itself and does not run with the gradients "
             "plugin `" +
-            plan.roles.gradients + "` (ZeRO over chunks is not implemented); remove [memory] or " +
-            "set parallel.zero.stage = 0."));
+            plan.roles.gradients + "`; remove [plugins] gradients (parallel.zero.stage = 1 " +
+            "shards the chunks over dp) or remove [memory]."));
   }
   plan.gradients = memory ? create_plugin<GradientStrategy>(registry, config, "memory",
                                                             plan.roles.memory)

@@ -258,9 +258,15 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
     m.read("offload", offload);
     add(e.terms, "chunks, compute tier", budget,
         "memory.compute_budget: parameters, gradients, AdamW m and v resident");
-    add(e.terms, "chunks, host tier", offload == "nvme" ? 0.0 : 16 * p.params,
+    // Parameters and gradients in the run's dtype; m, v and (bf16/fp16) the
+    // masters in fp32, spread over dp x sp under parallel.zero.stage = 1.
+    const double shards = config.parallel.zero.stage == 1 ? double(mesh.dp * mesh.sp) : 1.0;
+    const double optim = (8 + (elem < 4 ? 4 : 0)) / shards;
+    const double per_param = 2 * elem + optim;
+    add(e.terms, "chunks, host tier", offload == "nvme" ? 0.0 : per_param * p.params,
         offload == "nvme" ? "on NVMe (memory.offload = \"nvme\")"
-                          : "every chunk's copy: " + count + " x 16 B");
+                          : "every chunk's copy: " + count + " x " + fmt_count(per_param) +
+                                " B" + (shards > 1 ? " (optimizer chunks / dp x sp)" : ""));
   } else if (g == "zero3") {
     add(e.terms, "parameters", elem * (p.params / dp + 2 * p.block),
         count + " / dp " + std::to_string(mesh.dp) + " + 2 blocks gathered");

@@ -12,7 +12,8 @@
 // and the numbers. At 2 ranks: with data parallelism (every rank holding
 // every chunk), the serial run's results within the harness's tolerance.
 // bf16 and fp16 (masters in chunks of their own), an fp16 step skipped for
-// overflow, and bf16 checkpoints both ways: bit-equal too.
+// overflow, and bf16 checkpoints both ways: bit-equal too. ZeRO-1 over
+// chunks at 2 ranks: bit-equal to the in-memory dp run, checkpoints both ways.
 // At 2, 4 and 8 ranks: with tensor and sequence parallelism, bit-equal to the
 // same mix held in memory.
 #include <gtest/gtest.h>
@@ -251,6 +252,76 @@ TEST(ChunksWithDp, MatchesTheSerialRun) {
   }
 }
 
+// ---- ZeRO-1 over chunks --------------------------------------------------------
+
+// parallel.zero.stage = 1: each dp rank holds and steps the optimizer chunks
+// (moments and, under bf16, masters) of every other chunk index, then
+// broadcasts that chunk's parameters: the in-memory dp run, bit for bit.
+TEST(ChunksWithZero1, BitEqualToDpInMemory) {
+  REQUIRE_RANKS(2);
+  const std::string nvme = testing::shared_tmpdir("chunks-zero1");
+  for (const char* precision : {"fp32", "bf16"}) {
+    const std::vector<std::string> dp = {"parallel.data=2",
+                                         "train.precision=\"" + std::string(precision) + "\""};
+    const auto in_memory = testing::run_and_record(config(dp), testing::world_group());
+    testing::expect_records_bit_equal(
+        in_memory,
+        testing::run_and_record(
+            config(plus(plus(chunks("auto", "nvme", nvme), dp), {"parallel.zero.stage=1"})),
+            testing::world_group()),
+        std::string(precision) + ", zero1, auto, nvme");
+    testing::expect_records_bit_equal(
+        in_memory,
+        testing::run_and_record(config(plus(plus(chunks("static", "host"), dp),
+                                            {"parallel.zero.stage=1", "memory.optim_fraction=0.1"})),
+                                testing::world_group()),
+        std::string(precision) + ", zero1, static, host");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (testing::world_rank() == 0) fs::remove_all(nvme);
+}
+
+// A checkpoint of ZeRO-1 chunks holds every rank's optimizer chunks: it
+// resumes in memory, and a checkpoint from memory resumes in ZeRO-1 chunks,
+// with the losses and parameters of the uninterrupted run.
+TEST(ChunksWithZero1, CheckpointBothWays) {
+  REQUIRE_RANKS(2);
+  const std::vector<std::string> dp = {"parallel.data=2", "train.precision=\"bf16\""};
+  const auto zero1 = plus(plus(chunks("auto", "host"), dp), {"parallel.zero.stage=1"});
+  auto engine = [](const std::vector<std::string>& o) {
+    modules::register_builtin_models();
+    return std::make_unique<Engine>(config(o), testing::world_group(),
+                                    [](const RunConfig& c) { return data::make_source(c); });
+  };
+  auto straight = engine(dp);
+  std::vector<double> expected;
+  for (int s = 0; s < kSteps; ++s) expected.push_back(straight->step().loss);
+  const auto want = straight->gathered_parameters();
+  for (const auto& [a, b] : std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
+           {zero1, dp}, {dp, zero1}}) {
+    const std::string root = testing::shared_tmpdir("chunks-zero1-ckpt");
+    std::vector<double> losses;
+    {
+      auto first = engine(a);
+      for (int s = 0; s < kSteps / 2; ++s) losses.push_back(first->step().loss);
+      checkpoint::Checkpointer(testing::world_group(), {root, 0, false}).save(first->state());
+    }
+    auto second = engine(b);
+    TrainingState state = second->state();
+    checkpoint::Checkpointer(testing::world_group(), {root, 0, false}).load(root, state);
+    second->load_state(state);
+    for (int s = kSteps / 2; s < kSteps; ++s) losses.push_back(second->step().loss);
+    EXPECT_EQ(losses, expected) << (a == zero1 ? "zero1 chunks -> memory" : "memory -> zero1 chunks");
+    const auto got = second->gathered_parameters();
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(torch::equal(want[i].second, got[i].second)) << want[i].first;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (testing::world_rank() == 0) fs::remove_all(root);
+  }
+}
+
 // ---- with tensor and sequence parallelism ------------------------------------
 
 // The chunks hold this rank's pieces of the mix; its tensor- and
@@ -364,8 +435,11 @@ TEST(ChunksBadInput, RefusedWithTheNumbers) {
   e = testing::config_error(plus(chunks("auto", "host"), {"memory.unknown=1"}));
   EXPECT_NE(e.find("memory.unknown"), std::string::npos) << e;
   // Mixes this version does not run.
-  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.zero.stage=1"}));
-  EXPECT_NE(e.find("zero1"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.zero.stage=2"}));
+  EXPECT_NE(e.find("parallel.zero.stage"), std::string::npos) << e;
+  EXPECT_NE(e.find("stage 1"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"), {"plugins.gradients=\"zero1\""}));
+  EXPECT_NE(e.find("plugins.gradients"), std::string::npos) << e;
   e = testing::config_error(plus(chunks("auto", "host"), {"parallel.pipeline.size=2"}));
   EXPECT_NE(e.find("pipeline parallelism"), std::string::npos) << e;
   EXPECT_NE(e.find("pp 2"), std::string::npos) << e;
