@@ -99,7 +99,9 @@ const SettingsTable<ChunkSettings>& settings_table() {
 enum Kind : size_t { kParam = 0, kGrad = 1, kExpAvg = 2, kExpAvgSq = 3, kMaster = 4, kKinds = 5 };
 
 struct TraceStep {
-  enum Type { kForward, kBackward, kOptimizer } type;
+  // kTied: after the last backward under pipelining, the gradients of tied
+  // weights (copies on several stages) resident while the pipeline sums them.
+  enum Type { kForward, kBackward, kTied, kOptimizer } type;
   size_t index;  // the block (forward, backward) or the chunk (optimizer)
 };
 
@@ -169,17 +171,20 @@ class ChunkedMemory : public GradientStrategy {
       s.fail("io_threads", "applies to offload = \"nvme\" only.");
     }
     // What this version composes with: data parallelism (every rank holding
-    // every chunk), tensor parallelism of every mode and sequence parallelism
-    // of every mode (the chunks hold this rank's pieces), in every precision;
-    // every other mix is refused here.
+    // every chunk), tensor and sequence parallelism of every mode and the
+    // pipeline's schedules but zero-bubble (the chunks hold this rank's
+    // pieces), in every precision; every other mix is refused here.
     const MeshShape& m = context.shape;
     const RunConfig& cfg = context.config;
     if (m.pp != 1) {
-      s.fail_here(context.owner +
-                  " does not compose with pipeline parallelism in this version (data, tensor "
-                  "and sequence parallelism do); the mesh is pp " +
-                  std::to_string(m.pp) + " x dp " + std::to_string(m.dp) + " x sp " +
-                  std::to_string(m.sp) + " x tp " + std::to_string(m.tp) + ".");
+      std::string schedule = "1f1b";
+      cfg.section("parallel.pipeline").read("schedule", schedule);
+      if (schedule == "zb") {
+        s.fail_here(context.owner +
+                    " does not compose with the zero-bubble schedule in this version (its "
+                    "backward runs as separate input and weight passes); use "
+                    "parallel.pipeline.schedule = \"1f1b\", \"gpipe\" or \"interleaved\".");
+      }
     }
     reduce_in_fp32_ = cfg.train.reduce_dtype == "fp32" && cfg.train.precision != "fp32";
     // ZeRO over chunks: stage 1 shards the optimizer's chunks (moments and
@@ -252,6 +257,7 @@ class ChunkedMemory : public GradientStrategy {
     materialized_.clear();  // copies made for a checkpoint
     std::fill(norms_.begin(), norms_.end(), at::Tensor());
     std::fill(finite_.begin(), finite_.end(), true);
+    tied_done_ = false;
     unscale_.reset();
     scales_.clear();
   }
@@ -261,16 +267,26 @@ class ChunkedMemory : public GradientStrategy {
   void finish_backward() override {
     // The last backward step ends here: its gradients' norms.
     end_current_step();
+    if (tied_step_ != kNoStep) begin(tied_step_);
     KOLOS_CHECK(cursor_ == optimizer_begin_, name(), ": backward ended at trace step ", cursor_,
                 ", expected ", optimizer_begin_,
                 " (the blocks did not run in the order the trace was made for)");
   }
 
-  std::vector<GradPiece> grad_pieces() override { return {}; }
+  // Under pipelining, the tied weights' gradients (resident in the tied
+  // step): the pipeline sums them over their holders in place; their norms
+  // are taken after (tied_norms). Every other gradient is final already.
+  std::vector<GradPiece> grad_pieces() override {
+    std::vector<GradPiece> pieces;
+    if (tied_step_ == kNoStep || current_ != tied_step_) return pieces;
+    for (size_t i : tied_) pieces.push_back(GradPiece{params_[i].tensor.grad(), params_[i].placement});
+    return pieces;
+  }
 
   void set_loss_scale(double scale) override { unscale_ = 1.0 / scale; }
 
   bool gradients_finite(const std::vector<GradPiece>&) override {
+    tied_norms();
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!finite_[i]) return false;
     }
@@ -278,6 +294,7 @@ class ChunkedMemory : public GradientStrategy {
   }
 
   double gradient_norm(const std::vector<GradPiece>&, const DeviceMesh& mesh) override {
+    tied_norms();
     // global_grad_norm()'s arithmetic on the norms taken where each
     // gradient became final: replicated pieces counted once, sharded ones
     // (tensor parallelism) summed over their group.
@@ -545,16 +562,39 @@ class ChunkedMemory : public GradientStrategy {
         trace_.chunks.push_back({kind_bytes(kind), kinds[kind]});
       }
     }
-    const size_t blocks = uses_.size();
-    for (int64_t m = 0; m < accumulation_; ++m) {
-      for (size_t b = 0; b < blocks; ++b) {
-        steps_.push_back({TraceStep::kForward, b});
-        trace_.steps.push_back(chunks_of(uses_[b], {kParam}));
+    // The passes of blocks: the pipeline's order on this rank, else every
+    // block forward then backward, per micro-batch.
+    std::vector<Model::BlockPass> passes = model_->block_passes();
+    KOLOS_CHECK(!model_->backward_split(), name(),
+                ": the pipeline splits backward into input and weight passes (zero-bubble)");
+    if (passes.empty()) {
+      for (int64_t m = 0; m < accumulation_; ++m) {
+        passes.push_back({false, 0, uses_.size()});
+        passes.push_back({true, 0, uses_.size()});
       }
-      for (size_t b = blocks; b-- > 0;) {
-        steps_.push_back({TraceStep::kBackward, b});
-        trace_.steps.push_back(chunks_of(uses_[b], {kParam, kGrad}));
+    }
+    for (const Model::BlockPass& pass : passes) {
+      for (size_t j = pass.first; j < pass.last; ++j) {
+        const size_t b = pass.backward ? pass.last - 1 - (j - pass.first) : j;
+        steps_.push_back({pass.backward ? TraceStep::kBackward : TraceStep::kForward, b});
+        trace_.steps.push_back(
+            chunks_of(uses_[b], pass.backward ? std::initializer_list<Kind>{kParam, kGrad}
+                                              : std::initializer_list<Kind>{kParam}));
       }
+    }
+    // Tied weights: a stage's copies of parameters other stages hold too
+    // (not sharded along pp), summed by the pipeline after backward.
+    tied_.clear();
+    if (model_->pipelined()) {
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (!params_[i].placement.sharded().contains(Axis::kPP)) tied_.push_back(i);
+      }
+    }
+    tied_step_ = kNoStep;
+    if (!tied_.empty()) {
+      tied_step_ = steps_.size();
+      steps_.push_back({TraceStep::kTied, 0});
+      trace_.steps.push_back(chunks_of(tied_, {kGrad}));
     }
     optimizer_begin_ = steps_.size();
     for (size_t k = 0; k < num_chunks_; ++k) {
@@ -592,6 +632,12 @@ class ChunkedMemory : public GradientStrategy {
     }
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!done[i]) unused_.push_back(i);
+    }
+    is_tied_.assign(params_.size(), false);
+    for (size_t i : tied_) {
+      KOLOS_CHECK(done[i], name(), ": tied weight ", params_[i].name,
+                  " is read by no block of this stage");
+      is_tied_[i] = true;
     }
   }
 
@@ -737,13 +783,29 @@ class ChunkedMemory : public GradientStrategy {
         reduced_bytes_ += reduced.numel() * reduced.element_size();
         ++reductions_;
       }
-      // As in memory: finiteness of the gradient as backward left it; the
-      // norm after the engine's unscaling (fp16: 1 / loss scale, applied
-      // to this copy here and to the gradient itself in step()).
-      finite_[i] = !unscale_ || torch::isfinite(grad).all().item<bool>();
-      norms_[i] = (unscale_ ? grad * *unscale_ : grad).norm();
+      if (!is_tied_[i]) take_norm(i);  // a tied weight's after the pipeline's sum
     }
     in_step_ = false;
+  }
+
+  // As in memory: finiteness of the gradient as backward left it; the norm
+  // after the engine's unscaling (fp16: 1 / loss scale, applied to this
+  // copy here and to the gradient itself in step()).
+  void take_norm(size_t i) {
+    const at::Tensor& grad = params_[i].tensor.grad();
+    finite_[i] = !unscale_ || torch::isfinite(grad).all().item<bool>();
+    norms_[i] = (unscale_ ? grad * *unscale_ : grad).norm();
+  }
+
+  // The tied weights' norms, once the pipeline has summed them (the engine
+  // asks for finiteness or the norm only after that).
+  void tied_norms() {
+    if (tied_step_ == kNoStep || tied_done_) return;
+    KOLOS_CHECK(in_step_ && current_ == tied_step_, "internal error: ", name(),
+                ": tied gradients asked for outside their step");
+    torch::NoGradGuard no_grad;
+    for (size_t i : tied_) take_norm(i);
+    tied_done_ = true;
   }
 
   void begin(size_t s) {
@@ -842,6 +904,11 @@ class ChunkedMemory : public GradientStrategy {
   memory::ChunkSearchResult search_;
   memory::ChunkLayout layout_;
   size_t num_chunks_ = 0;  // per kind
+  static constexpr size_t kNoStep = static_cast<size_t>(-1);
+  std::vector<size_t> tied_;   // parameters that are tied weights' copies (pipelining)
+  std::vector<bool> is_tied_;  // [parameter]
+  size_t tied_step_ = kNoStep;
+  bool tied_done_ = false;
   static constexpr ChunkId kNoChunk = static_cast<ChunkId>(-1);
   std::vector<std::vector<ChunkId>> ids_;  // [kind][index]: the executor's chunk, or kNoChunk
   std::vector<Kind> kind_of_;              // [chunk]

@@ -266,6 +266,17 @@ void PipelineExecutor::setup(Model& model, const DeviceMesh& mesh, const RunConf
       last_weight_pass_ = i;
     }
   }
+  // The passes of blocks this rank runs per step, for a memory plugin that
+  // plans from them.
+  std::vector<Model::BlockPass> passes;
+  bool split = false;
+  for (const Action& action : actions_) {
+    if (!is_compute(action.op)) continue;
+    split |= action.op == Op::kBackwardInput || action.op == Op::kBackwardWeight;
+    const Chunk& chunk = chunks_.at(static_cast<size_t>(action.chunk));
+    passes.push_back({action.op != Op::kForward, chunk.first, chunk.last});
+  }
+  model.set_block_passes(std::move(passes), split);
   const int64_t largest_tag = tag(3, 0, 0) + static_cast<int64_t>(tied_.size()) * 2;
   KOLOS_CHECK_KIND(kConfig, largest_tag < (1 << 30), "pipeline: ", S, " virtual stages x ", M,
                    " micro-batches need more message tags than MPI offers");

@@ -322,31 +322,39 @@ TEST(ChunksWithZero1, CheckpointBothWays) {
   }
 }
 
-// ---- with tensor and sequence parallelism ------------------------------------
+// ---- with tensor, sequence and pipeline parallelism ----------------------------
 
 // The chunks hold this rank's pieces of the mix; its tensor- and
 // sequence-parallel collectives run inside the blocks as they do in memory,
 // gradients are averaged over dp x sp, and the norm sums sharded pieces over
 // their groups: the same mix held in memory (the default dp plugin), bit for
 // bit. At 2 ranks: tensor 1d, Megatron, Ulysses and ring sequence
-// parallelism; at 4: tensor 2d, hybrid sequence parallelism and dp x tp; at
-// 8: tensor 2.5d and 3d.
-void expect_mixes_bit_equal(const std::vector<std::vector<std::string>>& mixes) {
+// parallelism, the pipeline's 1F1B, GPipe and interleaved schedules (the
+// chunks follow the schedule's passes; tied weights' copies are summed by
+// the pipeline while their gradient chunks are resident); at 4: tensor 2d,
+// hybrid sequence parallelism, dp x tp, dp x pp under ZeRO-1 and tp x pp;
+// at 8: tensor 2.5d and 3d.
+// `chunks_only`: overrides of the chunked runs alone (parallel.zero.stage =
+// 1 shards the chunks; the reference is the dp plugin's run).
+void expect_mixes_bit_equal(const std::vector<std::vector<std::string>>& mixes,
+                            const std::vector<std::string>& chunks_only = {}) {
   const std::string nvme = testing::shared_tmpdir("chunks-mix");
   for (const auto& mix : mixes) {
     std::string label;
     for (const auto& o : mix) label += o + " ";
+    for (const auto& o : chunks_only) label += "chunks: " + o + " ";
     const auto in_memory = testing::run_and_record(config(mix), testing::world_group());
     EXPECT_LT(in_memory.losses.back(), in_memory.losses.front()) << label;
     testing::expect_records_bit_equal(
         in_memory,
-        testing::run_and_record(config(plus(chunks("auto", "nvme", nvme), mix)),
+        testing::run_and_record(config(plus(plus(chunks("auto", "nvme", nvme), mix), chunks_only)),
                                 testing::world_group()),
         label + "(auto, nvme)");
     testing::expect_records_bit_equal(
         in_memory,
         testing::run_and_record(
-            config(plus(plus(chunks("static", "host"), mix), {"memory.param_fraction=0.1"})),
+            config(plus(plus(plus(chunks("static", "host"), mix), chunks_only),
+                        {"memory.param_fraction=0.1"})),
             testing::world_group()),
         label + "(static, host)");
   }
@@ -357,7 +365,7 @@ void expect_mixes_bit_equal(const std::vector<std::vector<std::string>>& mixes) 
   }
 }
 
-TEST(ChunksWithTensorAndSequence, BitEqualToTheMixInMemoryAt2) {
+TEST(ChunksInParallelMixes, BitEqualToTheMixInMemoryAt2) {
   REQUIRE_RANKS(2);
   expect_mixes_bit_equal({
       {"parallel.tensor.size=2"},
@@ -366,20 +374,28 @@ TEST(ChunksWithTensorAndSequence, BitEqualToTheMixInMemoryAt2) {
       {"parallel.sequence.size=2", "parallel.sequence.mode=\"ring\""},
       {"parallel.data=2", "train.precision=\"bf16\""},
       {"parallel.tensor.size=2", "train.precision=\"fp16\""},
+      {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""},
+      {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"gpipe\"",
+       "train.recompute=\"full\""},
+      {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"interleaved\"",
+       "parallel.pipeline.chunks=2", "model.layers=6", "train.precision=\"bf16\""},
   });
 }
 
-TEST(ChunksWithTensorAndSequence, BitEqualToTheMixInMemoryAt4) {
+TEST(ChunksInParallelMixes, BitEqualToTheMixInMemoryAt4) {
   REQUIRE_RANKS(4);
   expect_mixes_bit_equal({
       {"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""},
       {"parallel.sequence.size=4", "parallel.sequence.mode=\"hybrid\"",
        "parallel.sequence.ulysses=2"},
       {"parallel.data=2", "parallel.tensor.size=2"},
+      {"parallel.tensor.size=2", "parallel.pipeline.size=2", "train.precision=\"fp16\""},
   });
+  expect_mixes_bit_equal({{"parallel.data=2", "parallel.pipeline.size=2"}},
+                         {"parallel.zero.stage=1"});
 }
 
-TEST(ChunksWithTensorAndSequence, BitEqualToTheMixInMemoryAt8) {
+TEST(ChunksInParallelMixes, BitEqualToTheMixInMemoryAt8) {
   REQUIRE_RANKS(8);
   expect_mixes_bit_equal({
       {"parallel.tensor.size=8", "parallel.tensor.mode=\"2.5d\"", "parallel.tensor.depth=2"},
@@ -440,9 +456,9 @@ TEST(ChunksBadInput, RefusedWithTheNumbers) {
   EXPECT_NE(e.find("stage 1"), std::string::npos) << e;
   e = testing::config_error(plus(chunks("auto", "host"), {"plugins.gradients=\"zero1\""}));
   EXPECT_NE(e.find("plugins.gradients"), std::string::npos) << e;
-  e = testing::config_error(plus(chunks("auto", "host"), {"parallel.pipeline.size=2"}));
-  EXPECT_NE(e.find("pipeline parallelism"), std::string::npos) << e;
-  EXPECT_NE(e.find("pp 2"), std::string::npos) << e;
+  e = testing::config_error(plus(chunks("auto", "host"),
+                                 {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"zb\""}));
+  EXPECT_NE(e.find("zero-bubble"), std::string::npos) << e;
 }
 
 }  // namespace

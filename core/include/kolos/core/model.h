@@ -90,6 +90,22 @@ class Model : public torch::nn::Module {
   // tied weights). Needs every parameter whole; leaves the default CPU RNG
   // as it found it. Also records each block's output shape for `sample`.
   void find_block_reads(const at::Tensor& sample);
+  // The forward and backward passes this rank runs in one step, in order,
+  // each over blocks [first, last) for one micro-batch; set by a pipeline
+  // (set_block_passes), empty otherwise (every block forward, then every
+  // block backward, per micro-batch). backward_split: a schedule that splits
+  // backward into input and weight passes (zero-bubble), which do not map
+  // onto passes.
+  struct BlockPass {
+    bool backward = false;
+    size_t first = 0, last = 0;
+  };
+  void set_block_passes(std::vector<BlockPass> passes, bool backward_split) {
+    block_passes_ = std::move(passes);
+    backward_split_ = backward_split;
+  }
+  const std::vector<BlockPass>& block_passes() const { return block_passes_; }
+  bool backward_split() const { return backward_split_; }
   bool has_block_reads() const { return !block_reads_.empty(); }
   // [block] -> TensorImpls of the parameters it reads.
   const std::vector<std::vector<const void*>>& block_reads() const { return block_reads_; }
@@ -104,6 +120,8 @@ class Model : public torch::nn::Module {
   std::vector<int> stage_of_;
   int stage_ = 0;
   std::vector<std::vector<const void*>> block_reads_;
+  std::vector<BlockPass> block_passes_;
+  bool backward_split_ = false;
 };
 
 using ModelBuilder =
