@@ -279,8 +279,8 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                         continue;
                       }
                       if (off > 0 && !opt.offload_composes &&
-                          (c.pp * c.sp * c.tp > 1 || zero > 0)) {
-                        tally.drop("offload: the memory role runs with dp only, without ZeRO",
+                          (zero > 1 || (c.pp > 1 && c.schedule == Schedule::kZeroBubble))) {
+                        tally.drop("offload: the memory role runs with ZeRO 0-1, not zb",
                                    kStageMode, 1);
                         continue;
                       }
