@@ -72,7 +72,8 @@ std::string format_calibration(const std::string& host, const MachineRates& r) {
       << "[calibration]\nhost = \"" << host << "\"\n"
       << "gemm_flops = " << r.gemm_flops << "\nattention_flops = " << r.attention_flops
       << "\nelementwise_bytes = " << r.elementwise_bytes << "\nop_seconds = " << r.op_seconds
-      << "\nblock_factor = " << r.block_factor << "\nstep_factor = " << r.step_factor
+      << "\nblock_factor = " << r.block_factor << "\nblock_fixed = " << r.block_fixed
+      << "\nstep_factor = " << r.step_factor
       << "\ncores = " << r.cores << "\n";
   for (const auto& [flops, rate] : r.gemm_curve) {
     out << "\n[[calibration.gemm]]\nflops = " << flops << "\nrate = " << rate << "\n";
@@ -288,6 +289,7 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
   read_rates(t, rates);
   if (t.find("op_seconds") != nullptr) rates.op_seconds = t.number("op_seconds", false);
   if (t.find("block_factor") != nullptr) rates.block_factor = t.number("block_factor");
+  if (t.find("block_fixed") != nullptr) rates.block_fixed = t.number("block_fixed", false);
   if (t.find("step_factor") != nullptr) rates.step_factor = t.number("step_factor");
   if (t.find("cores") != nullptr) rates.cores = t.number("cores", false);
   // Each row of an optional array of tables `key`, as a Table of its own.

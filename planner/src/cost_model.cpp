@@ -190,6 +190,7 @@ double block_seconds(const ModelShape& m, const MachineRates& rates, double b, d
   cluster.intra_bandwidth = cluster.inter_bandwidth = cluster.host_bandwidth = 1;
   MachineRates r = rates;
   r.block_factor = 1;
+  r.block_fixed = 0;
   r.cores = 0;
   Candidate c;
   c.micro_batch = static_cast<int64_t>(b);
@@ -214,8 +215,9 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   // calibration's measured block factor.
   double block_f = 0, block_b = 0;
   block_times(w, mach, c, &block_f, &block_b);
-  block_f *= R.block_factor;
-  block_b *= R.block_factor;
+  // The fixed part: a third forward, two thirds backward, as the arithmetic.
+  block_f = block_f * R.block_factor + R.block_fixed / 3;
+  block_b = block_b * R.block_factor + 2 * R.block_fixed / 3;
   const BlockFlops fl = block_forward_flops(m, b);
   const double att_f = R.block_factor * fl.attention / split / R.attention_flops;
   const double bsh = b * s * h;

@@ -308,10 +308,11 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
 
   // A whole GPT block as modules/ builds it (LayerNorm, q/k/v/o with
   // biases, the attention core, a GELU MLP, two residual adds), forward and
-  // backward at the config's micro-batch: its time over what the rates
-  // predict for it is the block factor.
-  {
-    const int64_t b = config.train.micro_batch, s = m.seq_len, h = m.hidden;
+  // backward, at micro-batches from 1 to the config's B: measured =
+  // block_factor x predicted + block_fixed, a line fitted through them (at
+  // B = 1, or a line that does not fit: the ratio at B alone, no fixed part).
+  auto block_at = [&](int64_t b) -> std::pair<double, double> {
+    const int64_t s = m.seq_len, h = m.hidden;
     const int64_t f = m.mlp_ratio * h;
     auto param = [&](std::initializer_list<int64_t> shape) {
       return (at::randn(shape, opts) * 0.02).requires_grad_();
@@ -341,8 +342,29 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
     pl::ModelShape shape;
     shape.layers = 1, shape.hidden = h, shape.heads = m.heads, shape.seq_len = s;
     shape.vocab = m.vocab, shape.ffn_multiplier = m.mlp_ratio;
-    const double predicted = pl::block_seconds(shape, r, static_cast<double>(b), 4.0);
-    r.block_factor = measured / predicted;
+    return {measured, pl::block_seconds(shape, r, static_cast<double>(b), 4.0)};
+  };
+  {
+    // Sizes 1, 2, 4, ... up to B, each measured twice (the fastest kept:
+    // another tenant's burst only slows); a least-squares line.
+    const int64_t B = config.train.micro_batch;
+    std::vector<std::pair<double, double>> points;  // (predicted, measured)
+    for (int64_t b = 1;; b = std::min(2 * b, B)) {
+      const auto first = block_at(b), second = block_at(b);
+      points.emplace_back(first.second, std::min(first.first, second.first));
+      if (b == B) break;
+    }
+    const double n = static_cast<double>(points.size());
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (const auto& [x, y] : points) sx += x, sy += y, sxx += x * x, sxy += x * y;
+    const auto& [predicted_B, measured_B] = points.back();
+    r.block_factor = measured_B / predicted_B;
+    r.block_fixed = 0;
+    if (points.size() > 1) {
+      const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+      const double fixed = (sy - slope * sx) / n;
+      if (slope > 0 && fixed > 0) r.block_factor = slope, r.block_fixed = fixed;
+    }
   }
   // The cores the ranks may run on together: the union of their affinities
   // (bound ranks each see their own).

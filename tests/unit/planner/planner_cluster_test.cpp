@@ -159,12 +159,16 @@ TEST(PlannerCluster, CalibrationWrittenReadsBackWithItsCurveAndCollectives) {
   r.attention_flops = 1.5e10;
   r.elementwise_bytes = 3e9;
   r.op_seconds = 4e-6;
+  r.block_factor = 1.25;
+  r.block_fixed = 3.5e-3;
   r.gemm_curve = {{6.5e4, 2e9}, {2.1e9, 4e10}};
   r.measured[{Collective::kAllGather, 2}] = {2.5e-5, 3e9};
   r.measured[{Collective::kSendRecv, 2}] = {1e-5, 6e9};
   const MachineRates back = parse_calibration(format_calibration("node-7", r), "c.toml", {});
   EXPECT_DOUBLE_EQ(back.gemm_flops, 4e10);
   EXPECT_DOUBLE_EQ(back.op_seconds, 4e-6);
+  EXPECT_DOUBLE_EQ(back.block_factor, 1.25);
+  EXPECT_DOUBLE_EQ(back.block_fixed, 3.5e-3);
   ASSERT_EQ(back.gemm_curve.size(), 2u);
   EXPECT_DOUBLE_EQ(back.gemm_curve[1].first, 2.1e9);
   ASSERT_EQ(back.measured.size(), 2u);

@@ -69,6 +69,11 @@ struct MachineRates {
   // the rates leave out (reshapes, masks, autograd's bookkeeping). Applies
   // to every block and the logit layer; 1: none.
   double block_factor = 1;
+  // Measured with the block at two micro-batch sizes: the part of a block's
+  // forward and backward that does not grow with the micro-batch (the
+  // kernels' and autograd's fixed costs per pass), seconds per block and
+  // micro-batch; the block factor is then the slope. 0: none.
+  double block_fixed = 0;
   // A whole training step of a reference run (data parallelism over every
   // rank) measured on this machine over what the model predicts for it:
   // what the model leaves out of a step (the optimizer's memory traffic
