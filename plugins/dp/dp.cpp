@@ -40,8 +40,7 @@ class DataParallel : public GradientStrategy {
     options.reduction = GradBuckets::Reduction::kAllReduce;
     options.bucket_bytes = config.parallel.bucket_kb > 0 ? config.parallel.bucket_kb * 1024
                                                          : config.parallel.bucket_mb * 1024 * 1024;
-    options.reduce_in_fp32 =
-        config.train.reduce_dtype == "fp32" && config.train.precision != "fp32";
+    options.reduce_in_fp32 = reduce_in_fp32(config);
     buckets_ = std::make_unique<GradBuckets>(std::move(bucketed), group_, options);
 
     // The .grad tensors keep their identity when the buckets are rebuilt.

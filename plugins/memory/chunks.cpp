@@ -186,7 +186,7 @@ class ChunkedMemory : public GradientStrategy {
                     "parallel.pipeline.schedule = \"1f1b\", \"gpipe\" or \"interleaved\".");
       }
     }
-    reduce_in_fp32_ = cfg.train.reduce_dtype == "fp32" && cfg.train.precision != "fp32";
+    reduce_in_fp32_ = reduce_in_fp32(cfg);
     // ZeRO over chunks: stage 1 shards the optimizer's chunks (moments and
     // masters) over the data-parallel group; the engine hands this plugin
     // [parallel.zero] in the gradients plugin's place.

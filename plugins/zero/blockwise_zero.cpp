@@ -58,7 +58,7 @@ void BlockwiseZero::configure(const PluginContext& context) {
 }
 
 void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) {
-  reduce_in_fp32_ = config.train.reduce_dtype == "fp32" && config.train.precision != "fp32";
+  reduce_in_fp32_ = reduce_in_fp32(config);
   shard_parameters(model, mesh);
   for (const auto& s : slots_) {
     const at::Tensor& t = s.param.tensor;

@@ -50,7 +50,7 @@ void BucketedZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& 
   options.reduction =
       whole_grads_ ? GradBuckets::Reduction::kAllReduce : GradBuckets::Reduction::kReduceScatter;
   options.bucket_bytes = bucket_bytes;
-  options.reduce_in_fp32 = config.train.reduce_dtype == "fp32" && config.train.precision != "fp32";
+  options.reduce_in_fp32 = reduce_in_fp32(config);
   buckets_ = std::make_unique<GradBuckets>(std::move(params), group_, options);
 }
 

@@ -107,6 +107,10 @@ std::vector<PlacedParameter> GradientStrategy::parameters_at_rest() {
   return model_->placed_parameters();
 }
 
+bool reduce_in_fp32(const RunConfig& config) {
+  return config.train.reduce_dtype == "fp32" && config.train.precision != "fp32";
+}
+
 AdamWSettings adamw_settings(const OptimConfig& config) {
   KOLOS_CHECK_KIND(kConfig, config.name == "adamw", "optim.name: unknown optimizer `",
                    config.name, "`; available: adamw");

@@ -143,4 +143,9 @@ struct AdamWSettings {
 };
 AdamWSettings adamw_settings(const OptimConfig& config);
 
+// Whether a gradients plugin reduces over its group in fp32: low-precision
+// gradients widened for the reduction and rounded back once
+// (train.reduce_dtype = "fp32" under bf16/fp16).
+bool reduce_in_fp32(const RunConfig& config);
+
 }  // namespace kolos

@@ -69,7 +69,7 @@ struct MachineRates {
   // the rates leave out (reshapes, masks, autograd's bookkeeping). Applies
   // to every block and the logit layer; 1: none.
   double block_factor = 1;
-  // Measured with the block at two micro-batch sizes: the part of a block's
+  // Measured with the block at micro-batches 1, 2, 4, ...: the part of a block's
   // forward and backward that does not grow with the micro-batch (the
   // kernels' and autograd's fixed costs per pass), seconds per block and
   // micro-batch; the block factor is then the slope. 0: none.
