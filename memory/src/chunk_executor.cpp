@@ -97,6 +97,8 @@ struct ChunkExecutor::Chunk {
   bool dirty = false;           // the arena copy is newer than the tier's
   bool reading = false;         // `read` is in flight into `buffer`
   bool read_failed = false;     // `buffer` holds no valid bytes; the tier's copy does
+  bool scratch = false;         // no tier copy (ExecutorOptions::scratch)
+  int64_t slot = -1;            // its NVMe slot (not scratch)
   std::future<void> read;
   AlignedBuffer host;  // the host tier's copy
 };
@@ -127,15 +129,28 @@ ChunkExecutor::ChunkExecutor(const AccessTrace& trace, const Plan& plan,
   replay(trace_, plan_);
   const std::size_t n = trace_.chunks.size();
   if (n == 0) throw Error("chunk executor: the trace has no chunks");
+  if (!options.scratch.empty() && options.scratch.size() != n) {
+    throw Error(detail::concat("chunk executor: scratch flags for ", options.scratch.size(),
+                               " chunks, but the trace has ", n));
+  }
+  chunks_.resize(n);
   int64_t largest = 0;
-  for (const ChunkInfo& c : trace_.chunks) largest = std::max(largest, c.bytes);
+  int64_t slots = 0;
+  for (std::size_t id = 0; id < n; ++id) {
+    largest = std::max(largest, trace_.chunks[id].bytes);
+    chunks_[id].scratch = !options.scratch.empty() && options.scratch[id];
+    if (!chunks_[id].scratch) chunks_[id].slot = slots++;
+  }
 
   if (tier_ == LowerTier::kNvme) {
+    // A trace of scratch chunks only still opens the store (one slot), so
+    // that a bad nvme_dir is found on every rank alike.
     store_ = std::make_unique<NvmeStore>(options.nvme,
                                          (largest + kDefaultDirectIoAlignment - 1) /
                                              kDefaultDirectIoAlignment * kDefaultDirectIoAlignment,
-                                         static_cast<int64_t>(n));
+                                         std::max<int64_t>(slots, 1));
     alignment_ = store_->alignment();
+    lower_tier_bytes_ = slots * store_->slot_bytes();
   } else {
     alignment_ = kDefaultDirectIoAlignment;
   }
@@ -163,7 +178,6 @@ ChunkExecutor::ChunkExecutor(const AccessTrace& trace, const Plan& plan,
     for (ChunkId c : trace_.steps[s]) needs_[s][c] = true;
   }
 
-  chunks_.resize(n);
   // Initial contents go to the lower tier through one staging buffer, so
   // that the tier's copy of every chunk is valid from the start: a clean
   // chunk can then always be dropped on eviction.
@@ -172,19 +186,21 @@ ChunkExecutor::ChunkExecutor(const AccessTrace& trace, const Plan& plan,
   for (std::size_t id = 0; id < n; ++id) {
     Chunk& c = chunks_[id];
     c.bytes = trace_.chunks[id].bytes;
+    if (c.scratch) continue;
     std::byte* dst = nullptr;
     if (store_) {
       dst = staging.get();
     } else {
       c.host = allocate_aligned(c.bytes, alignment_);
       dst = c.host.get();
+      lower_tier_bytes_ += c.bytes;
     }
     if (options.init) {
       options.init(id, dst, c.bytes);
     } else {
       std::memset(dst, 0, static_cast<std::size_t>(c.bytes));
     }
-    if (store_) store_->write(static_cast<int64_t>(id), dst, c.bytes).get();
+    if (store_) store_->write(c.slot, dst, c.bytes).get();
   }
 }
 
@@ -231,6 +247,11 @@ bool ChunkExecutor::resident(ChunkId id) const {
   return chunks_[id].buffer != nullptr;
 }
 
+bool ChunkExecutor::scratch(ChunkId id) const {
+  check_id(id, "scratch()");
+  return chunks_[id].scratch;
+}
+
 void ChunkExecutor::wait_read(ChunkId id) {
   Chunk& c = chunks_[id];
   if (!c.reading) return;
@@ -253,13 +274,14 @@ void ChunkExecutor::start_read(ChunkId id, bool wait) {
   KOLOS_CHECK(c.buffer == nullptr, "internal error: chunk ", id, " loaded while resident");
   c.buffer = arena_->allocate(c.bytes);
   c.dirty = false;
+  if (c.scratch) return;  // fresh pages; the caller fills them
   stats_.bytes_read += c.bytes;
   if (!store_) {
     std::memcpy(c.buffer, c.host.get(), static_cast<std::size_t>(c.bytes));
     return;
   }
   try {
-    c.read = store_->read(static_cast<int64_t>(id), c.buffer, c.bytes);
+    c.read = store_->read(c.slot, c.buffer, c.bytes);
   } catch (...) {
     c.read_failed = true;
     broken_ = true;
@@ -365,7 +387,16 @@ std::byte* ChunkExecutor::chunk(ChunkId id) {
 
 void ChunkExecutor::mark_dirty(ChunkId id) {
   chunk(id);  // the same checks
+  if (chunks_[id].scratch) {
+    throw Error(detail::concat(where(), ": mark_dirty(", id,
+                               ") of a scratch chunk, which has no tier copy to write"));
+  }
   chunks_[id].dirty = true;
+}
+
+void ChunkExecutor::discard(ChunkId id) {
+  chunk(id);  // the same checks
+  chunks_[id].dirty = false;
 }
 
 void ChunkExecutor::flush() {
@@ -384,7 +415,7 @@ void ChunkExecutor::write_back(const std::vector<ChunkId>& ids) {
     stats_.bytes_written += c.bytes;
     if (store_) {
       try {
-        writes.push_back(store_->write(static_cast<int64_t>(id), c.buffer, c.bytes));
+        writes.push_back(store_->write(c.slot, c.buffer, c.bytes));
       } catch (...) {
         broken_ = true;
         wait_all(writes);
@@ -406,6 +437,10 @@ void ChunkExecutor::write_back(const std::vector<ChunkId>& ids) {
 void ChunkExecutor::read_chunk(ChunkId id, void* dst) {
   check_id(id, "read_chunk()");
   Chunk& c = chunks_[id];
+  if (c.scratch) {
+    throw Error(detail::concat(where(), ": read_chunk(", id,
+                               ") of a scratch chunk, whose bytes are the caller's"));
+  }
   const auto bytes = static_cast<std::size_t>(c.bytes);
   if (c.buffer && !c.read_failed) {
     wait_read(id);
@@ -419,11 +454,11 @@ void ChunkExecutor::read_chunk(ChunkId id, void* dst) {
   // Straight into `dst` when direct I/O can use it; through a bounce buffer
   // (one chunk, kept) otherwise.
   if (reinterpret_cast<std::uintptr_t>(dst) % static_cast<std::uintptr_t>(alignment_) == 0) {
-    store_->read(static_cast<int64_t>(id), dst, c.bytes).get();
+    store_->read(c.slot, dst, c.bytes).get();
     return;
   }
   if (!bounce_) bounce_ = allocate_aligned(store_->slot_bytes(), alignment_);
-  store_->read(static_cast<int64_t>(id), bounce_.get(), c.bytes).get();
+  store_->read(c.slot, bounce_.get(), c.bytes).get();
   std::memcpy(dst, bounce_.get(), bytes);
 }
 
@@ -431,6 +466,10 @@ void ChunkExecutor::write_chunk(ChunkId id, const void* src) {
   check_usable("write_chunk()");
   check_id(id, "write_chunk()");
   Chunk& c = chunks_[id];
+  if (c.scratch) {
+    throw Error(detail::concat(where(), ": write_chunk(", id,
+                               ") of a scratch chunk, which has no tier copy"));
+  }
   const auto bytes = static_cast<std::size_t>(c.bytes);
   if (c.buffer) {
     wait_read(id);
@@ -445,7 +484,7 @@ void ChunkExecutor::write_chunk(ChunkId id, const void* src) {
   if (!bounce_) bounce_ = allocate_aligned(store_->slot_bytes(), alignment_);
   std::memcpy(bounce_.get(), src, bytes);
   try {
-    store_->write(static_cast<int64_t>(id), bounce_.get(), c.bytes).get();
+    store_->write(c.slot, bounce_.get(), c.bytes).get();
   } catch (...) {
     broken_ = true;
     throw;

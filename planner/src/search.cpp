@@ -149,6 +149,8 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
   std::priority_queue<Quick> best;  // the `refine` fastest by the closed form (a max-heap)
   double least_memory = -1;
   Candidate least_candidate;
+  double least_host = -1;  // the smallest host memory an offloaded plan dropped for it needed
+  Candidate least_host_candidate;
   std::vector<MemoryPart> least_parts;
 
   for (const int64_t pp : divisors(N)) {
@@ -278,9 +280,9 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                                    kStageMode, 1);
                         continue;
                       }
-                      if (off > 0 && !opt.offload_composes &&
-                          (zero > 1 || (c.pp > 1 && c.schedule == Schedule::kZeroBubble))) {
-                        tally.drop("offload: the memory role runs with ZeRO 0-1, not zb",
+                      if (off > 0 && !opt.offload_composes && c.pp > 1 &&
+                          c.schedule == Schedule::kZeroBubble) {
+                        tally.drop("offload: the memory role does not run the zb schedule",
                                    kStageMode, 1);
                         continue;
                       }
@@ -299,6 +301,9 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                             states * static_cast<double>(mach.cluster.devices_per_node);
                         if (host > mach.cluster.host_memory) {
                           tally.drop("offload: host memory", kStageMemory, 1);
+                          if (least_host < 0 || host < least_host) {
+                            least_host = host, least_host_candidate = c;
+                          }
                           continue;
                         }
                       }
@@ -376,6 +381,12 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
       const int st = stage_of[r];
       if (st > last || (st == last && n > count)) last = st, reason = r, count = n;
     }
+    // Of the two memory constraints the device's is named first (with the
+    // closest plan's terms), the host's after it.
+    const std::string kDevice = "memory: exceeds device memory";
+    if (last == kStageMemory && result.dropped.count(kDevice)) {
+      reason = kDevice, count = result.dropped.at(kDevice);
+    }
     if (result.evaluated == 0) {
       result.killer =
           "no candidate: the fixed sizes do not divide the " + std::to_string(N) + " ranks";
@@ -394,6 +405,17 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                       least_memory / gib, least_candidate.describe().c_str(),
                       mach.cluster.device_memory / gib, largest->name.c_str(),
                       largest->bytes / gib);
+        result.killer += buf;
+      }
+      if (last == kStageMemory && least_host > 0 && reason != "offload: host memory") {
+        const double gib = 1024.0 * 1024 * 1024;
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "; \"offload: host memory\" removed %lld more: the smallest offloaded "
+                      "plan's host tier needs %.1f GiB per node (%s), the node has %.1f GiB",
+                      static_cast<long long>(result.dropped.at("offload: host memory")),
+                      least_host / gib, least_host_candidate.describe().c_str(),
+                      mach.cluster.host_memory / gib);
         result.killer += buf;
       }
     }

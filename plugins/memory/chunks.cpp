@@ -187,17 +187,14 @@ class ChunkedMemory : public GradientStrategy {
       }
     }
     reduce_in_fp32_ = reduce_in_fp32(cfg);
-    // ZeRO over chunks: stage 1 shards the optimizer's chunks (moments and
-    // masters) over the data-parallel group; the engine hands this plugin
-    // [parallel.zero] in the gradients plugin's place.
+    // ZeRO over chunks, chunk index k owned by rank k mod (dp x sp): stage 1
+    // shards the optimizer's chunks (moments and masters), stage 2 also
+    // reduces each gradient to its chunk's owner only, stage 3 also keeps
+    // each parameter chunk on its owner only (gathered where a step needs
+    // it). The engine hands this plugin [parallel.zero] in the gradients
+    // plugin's place.
     const ConfigSection zero = cfg.section("parallel.zero");
     zero_stage_ = cfg.parallel.zero.stage;
-    if (zero_stage_ > 1) {
-      zero.fail("stage", std::to_string(zero_stage_) + " with [memory]: " + context.owner +
-                             " shards its optimizer chunks over dp (stage 1) in this version; "
-                             "stages 2 and 3 (gradient and parameter chunks sharded) are not "
-                             "implemented. Set parallel.zero.stage = 1 or 0.");
-    }
     zero.check_keys({"stage"}, context.owner + " (which serves parallel.zero under [memory])");
     accumulation_ = context.accumulation;
   }
@@ -222,7 +219,7 @@ class ChunkedMemory : public GradientStrategy {
     KOLOS_CHECK(!params_.empty(), name(), ": the model has no trainable parameters");
     low_ = dtype_ != at::kFloat;
     kinds_ = low_ ? kKinds : kMaster;
-    if (zero_stage_ == 1) {
+    if (zero_stage_ >= 1) {
       shards_ = group_->size();
       shard_rank_ = group_->rank();
     }
@@ -258,6 +255,7 @@ class ChunkedMemory : public GradientStrategy {
     std::fill(norms_.begin(), norms_.end(), at::Tensor());
     std::fill(finite_.begin(), finite_.end(), true);
     tied_done_ = false;
+    norms_shared_ = false;
     unscale_.reset();
     scales_.clear();
   }
@@ -267,6 +265,7 @@ class ChunkedMemory : public GradientStrategy {
   void finish_backward() override {
     // The last backward step ends here: its gradients' norms.
     end_current_step();
+    for (size_t i : unused_) norms_[i] = torch::zeros({}, dtype_);
     if (tied_step_ != kNoStep) begin(tied_step_);
     KOLOS_CHECK(cursor_ == optimizer_begin_, name(), ": backward ended at trace step ", cursor_,
                 ", expected ", optimizer_begin_,
@@ -287,6 +286,7 @@ class ChunkedMemory : public GradientStrategy {
 
   bool gradients_finite(const std::vector<GradPiece>&) override {
     tied_norms();
+    share_norms();
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!finite_[i]) return false;
     }
@@ -295,6 +295,7 @@ class ChunkedMemory : public GradientStrategy {
 
   double gradient_norm(const std::vector<GradPiece>&, const DeviceMesh& mesh) override {
     tied_norms();
+    share_norms();
     // global_grad_norm()'s arithmetic on the norms taken where each
     // gradient became final: replicated pieces counted once, sharded ones
     // (tensor parallelism) summed over their group.
@@ -328,15 +329,13 @@ class ChunkedMemory : public GradientStrategy {
           if (kind < kinds_) executor_->mark_dirty(id(kind, k));
         }
       }
-      if (shards_ > 1) {
-        // ZeRO-1: the chunk's owner stepped it; every rank takes its
-        // parameters (the whole chunk, padding and all).
-        at::Tensor bytes = at::from_blob(executor_->chunk(id(kParam, k)), {kind_bytes(kParam)},
-                                         at::TensorOptions().dtype(at::kByte));
-        group_->broadcast(bytes, owner(k))->wait();
-        reduced_bytes_ += kind_bytes(kParam);
+      if (shards_ > 1 && zero_stage_ < 3) {
+        // ZeRO-1/2: the chunk's owner stepped it; every rank takes its
+        // parameters (the whole chunk, padding and all). Under ZeRO-3 the
+        // owner alone keeps them; the others gather them where used.
+        broadcast_chunk(id(kParam, k), owner(k));
       }
-      executor_->mark_dirty(id(kParam, k));
+      if (holds(kParam, k)) executor_->mark_dirty(id(kParam, k));
     }
     end_current_step();
     optimizer_->set_step_count(t);
@@ -411,7 +410,7 @@ class ChunkedMemory : public GradientStrategy {
       if (kind >= kinds_) continue;
       std::vector<std::byte> bytes(static_cast<size_t>(kind_bytes(kind)));
       for (size_t k = 0; k < num_chunks_; ++k) {
-        if (!has(kind, k)) continue;  // another rank's optimizer chunk
+        if (!holds(kind, k)) continue;  // another rank's
         std::fill(bytes.begin(), bytes.end(), std::byte{0});
         const auto [first, last] = chunk_params_[k];
         for (size_t i = first; i < last; ++i) {
@@ -447,6 +446,18 @@ class ChunkedMemory : public GradientStrategy {
     return ids_[kind][k];
   }
   bool has(Kind kind, size_t k) const { return ids_[kind][k] != kNoChunk; }
+  // This rank keeps chunk k of `kind` between uses: not another rank's
+  // optimizer chunk (ZeRO-1 and up) nor its parameter chunk (ZeRO-3).
+  bool holds(Kind kind, size_t k) const {
+    return has(kind, k) && (kind != kParam || zero_stage_ < 3 || owns(k));
+  }
+  // Copies chunk c (resident) from rank `root` of the group to every other.
+  void broadcast_chunk(ChunkId c, int root) {
+    at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(kind_of_[c])},
+                                     at::TensorOptions().dtype(at::kByte));
+    group_->broadcast(bytes, root)->wait();
+    reduced_bytes_ += kind_bytes(kind_of_[c]);
+  }
   int owner(size_t k) const { return static_cast<int>(k % static_cast<size_t>(shards_)); }
   bool owns(size_t k) const { return owner(k) == shard_rank_; }
   // Bytes of one element, of a chunk, and of parameter i's slot, in a kind.
@@ -599,8 +610,11 @@ class ChunkedMemory : public GradientStrategy {
     optimizer_begin_ = steps_.size();
     for (size_t k = 0; k < num_chunks_; ++k) {
       steps_.push_back({TraceStep::kOptimizer, k});
-      trace_.steps.push_back({id(kParam, k)});
-      if (!owns(k)) continue;  // ZeRO-1: it receives the chunk's parameters
+      trace_.steps.emplace_back();
+      // ZeRO-1/2: another rank's chunk k: this one receives its parameters.
+      // ZeRO-3: nothing of it stays here.
+      if (holds(kParam, k)) trace_.steps.back().push_back(id(kParam, k));
+      if (!owns(k)) continue;
       for (Kind kind : {kGrad, kExpAvg, kExpAvgSq, kMaster}) {
         if (kind < kinds_) trace_.steps.back().push_back(id(kind, k));
       }
@@ -638,6 +652,40 @@ class ChunkedMemory : public GradientStrategy {
       KOLOS_CHECK(done[i], name(), ": tied weight ", params_[i].name,
                   " is read by no block of this stage");
       is_tied_[i] = true;
+    }
+    // ZeRO-2/3: a gradient goes to its chunk's owner only; on every other
+    // rank a gradient chunk is no longer wanted once all its gradients are
+    // reduced (it is zeroed where the next iteration first uses it). Tied
+    // weights' gradients stay on every rank: the pipeline sums each rank's
+    // copies with the other stages' (whose chunks other ranks own).
+    discard_at_.assign(steps_.size(), {});
+    if (zero_stage_ >= 2 && shards_ > 1) {
+      std::vector<size_t> last(num_chunks_, 0);
+      std::vector<bool> keep(num_chunks_, false);
+      for (size_t s = 0; s < optimizer_begin_; ++s) {
+        for (size_t i : norm_at_[s]) last[layout_.slots[i].chunk] = s;
+      }
+      for (size_t i : tied_) keep[layout_.slots[i].chunk] = true;
+      for (size_t i : unused_) keep[layout_.slots[i].chunk] = true;
+      for (size_t k = 0; k < num_chunks_; ++k) {
+        if (!owns(k) && !keep[k]) discard_at_[last[k]].push_back(id(kGrad, k));
+      }
+    }
+    // ZeRO-3: a parameter chunk is gathered from its owner where a block
+    // step needs it and the step before did not (it stays resident between
+    // two steps that both need it). The block steps are the same on every
+    // rank of the group, so the broadcasts come in the same order on all.
+    gather_at_.assign(steps_.size(), {});
+    if (zero_stage_ == 3 && shards_ > 1) {
+      for (size_t s = 0; s < optimizer_begin_; ++s) {
+        for (ChunkId c : trace_.steps[s]) {
+          if (kind_of_[c] != kParam) continue;
+          const bool before = s > 0 && std::find(trace_.steps[s - 1].begin(),
+                                                 trace_.steps[s - 1].end(),
+                                                 c) != trace_.steps[s - 1].end();
+          if (!before) gather_at_[s].push_back(c);
+        }
+      }
     }
   }
 
@@ -693,6 +741,10 @@ class ChunkedMemory : public GradientStrategy {
     options.tier = settings_.offload == "nvme" ? memory::LowerTier::kNvme : memory::LowerTier::kHost;
     options.nvme.dir = settings_.nvme_dir;
     options.nvme.threads = static_cast<int>(settings_.io_threads);
+    options.scratch.assign(trace_.chunks.size(), false);
+    for (size_t k = 0; k < num_chunks_; ++k) {
+      if (!holds(kParam, k)) options.scratch[id(kParam, k)] = true;
+    }
     options.init = [this](ChunkId c, std::byte* dst, int64_t bytes) {
       std::memset(dst, 0, static_cast<size_t>(bytes));
       const size_t kind = kind_of_[c];
@@ -774,17 +826,32 @@ class ChunkedMemory : public GradientStrategy {
     torch::NoGradGuard no_grad;
     for (size_t i : norm_at_[current_]) {
       const at::Tensor& grad = params_[i].tensor.grad();
+      const int root = owner(layout_.slots[i].chunk);
+      const bool to_owner = zero_stage_ >= 2 && !is_tied_[i];
       if (group_->size() > 1) {
         // train.reduce_dtype = "fp32" under bf16/fp16: averaged in fp32, as
         // the dp plugin's buckets do.
         at::Tensor reduced = reduce_in_fp32_ ? grad.to(at::kFloat) : grad;
-        group_->all_reduce(reduced, comm::ReduceOp::kAvg)->wait();
+        if (to_owner) {
+          // ZeRO-2/3: to the chunk's owner only (a reduce-scatter in which
+          // every other rank's share is empty).
+          at::Tensor flat = reduced.view({-1});
+          std::vector<at::Tensor> inputs(static_cast<size_t>(group_->size()), flat.narrow(0, 0, 0));
+          inputs[static_cast<size_t>(root)] = flat;
+          group_->reduce_scatter(shard_rank_ == root ? flat : flat.narrow(0, 0, 0), inputs,
+                                 comm::ReduceOp::kAvg)
+              ->wait();
+        } else {
+          group_->all_reduce(reduced, comm::ReduceOp::kAvg)->wait();
+        }
         if (reduce_in_fp32_) const_cast<at::Tensor&>(grad).copy_(reduced);
         reduced_bytes_ += reduced.numel() * reduced.element_size();
         ++reductions_;
       }
-      if (!is_tied_[i]) take_norm(i);  // a tied weight's after the pipeline's sum
+      if (is_tied_[i]) continue;  // a tied weight's norm after the pipeline's sum
+      if (!to_owner || shard_rank_ == root) take_norm(i);
     }
+    for (ChunkId c : discard_at_[current_]) executor_->discard(c);
     in_step_ = false;
   }
 
@@ -795,6 +862,36 @@ class ChunkedMemory : public GradientStrategy {
     const at::Tensor& grad = params_[i].tensor.grad();
     finite_[i] = !unscale_ || torch::isfinite(grad).all().item<bool>();
     norms_[i] = (unscale_ ? grad * *unscale_ : grad).norm();
+  }
+
+  // ZeRO-2/3: each gradient's norm and finiteness were taken by its chunk's
+  // owner; one sum over the group gives them to every rank, exactly (every
+  // other rank adds zero). Tied weights' and unused parameters' are
+  // everywhere already.
+  void share_norms() {
+    if (zero_stage_ < 2 || shards_ == 1 || norms_shared_) return;
+    torch::NoGradGuard no_grad;
+    const size_t n = params_.size();
+    std::vector<bool> everywhere(n, false);
+    for (size_t i : tied_) everywhere[i] = true;
+    for (size_t i : unused_) everywhere[i] = true;
+    // [0, n): norms; [n, 2n): 1 where a gradient is not finite.
+    std::vector<double> values(2 * n, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      if (everywhere[i] || !norms_[i].defined()) continue;
+      values[i] = norms_[i].item<double>();
+      values[n + i] = finite_[i] ? 0.0 : 1.0;
+    }
+    group_->all_reduce(at::from_blob(values.data(), {static_cast<int64_t>(2 * n)}, at::kDouble),
+                       comm::ReduceOp::kSum)
+        ->wait();
+    for (size_t i = 0; i < n; ++i) {
+      if (everywhere[i]) continue;
+      // Widened to double and back to the gradient's dtype: exact.
+      norms_[i] = torch::full({}, values[i], at::kDouble).to(dtype_);
+      finite_[i] = values[n + i] == 0.0;
+    }
+    norms_shared_ = true;
   }
 
   // The tied weights' norms, once the pipeline has summed them (the engine
@@ -811,9 +908,6 @@ class ChunkedMemory : public GradientStrategy {
   void begin(size_t s) {
     KOLOS_CHECK(s == cursor_, "internal error: trace step ", s, ", expected ", cursor_);
     end_current_step();
-    if (s == optimizer_begin_) {
-      for (size_t i : unused_) norms_[i] = torch::zeros({}, dtype_);
-    }
     executor_->begin_step(s);
     std::vector<bool> needed(bound_.size(), false);
     for (ChunkId c : trace_.steps[s]) needed[c] = true;
@@ -821,6 +915,7 @@ class ChunkedMemory : public GradientStrategy {
       if (bound_[c] && !needed[c]) bind(c, nullptr);
     }
     for (ChunkId c : trace_.steps[s]) bind(c, executor_->chunk(c));
+    for (ChunkId c : gather_at_[s]) broadcast_chunk(c, owner(index_of_[c]));
     for (ChunkId c : zero_at_[s]) {
       std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(kind_of_[c])));
     }
@@ -858,10 +953,11 @@ class ChunkedMemory : public GradientStrategy {
       if (kind >= kinds_) continue;
       std::vector<std::byte> bytes(static_cast<size_t>(kind_bytes(kind)));
       for (size_t k = 0; k < num_chunks_; ++k) {
-        if (has(kind, k)) executor_->read_chunk(id(kind, k), bytes.data());
-        if (kind != kParam && shards_ > 1) {
-          // ZeRO-1: the owner's optimizer chunk, to every rank (a checkpoint
-          // holds every piece on every rank of the group).
+        if (holds(kind, k)) executor_->read_chunk(id(kind, k), bytes.data());
+        if (shards_ > 1 && (kind != kParam || zero_stage_ == 3)) {
+          // ZeRO: the owner's optimizer chunk (and ZeRO-3's parameter
+          // chunk), to every rank (a checkpoint holds every piece on every
+          // rank of the group).
           at::Tensor t = at::from_blob(bytes.data(), {kind_bytes(kind)},
                                        at::TensorOptions().dtype(at::kByte));
           group_->broadcast(t, owner(k))->wait();
@@ -914,7 +1010,7 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<Kind> kind_of_;              // [chunk]
   std::vector<size_t> index_of_;           // [chunk]
   int64_t zero_stage_ = 0;
-  int shards_ = 1;       // ZeRO-1: ranks the optimizer chunks are spread over
+  int shards_ = 1;       // ZeRO: ranks the chunk indices are spread over
   int shard_rank_ = 0;   // this rank's place among them
   std::vector<PlacedParameter> params_;                // trainable, in model order
   std::vector<std::pair<size_t, size_t>> chunk_params_;  // [chunk]: parameters [first, last)
@@ -925,6 +1021,8 @@ class ChunkedMemory : public GradientStrategy {
   size_t optimizer_begin_ = 0;
   std::vector<std::vector<ChunkId>> zero_at_;  // [step]: gradient chunks first used there
   std::vector<std::vector<size_t>> norm_at_;   // [step]: gradients final after it
+  std::vector<std::vector<ChunkId>> discard_at_;  // [step]: ZeRO-2/3: others' gradient chunks done
+  std::vector<std::vector<ChunkId>> gather_at_;   // [step]: ZeRO-3: parameter chunks to gather
   std::vector<size_t> unused_;                 // parameters no block reads
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<memory::ChunkExecutor> executor_;
@@ -934,6 +1032,7 @@ class ChunkedMemory : public GradientStrategy {
   bool in_step_ = false;
   std::vector<at::Tensor> norms_;  // [parameter]: its gradient's norm this step
   std::vector<bool> finite_;       // [parameter]: fp16: its gradient is finite
+  bool norms_shared_ = false;      // ZeRO-2/3: share_norms() ran this step
   std::optional<double> unscale_;  // fp16: 1 / this step's loss scale
   std::vector<double> scales_;     // factors for the gradients, in order
   std::vector<std::vector<at::Tensor>> materialized_;  // [kind][parameter]

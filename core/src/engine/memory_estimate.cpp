@@ -259,14 +259,20 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
     add(e.terms, "chunks, compute tier", budget,
         "memory.compute_budget: parameters, gradients, AdamW m and v resident");
     // Parameters and gradients in the run's dtype; m, v and (bf16/fp16) the
-    // masters in fp32, spread over dp x sp under parallel.zero.stage = 1.
-    const double shards = config.parallel.zero.stage == 1 ? double(mesh.dp * mesh.sp) : 1.0;
+    // masters in fp32, spread over dp x sp under parallel.zero.stage >= 1,
+    // and the parameters too under stage 3 (gradient chunks stay whole:
+    // they accumulate over the micro-batches before their reduction).
+    const int64_t stage = config.parallel.zero.stage;
+    const double shards = stage >= 1 ? double(mesh.dp * mesh.sp) : 1.0;
     const double optim = (8 + (elem < 4 ? 4 : 0)) / shards;
-    const double per_param = 2 * elem + optim;
+    const double per_param = (stage == 3 ? elem / shards : elem) + elem + optim;
     add(e.terms, "chunks, host tier", offload == "nvme" ? 0.0 : per_param * p.params,
-        offload == "nvme" ? "on NVMe (memory.offload = \"nvme\")"
-                          : "every chunk's copy: " + count + " x " + fmt_count(per_param) +
-                                " B" + (shards > 1 ? " (optimizer chunks / dp x sp)" : ""));
+        offload == "nvme"
+            ? "on NVMe (memory.offload = \"nvme\")"
+            : "every chunk's copy: " + count + " x " + fmt_count(per_param) + " B" +
+                  (shards > 1 ? stage == 3 ? " (parameter and optimizer chunks / dp x sp)"
+                                           : " (optimizer chunks / dp x sp)"
+                              : ""));
   } else if (g == "zero3") {
     add(e.terms, "parameters", elem * (p.params / dp + 2 * p.block),
         count + " / dp " + std::to_string(mesh.dp) + " + 2 blocks gathered");

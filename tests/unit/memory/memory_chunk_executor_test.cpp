@@ -243,6 +243,102 @@ TEST(ChunkExecutor, CleanChunksAreDroppedNotWritten) {
   }
 }
 
+// Scratch chunks (ZeRO-3's parameter chunks another rank owns): no tier
+// copy, no reads or writes of them; the caller's bytes stay while the chunk
+// stays resident from one step to the next; the other chunks end as in
+// plain memory.
+TEST(ChunkExecutor, ScratchChunksHaveNoTierCopy) {
+  const AccessTrace trace = random_trace(17, 30, 50, 3);
+  const Plan plan = plan_auto(trace, quarter_budget(trace));
+  std::vector<bool> scratch(trace.chunks.size(), false);
+  int64_t kept = 0;
+  for (ChunkId id = 0; id < trace.chunks.size(); ++id) {
+    scratch[id] = id % 3 == 1;
+    if (!scratch[id]) kept += trace.chunks[id].bytes;
+  }
+  const auto expected = reference(trace, 2);
+  for (LowerTier tier : {LowerTier::kNvme, LowerTier::kHost}) {
+    TempDir dir;
+    ExecutorOptions options = options_for(tier, dir.path());
+    options.scratch = scratch;
+    ChunkExecutor exec(trace, plan, options);
+    if (tier == LowerTier::kHost) {
+      EXPECT_EQ(exec.lower_tier_bytes(), kept);
+    } else {
+      const int64_t slots = exec.nvme_store()->slots();
+      EXPECT_EQ(slots, static_cast<int64_t>(std::count(scratch.begin(), scratch.end(), false)));
+      EXPECT_EQ(exec.lower_tier_bytes(), slots * exec.nvme_store()->slot_bytes());
+    }
+    int64_t refilled = 0;
+    for (int it = 0; it < 2; ++it) {
+      for (std::size_t s = 0; s < trace.steps.size(); ++s) {
+        exec.begin_step(s);
+        for (ChunkId id : std::set<ChunkId>(trace.steps[s].begin(), trace.steps[s].end())) {
+          std::byte* p = exec.chunk(id);
+          const auto bytes = static_cast<std::size_t>(trace.chunks[id].bytes);
+          if (!scratch[id]) {
+            update_chunk(it, s, id, p, trace.chunks[id].bytes);
+            exec.mark_dirty(id);
+            continue;
+          }
+          const auto& previous = trace.steps[s == 0 ? trace.steps.size() - 1 : s - 1];
+          const bool kept_resident =
+              s > 0 && std::find(previous.begin(), previous.end(), id) != previous.end();
+          if (kept_resident) {
+            // Still the bytes the caller put there when it entered.
+            EXPECT_EQ(std::to_integer<int>(p[0]), static_cast<int>(id % 251)) << "chunk " << id;
+          } else {
+            std::memset(p, static_cast<int>(id % 251), bytes);
+            ++refilled;
+          }
+          EXPECT_THROW(exec.mark_dirty(id), kolos::Error);
+        }
+      }
+    }
+    EXPECT_GT(refilled, 0);
+    exec.flush();
+    for (ChunkId id = 0; id < expected.size(); ++id) {
+      std::vector<std::byte> got(expected[id].size());
+      if (scratch[id]) {
+        EXPECT_THROW(exec.read_chunk(id, got.data()), kolos::Error);
+        EXPECT_THROW(exec.write_chunk(id, got.data()), kolos::Error);
+        continue;
+      }
+      exec.read_chunk(id, got.data());
+      EXPECT_EQ(got, expected[id]) << to_string(tier) << " chunk " << id;
+    }
+  }
+}
+
+// discard(): a chunk written in a step but no longer wanted leaves the
+// arena without a write; its tier copy is the one it had.
+TEST(ChunkExecutor, DiscardedChunksAreNotWritten) {
+  const AccessTrace trace = random_trace(23, 24, 40, 2);
+  const Plan plan = plan_auto(trace, quarter_budget(trace));
+  ASSERT_GT(plan.bytes_evicted, 0);
+  const auto initial = reference(trace, 0);
+  for (LowerTier tier : {LowerTier::kNvme, LowerTier::kHost}) {
+    TempDir dir;
+    ChunkExecutor exec(trace, plan, options_for(tier, dir.path()));
+    for (std::size_t s = 0; s < trace.steps.size(); ++s) {
+      exec.begin_step(s);
+      for (ChunkId id : std::set<ChunkId>(trace.steps[s].begin(), trace.steps[s].end())) {
+        update_chunk(0, s, id, exec.chunk(id), trace.chunks[id].bytes);
+        exec.mark_dirty(id);
+        exec.discard(id);
+      }
+    }
+    exec.flush();
+    EXPECT_EQ(exec.stats().bytes_written, 0) << to_string(tier);
+    for (ChunkId id = 0; id < initial.size(); ++id) {
+      if (exec.resident(id)) continue;  // the arena's copy holds the discarded bytes
+      std::vector<std::byte> got(initial[id].size());
+      exec.read_chunk(id, got.data());
+      EXPECT_EQ(got, initial[id]) << to_string(tier) << " chunk " << id;
+    }
+  }
+}
+
 TEST(ChunkExecutor, WriteChunkReplacesBytesInEitherPlace) {
   // Mid-iteration, some chunks resident and some not: write_chunk (from an
   // unaligned buffer) replaces each chunk's bytes wherever it is; the next

@@ -73,13 +73,20 @@ struct ExecutorOptions {
   // Fills chunk `id`'s `bytes` bytes once, at construction, before they go
   // to the lower tier. Empty: every chunk starts zeroed.
   std::function<void(ChunkId id, std::byte* dst, int64_t bytes)> init;
+  // scratch[id]: chunk `id` has no copy in the lower tier (ZeRO-3: a
+  // parameter chunk another rank owns, which the caller fills from its
+  // owner whenever a step needs it). It enters the arena with unspecified
+  // bytes and leaves it without a write; it takes no NVMe slot or host
+  // buffer, `init` is not called for it, and mark_dirty(), read_chunk() and
+  // write_chunk() refuse it. Empty: no scratch chunks.
+  std::vector<bool> scratch;
 };
 
 // What moved, for tests and logs.
 struct ExecutorStats {
   int64_t bytes_read = 0;     // lower tier -> arena (loads, prefetches, the initial set)
   int64_t bytes_written = 0;  // arena -> lower tier (dirty evictions and flushes)
-  int64_t clean_drops = 0;    // evictions that wrote nothing
+  int64_t clean_drops = 0;    // evictions that wrote nothing (scratch and discarded ones too)
   int64_t iterations = 0;     // passes over the trace whose last step has begun
 };
 
@@ -116,6 +123,11 @@ class ChunkExecutor {
   std::byte* chunk(ChunkId id);
   // The current step wrote chunk `id`: its next eviction writes it back.
   void mark_dirty(ChunkId id);
+  // Chunk `id`'s bytes are no longer wanted (until the caller overwrites
+  // them: ZeRO-2's gradient chunk of another rank's index, once reduced to
+  // its owner): its next eviction writes nothing, and its tier copy keeps
+  // whatever it held. The current step must need it.
+  void discard(ChunkId id);
 
   // Writes every dirty resident chunk back to the lower tier and waits;
   // they stay resident, now clean.
@@ -138,6 +150,10 @@ class ChunkExecutor {
   const ExecutorStats& stats() const noexcept { return stats_; }
   LowerTier tier() const noexcept { return tier_; }
   bool resident(ChunkId id) const;
+  bool scratch(ChunkId id) const;
+  // Bytes the lower tier holds for this trace: the host buffers, or the
+  // NVMe slots (one per chunk that is not scratch).
+  int64_t lower_tier_bytes() const noexcept { return lower_tier_bytes_; }
   // The NVMe store, or null for the host tier.
   const NvmeStore* nvme_store() const noexcept { return store_.get(); }
 
@@ -167,6 +183,7 @@ class ChunkExecutor {
   std::vector<Chunk> chunks_;
   AlignedBuffer bounce_;  // read_chunk() from NVMe into an unaligned buffer
   ExecutorStats stats_;
+  int64_t lower_tier_bytes_ = 0;
   std::size_t next_step_ = 0;
   std::size_t current_step_ = 0;
   bool in_step_ = false;
