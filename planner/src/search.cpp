@@ -280,12 +280,6 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                                    kStageMode, 1);
                         continue;
                       }
-                      if (off > 0 && !opt.offload_composes && c.pp > 1 &&
-                          c.schedule == Schedule::kZeroBubble) {
-                        tally.drop("offload: the memory role does not run the zb schedule",
-                                   kStageMode, 1);
-                        continue;
-                      }
                       std::vector<MemoryPart> parts;
                       const double mem = memory_per_rank(w, c, &parts, mach.cluster.runtime_bytes);
                       if (off > 0) {

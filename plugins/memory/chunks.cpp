@@ -101,7 +101,9 @@ enum Kind : size_t { kParam = 0, kGrad = 1, kExpAvg = 2, kExpAvgSq = 3, kMaster 
 struct TraceStep {
   // kTied: after the last backward under pipelining, the gradients of tied
   // weights (copies on several stages) resident while the pipeline sums them.
-  enum Type { kForward, kBackward, kTied, kOptimizer } type;
+  // kBackwardInput: zero-bubble's input pass (parameters read, gradients
+  // untouched); its weight pass is a kBackward.
+  enum Type { kForward, kBackward, kBackwardInput, kTied, kOptimizer } type;
   size_t index;  // the block (forward, backward) or the chunk (optimizer)
 };
 
@@ -170,22 +172,11 @@ class ChunkedMemory : public GradientStrategy {
     if (c.offload != "nvme" && s.has("io_threads")) {
       s.fail("io_threads", "applies to offload = \"nvme\" only.");
     }
-    // What this version composes with: data parallelism (every rank holding
-    // every chunk), tensor and sequence parallelism of every mode and the
-    // pipeline's schedules but zero-bubble (the chunks hold this rank's
-    // pieces), in every precision; every other mix is refused here.
-    const MeshShape& m = context.shape;
+    // It composes with data parallelism and ZeRO 1-3 (below), tensor and
+    // sequence parallelism of every mode and every pipeline schedule (the
+    // chunks hold this rank's pieces and follow its passes), in every
+    // precision.
     const RunConfig& cfg = context.config;
-    if (m.pp != 1) {
-      std::string schedule = "1f1b";
-      cfg.section("parallel.pipeline").read("schedule", schedule);
-      if (schedule == "zb") {
-        s.fail_here(context.owner +
-                    " does not compose with the zero-bubble schedule in this version (its "
-                    "backward runs as separate input and weight passes); use "
-                    "parallel.pipeline.schedule = \"1f1b\", \"gpipe\" or \"interleaved\".");
-      }
-    }
     reduce_in_fp32_ = reduce_in_fp32(cfg);
     // ZeRO over chunks, chunk index k owned by rank k mod (dp x sp): stage 1
     // shards the optimizer's chunks (moments and masters), stage 2 also
@@ -576,8 +567,6 @@ class ChunkedMemory : public GradientStrategy {
     // The passes of blocks: the pipeline's order on this rank, else every
     // block forward then backward, per micro-batch.
     std::vector<Model::BlockPass> passes = model_->block_passes();
-    KOLOS_CHECK(!model_->backward_split(), name(),
-                ": the pipeline splits backward into input and weight passes (zero-bubble)");
     if (passes.empty()) {
       for (int64_t m = 0; m < accumulation_; ++m) {
         passes.push_back({false, 0, uses_.size()});
@@ -587,10 +576,14 @@ class ChunkedMemory : public GradientStrategy {
     for (const Model::BlockPass& pass : passes) {
       for (size_t j = pass.first; j < pass.last; ++j) {
         const size_t b = pass.backward ? pass.last - 1 - (j - pass.first) : j;
-        steps_.push_back({pass.backward ? TraceStep::kBackward : TraceStep::kForward, b});
-        trace_.steps.push_back(
-            chunks_of(uses_[b], pass.backward ? std::initializer_list<Kind>{kParam, kGrad}
-                                              : std::initializer_list<Kind>{kParam}));
+        const bool input_only = pass.backward && pass.part == Model::BlockPass::kInput;
+        const TraceStep::Type type = !pass.backward ? TraceStep::kForward
+                                     : input_only   ? TraceStep::kBackwardInput
+                                                    : TraceStep::kBackward;
+        steps_.push_back({type, b});
+        trace_.steps.push_back(chunks_of(uses_[b], type == TraceStep::kBackward
+                                                       ? std::initializer_list<Kind>{kParam, kGrad}
+                                                       : std::initializer_list<Kind>{kParam}));
       }
     }
     // Tied weights: a stage's copies of parameters other stages hold too
@@ -777,6 +770,8 @@ class ChunkedMemory : public GradientStrategy {
     };
     hooks.after_forward = [this](size_t block, const at::Tensor& output) {
       if (torch::GradMode::is_enabled() && output.requires_grad()) {
+        // Fires in each autograd pass through the block: a whole backward,
+        // or zero-bubble's input pass and then its weight pass.
         output.register_hook([this, block](const at::Tensor&) {
           advance({TraceStep::kBackward, block});
         });
@@ -804,12 +799,17 @@ class ChunkedMemory : public GradientStrategy {
     bound_[c] = base != nullptr;
   }
 
-  // The hooks' way in: the next trace step must be `expected`.
+  // The hooks' way in: the next trace step must be `expected` (a backward
+  // hook stands for either kind of backward step).
   void advance(TraceStep expected) {
-    const char* names[] = {"forward", "backward", "optimizer"};
-    KOLOS_CHECK(cursor_ < optimizer_begin_ && steps_[cursor_].type == expected.type &&
-                    steps_[cursor_].index == expected.index,
-                name(), ": the ", names[expected.type], " of block ", expected.index,
+    const char* names[] = {"forward", "backward", "backward (input)", "tied gradients",
+                           "optimizer"};
+    const bool matches =
+        cursor_ < optimizer_begin_ && steps_[cursor_].index == expected.index &&
+        (steps_[cursor_].type == expected.type ||
+         (expected.type == TraceStep::kBackward &&
+          steps_[cursor_].type == TraceStep::kBackwardInput));
+    KOLOS_CHECK(matches, name(), ": the ", names[expected.type], " of block ", expected.index,
                 " ran where the trace has step ", cursor_, " (",
                 cursor_ < steps_.size() ? names[steps_[cursor_].type] : "past the end", " of ",
                 cursor_ < steps_.size() ? std::to_string(steps_[cursor_].index) : "-",

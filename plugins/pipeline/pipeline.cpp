@@ -269,14 +269,19 @@ void PipelineExecutor::setup(Model& model, const DeviceMesh& mesh, const RunConf
   // The passes of blocks this rank runs per step, for a memory plugin that
   // plans from them.
   std::vector<Model::BlockPass> passes;
-  bool split = false;
   for (const Action& action : actions_) {
     if (!is_compute(action.op)) continue;
-    split |= action.op == Op::kBackwardInput || action.op == Op::kBackwardWeight;
     const Chunk& chunk = chunks_.at(static_cast<size_t>(action.chunk));
-    passes.push_back({action.op != Op::kForward, chunk.first, chunk.last});
+    // The first virtual stage's input pass computes nothing (no input
+    // gradient to send): it runs no autograd.
+    if (action.op == Op::kBackwardInput && chunk.virtual_stage == 0) continue;
+    if (action.op == Op::kBackwardWeight && chunk.parameters.empty()) continue;
+    const auto part = action.op == Op::kBackwardInput    ? Model::BlockPass::kInput
+                      : action.op == Op::kBackwardWeight ? Model::BlockPass::kWeight
+                                                         : Model::BlockPass::kWhole;
+    passes.push_back({action.op != Op::kForward, chunk.first, chunk.last, part});
   }
-  model.set_block_passes(std::move(passes), split);
+  model.set_block_passes(std::move(passes));
   const int64_t largest_tag = tag(3, 0, 0) + static_cast<int64_t>(tied_.size()) * 2;
   KOLOS_CHECK_KIND(kConfig, largest_tag < (1 << 30), "pipeline: ", S, " virtual stages x ", M,
                    " micro-batches need more message tags than MPI offers");

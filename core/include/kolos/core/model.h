@@ -93,19 +93,20 @@ class Model : public torch::nn::Module {
   // The forward and backward passes this rank runs in one step, in order,
   // each over blocks [first, last) for one micro-batch; set by a pipeline
   // (set_block_passes), empty otherwise (every block forward, then every
-  // block backward, per micro-batch). backward_split: a schedule that splits
-  // backward into input and weight passes (zero-bubble), which do not map
-  // onto passes.
+  // block backward, per micro-batch). A schedule that splits backward
+  // (zero-bubble) lists an input pass (the input gradient only: the blocks'
+  // parameters read, their gradients untouched) and a later weight pass
+  // (the parameters' gradients), each running autograd over every block
+  // of the pass; a pass that runs no autograd (the first stage's input
+  // pass) is not listed.
   struct BlockPass {
+    enum Part { kWhole, kInput, kWeight };
     bool backward = false;
     size_t first = 0, last = 0;
+    Part part = kWhole;  // of a backward pass
   };
-  void set_block_passes(std::vector<BlockPass> passes, bool backward_split) {
-    block_passes_ = std::move(passes);
-    backward_split_ = backward_split;
-  }
+  void set_block_passes(std::vector<BlockPass> passes) { block_passes_ = std::move(passes); }
   const std::vector<BlockPass>& block_passes() const { return block_passes_; }
-  bool backward_split() const { return backward_split_; }
   bool has_block_reads() const { return !block_reads_.empty(); }
   // [block] -> TensorImpls of the parameters it reads.
   const std::vector<std::vector<const void*>>& block_reads() const { return block_reads_; }
@@ -121,7 +122,6 @@ class Model : public torch::nn::Module {
   int stage_ = 0;
   std::vector<std::vector<const void*>> block_reads_;
   std::vector<BlockPass> block_passes_;
-  bool backward_split_ = false;
 };
 
 using ModelBuilder =

@@ -36,10 +36,6 @@ struct SearchOptions {
   int64_t ranks = 0;  // N; 0: every device of the cluster
   std::vector<int64_t> micro_batches = {1, 2, 4, 8};
   std::vector<double> offload_fractions = {0.0, 0.5, 1.0};
-  // The memory role composes with every dp/tp/sp/pp mix and ZeRO stage in
-  // this version but the zero-bubble schedule, which it refuses; true plans
-  // as if it composed with that too.
-  bool offload_composes = false;
   int64_t max_chunks = 4;  // interleaved: V = 2, 4, ... up to this
   size_t top = 10;         // plans kept
   size_t refine = 200;     // survivors re-ranked by simulating their schedule
