@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -229,16 +230,24 @@ class ChunkedMemory : public GradientStrategy {
   // ---- one step -----------------------------------------------------------
 
   ReductionStats reduction_stats() const override {
-    ReductionStats stats;  // each reduction waited for where it was launched
+    // bytes: gradient reductions and ZeRO's parameter broadcasts;
+    // bytes_during_backward: the reductions that ran while the next block
+    // step computed.
+    ReductionStats stats;
     stats.bytes = reduced_bytes_;
+    stats.bytes_during_backward = overlapped_bytes_;
     stats.reductions = reductions_;
-    stats.completed_before_finish = reductions_;
+    stats.completed_before_finish = completed_before_finish_;
+    stats.wait_s = finish_wait_s_;
     return stats;
   }
 
   void zero_grad() override {
     reduced_bytes_ = 0;
     reductions_ = 0;
+    overlapped_bytes_ = 0;
+    completed_before_finish_ = 0;
+    finish_wait_s_ = 0;
     finish_skipped_step();
     KOLOS_CHECK(cursor_ == 0, name(), ": a step began at trace step ", cursor_, " of ",
                 steps_.size(), " (the previous step did not finish)");
@@ -254,8 +263,15 @@ class ChunkedMemory : public GradientStrategy {
   void prepare_backward(bool) override {}
 
   void finish_backward() override {
-    // The last backward step ends here: its gradients' norms.
+    // The last backward step ends here: its gradients' reductions and norms.
+    const auto start = std::chrono::steady_clock::now();
+    finish_reductions();  // the step before's
+    finishing_ = true;
     end_current_step();
+    finish_reductions();
+    finishing_ = false;
+    finish_wait_s_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     for (size_t i : unused_) norms_[i] = torch::zeros({}, dtype_);
     if (tied_step_ != kNoStep) begin(tied_step_);
     KOLOS_CHECK(cursor_ == optimizer_begin_, name(), ": backward ended at trace step ", cursor_,
@@ -646,6 +662,27 @@ class ChunkedMemory : public GradientStrategy {
                   " is read by no block of this stage");
       is_tied_[i] = true;
     }
+    // With dp x sp > 1 the gradients a step makes final are reduced while
+    // the next block step runs (end_current_step), where the budget leaves
+    // room for their chunks in that step too (make_plan may take this back);
+    // elsewhere, and after the last block step, they are waited for at once.
+    overlap_.assign(steps_.size(), false);
+    base_steps_ = trace_.steps;
+    const size_t blocks_end = tied_step_ == kNoStep ? optimizer_begin_ : tied_step_;
+    if (group_->size() > 1) {
+      for (size_t s = 0; s + 1 < blocks_end; ++s) {
+        if (norm_at_[s].empty()) continue;
+        std::vector<ChunkId> next = trace_.steps[s + 1];
+        for (size_t i : norm_at_[s]) next.push_back(id(kGrad, layout_.slots[i].chunk));
+        std::sort(next.begin(), next.end());
+        next.erase(std::unique(next.begin(), next.end()), next.end());
+        int64_t bytes = 0;
+        for (ChunkId c : next) bytes += trace_.chunks[c].bytes;
+        if (bytes > settings_.compute_budget) continue;
+        trace_.steps[s + 1] = std::move(next);
+        overlap_[s] = true;
+      }
+    }
     // ZeRO-2/3: a gradient goes to its chunk's owner only; on every other
     // rank a gradient chunk is no longer wanted once all its gradients are
     // reduced (it is zeroed where the next iteration first uses it). Tied
@@ -685,12 +722,16 @@ class ChunkedMemory : public GradientStrategy {
   void make_plan(const RunConfig& config) {
     const int64_t budget = settings_.compute_budget;
     try {
-      if (settings_.placement == "auto") {
-        plan_ = memory::plan_auto(trace_, budget, static_cast<size_t>(settings_.prefetch));
-      } else {
-        plan_ = memory::plan_static(
-            trace_, budget,
-            {settings_.param_fraction, settings_.grad_fraction, settings_.optim_fraction});
+      try {
+        plan_for(budget);
+      } catch (const Error&) {
+        // Overlapping the reductions needs more room than the policy
+        // found (static placement's pinned chunks): every reduction is
+        // then waited for where it is launched.
+        if (std::none_of(overlap_.begin(), overlap_.end(), [](bool b) { return b; })) throw;
+        trace_.steps = base_steps_;
+        std::fill(overlap_.begin(), overlap_.end(), false);
+        plan_for(budget);
       }
     } catch (const Error& e) {
       throw ConfigError(located(
@@ -698,6 +739,17 @@ class ChunkedMemory : public GradientStrategy {
           detail::format_bytes(static_cast<double>(budget)) + " (chunks of " + detail::format_bytes(static_cast<double>(chunk_bytes_)) + ", " +
               std::to_string(num_chunks_) + " per kind of state) cannot run this model: " +
               e.what()));
+    }
+    base_steps_.clear();
+  }
+
+  void plan_for(int64_t budget) {
+    if (settings_.placement == "auto") {
+      plan_ = memory::plan_auto(trace_, budget, static_cast<size_t>(settings_.prefetch));
+    } else {
+      plan_ = memory::plan_static(
+          trace_, budget,
+          {settings_.param_fraction, settings_.grad_fraction, settings_.optim_fraction});
     }
   }
 
@@ -817,42 +869,72 @@ class ChunkedMemory : public GradientStrategy {
     begin(cursor_);
   }
 
-  // Ends the step in progress (if any): the gradients it made final are
-  // averaged over dp (every rank holds every chunk; the trace, and so the
-  // order of these reductions, is the same on every rank) and their norms
-  // taken.
+  // Ends the step in progress (if any): the reductions launched at the end
+  // of the step before are waited for and their gradients' norms taken;
+  // the gradients this step made final are then launched, averaged over
+  // dp x sp (every rank holds every gradient chunk; the trace, and so the
+  // order of these collectives, is the same on every rank), and run while
+  // the next step computes (their chunks are in its trace step too, so
+  // they stay resident).
   void end_current_step() {
     if (!in_step_) return;
+    finish_reductions();
     torch::NoGradGuard no_grad;
     for (size_t i : norm_at_[current_]) {
-      const at::Tensor& grad = params_[i].tensor.grad();
-      const int root = owner(layout_.slots[i].chunk);
       const bool to_owner = zero_stage_ >= 2 && !is_tied_[i];
-      if (group_->size() > 1) {
-        // train.reduce_dtype = "fp32" under bf16/fp16: averaged in fp32, as
-        // the dp plugin's buckets do.
-        at::Tensor reduced = reduce_in_fp32_ ? grad.to(at::kFloat) : grad;
-        if (to_owner) {
-          // ZeRO-2/3: to the chunk's owner only (a reduce-scatter in which
-          // every other rank's share is empty).
-          at::Tensor flat = reduced.view({-1});
-          std::vector<at::Tensor> inputs(static_cast<size_t>(group_->size()), flat.narrow(0, 0, 0));
-          inputs[static_cast<size_t>(root)] = flat;
-          group_->reduce_scatter(shard_rank_ == root ? flat : flat.narrow(0, 0, 0), inputs,
-                                 comm::ReduceOp::kAvg)
-              ->wait();
-        } else {
-          group_->all_reduce(reduced, comm::ReduceOp::kAvg)->wait();
-        }
-        if (reduce_in_fp32_) const_cast<at::Tensor&>(grad).copy_(reduced);
-        reduced_bytes_ += reduced.numel() * reduced.element_size();
-        ++reductions_;
+      const int root = owner(layout_.slots[i].chunk);
+      if (group_->size() == 1) {
+        if (!is_tied_[i]) take_norm(i);
+        continue;
       }
-      if (is_tied_[i]) continue;  // a tied weight's norm after the pipeline's sum
-      if (!to_owner || shard_rank_ == root) take_norm(i);
+      // The gradient's bytes in its chunk, apart from the parameter's .grad
+      // (whose storage is unbound when the chunk leaves a step).
+      const at::Tensor& grad = params_[i].tensor.grad();
+      at::Tensor in_chunk =
+          at::from_blob(executor_->chunk(id(kGrad, layout_.slots[i].chunk)) +
+                            slot_offset(kGrad, i),
+                        {grad.numel()}, grad.options());
+      // train.reduce_dtype = "fp32" under bf16/fp16: averaged in fp32, as
+      // the dp plugin's buckets do.
+      at::Tensor reduced = reduce_in_fp32_ ? in_chunk.to(at::kFloat) : in_chunk;
+      comm::WorkPtr work;
+      if (to_owner) {
+        // ZeRO-2/3: to the chunk's owner only (a reduce-scatter in which
+        // every other rank's share is empty).
+        std::vector<at::Tensor> inputs(static_cast<size_t>(group_->size()),
+                                       reduced.narrow(0, 0, 0));
+        inputs[static_cast<size_t>(root)] = reduced;
+        work = group_->reduce_scatter(shard_rank_ == root ? reduced : reduced.narrow(0, 0, 0),
+                                      inputs, comm::ReduceOp::kAvg);
+      } else {
+        work = group_->all_reduce(reduced, comm::ReduceOp::kAvg);
+      }
+      reduced_bytes_ += reduced.numel() * reduced.element_size();
+      if (overlap_[current_]) overlapped_bytes_ += reduced.numel() * reduced.element_size();
+      ++reductions_;
+      pending_.push_back(Reduction{work, i, in_chunk, reduced, to_owner && shard_rank_ != root});
     }
-    for (ChunkId c : discard_at_[current_]) executor_->discard(c);
+    pending_step_ = current_;
+    if (!overlap_[current_]) finish_reductions();
     in_step_ = false;
+  }
+
+  // Waits for the reductions in flight: each gradient's result goes into
+  // its chunk (from fp32 when reduced in fp32) and its norm is taken where
+  // this rank has the result; ZeRO-2/3's other ranks then drop the chunks
+  // that step finished.
+  void finish_reductions() {
+    if (pending_.empty()) return;
+    torch::NoGradGuard no_grad;
+    for (Reduction& r : pending_) {
+      if (!finishing_ || r.work->is_completed()) ++completed_before_finish_;
+      r.work->wait();
+      if (r.reduced.data_ptr() != r.in_chunk.data_ptr()) r.in_chunk.copy_(r.reduced);
+      // A tied weight's norm after the pipeline's sum.
+      if (!is_tied_[r.param] && !r.elsewhere) take_norm(r.param);
+    }
+    pending_.clear();
+    for (ChunkId c : discard_at_[pending_step_]) executor_->discard(c);
   }
 
   // As in memory: finiteness of the gradient as backward left it; the norm
@@ -990,6 +1072,10 @@ class ChunkedMemory : public GradientStrategy {
   comm::ProcessGroupPtr group_;  // dp x sp: gradients averaged over it
   int64_t reduced_bytes_ = 0;    // this step's
   int64_t reductions_ = 0;
+  int64_t overlapped_bytes_ = 0;
+  int64_t completed_before_finish_ = 0;
+  double finish_wait_s_ = 0;
+  bool finishing_ = false;  // in finish_backward()
   ChunkSettings settings_;
   int64_t accumulation_ = 1;
   int64_t chunk_bytes_ = 0;  // of an fp32 kind (kind_bytes: of any)
@@ -1022,6 +1108,18 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<std::vector<ChunkId>> zero_at_;  // [step]: gradient chunks first used there
   std::vector<std::vector<size_t>> norm_at_;   // [step]: gradients final after it
   std::vector<std::vector<ChunkId>> discard_at_;  // [step]: ZeRO-2/3: others' gradient chunks done
+  // A gradient's reduction in flight: `reduced` (the chunk's bytes, or an
+  // fp32 copy) is averaged; `elsewhere`: onto another rank (ZeRO-2/3).
+  struct Reduction {
+    comm::WorkPtr work;
+    size_t param;
+    at::Tensor in_chunk, reduced;
+    bool elsewhere;
+  };
+  std::vector<Reduction> pending_;  // launched at the end of step pending_step_
+  std::vector<bool> overlap_;       // [step]: its reductions run during the next step
+  std::vector<std::vector<ChunkId>> base_steps_;  // the trace without overlap (set-up only)
+  size_t pending_step_ = 0;
   std::vector<std::vector<ChunkId>> gather_at_;   // [step]: ZeRO-3: parameter chunks to gather
   std::vector<size_t> unused_;                 // parameters no block reads
   std::unique_ptr<AdamW> optimizer_;

@@ -252,6 +252,26 @@ TEST(ChunksWithDp, MatchesTheSerialRun) {
   }
 }
 
+// With data parallelism a gradient's reduction runs while the next block
+// step computes (its chunk stays resident there), where the budget has room:
+// the step's metrics report those bytes as launched during backward, and
+// the reductions done before finish_backward.
+TEST(ChunksWithDp, ReductionsOverlapTheNextBlockStep) {
+  REQUIRE_RANKS(2);
+  for (const char* stage : {"0", "2"}) {
+    auto e = std::make_unique<Engine>(
+        config(plus(chunks("auto", "host"),
+                    {"parallel.data=2", std::string("parallel.zero.stage=") + stage})),
+        testing::world_group(), [](const RunConfig& c) { return data::make_source(c); });
+    const StepMetrics m = e->step();
+    EXPECT_GT(m.reduction.reductions, 0) << "stage " << stage;
+    EXPECT_GT(m.reduction.bytes_during_backward, 0) << "stage " << stage;
+    EXPECT_LT(m.reduction.bytes_during_backward, m.reduction.bytes) << "stage " << stage;
+    EXPECT_GT(m.reduction.completed_before_finish, 0) << "stage " << stage;
+    EXPECT_LE(m.reduction.completed_before_finish, m.reduction.reductions) << "stage " << stage;
+  }
+}
+
 // ---- ZeRO-1 over chunks --------------------------------------------------------
 
 // parallel.zero.stage = 1: each dp rank holds and steps the optimizer chunks
