@@ -34,8 +34,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -710,9 +710,9 @@ class ChunkedMemory : public GradientStrategy {
       for (size_t s = 0; s < optimizer_begin_; ++s) {
         for (ChunkId c : trace_.steps[s]) {
           if (kind_of_[c] != kParam) continue;
-          const bool before = s > 0 && std::find(trace_.steps[s - 1].begin(),
-                                                 trace_.steps[s - 1].end(),
-                                                 c) != trace_.steps[s - 1].end();
+          const bool before =
+              s > 0 && std::find(trace_.steps[s - 1].begin(), trace_.steps[s - 1].end(), c) !=
+                           trace_.steps[s - 1].end();
           if (!before) gather_at_[s].push_back(c);
         }
       }
@@ -856,11 +856,10 @@ class ChunkedMemory : public GradientStrategy {
   void advance(TraceStep expected) {
     const char* names[] = {"forward", "backward", "backward (input)", "tied gradients",
                            "optimizer"};
-    const bool matches =
-        cursor_ < optimizer_begin_ && steps_[cursor_].index == expected.index &&
-        (steps_[cursor_].type == expected.type ||
-         (expected.type == TraceStep::kBackward &&
-          steps_[cursor_].type == TraceStep::kBackwardInput));
+    const bool matches = cursor_ < optimizer_begin_ && steps_[cursor_].index == expected.index &&
+                         (steps_[cursor_].type == expected.type ||
+                          (expected.type == TraceStep::kBackward &&
+                           steps_[cursor_].type == TraceStep::kBackwardInput));
     KOLOS_CHECK(matches, name(), ": the ", names[expected.type], " of block ", expected.index,
                 " ran where the trace has step ", cursor_, " (",
                 cursor_ < steps_.size() ? names[steps_[cursor_].type] : "past the end", " of ",
@@ -891,8 +890,7 @@ class ChunkedMemory : public GradientStrategy {
       // (whose storage is unbound when the chunk leaves a step).
       const at::Tensor& grad = params_[i].tensor.grad();
       at::Tensor in_chunk =
-          at::from_blob(executor_->chunk(id(kGrad, layout_.slots[i].chunk)) +
-                            slot_offset(kGrad, i),
+          at::from_blob(executor_->chunk(id(kGrad, layout_.slots[i].chunk)) + slot_offset(kGrad, i),
                         {grad.numel()}, grad.options());
       // train.reduce_dtype = "fp32" under bf16/fp16: averaged in fp32, as
       // the dp plugin's buckets do.
@@ -964,8 +962,9 @@ class ChunkedMemory : public GradientStrategy {
       values[i] = norms_[i].item<double>();
       values[n + i] = finite_[i] ? 0.0 : 1.0;
     }
-    group_->all_reduce(at::from_blob(values.data(), {static_cast<int64_t>(2 * n)}, at::kDouble),
-                       comm::ReduceOp::kSum)
+    group_
+        ->all_reduce(at::from_blob(values.data(), {static_cast<int64_t>(2 * n)}, at::kDouble),
+                     comm::ReduceOp::kSum)
         ->wait();
     for (size_t i = 0; i < n; ++i) {
       if (everywhere[i]) continue;
@@ -1116,11 +1115,11 @@ class ChunkedMemory : public GradientStrategy {
     at::Tensor in_chunk, reduced;
     bool elsewhere;
   };
-  std::vector<Reduction> pending_;  // launched at the end of step pending_step_
-  std::vector<bool> overlap_;       // [step]: its reductions run during the next step
+  std::vector<Reduction> pending_;                // launched at the end of step pending_step_
+  std::vector<bool> overlap_;                     // [step]: its reductions run during the next step
   std::vector<std::vector<ChunkId>> base_steps_;  // the trace without overlap (set-up only)
   size_t pending_step_ = 0;
-  std::vector<std::vector<ChunkId>> gather_at_;   // [step]: ZeRO-3: parameter chunks to gather
+  std::vector<std::vector<ChunkId>> gather_at_;  // [step]: ZeRO-3: parameter chunks to gather
   std::vector<size_t> unused_;                 // parameters no block reads
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<memory::ChunkExecutor> executor_;

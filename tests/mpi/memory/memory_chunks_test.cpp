@@ -70,6 +70,15 @@ std::unique_ptr<Engine> make_engine(const RunConfig& config) {
                                   [](const RunConfig& c) { return data::make_source(c); });
 }
 
+// After a multi-rank test: every store removed its own folder from the
+// shared NVMe directory, which rank 0 then removes.
+void expect_left_empty_and_remove(const std::string& dir) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (testing::world_rank() != 0) return;
+  EXPECT_TRUE(fs::is_empty(dir)) << dir << " still holds files";
+  fs::remove_all(dir);
+}
+
 // The 1-rank cases (bit-equal to the in-memory run on this rank) and the
 // 2-rank ones (with dp) share the binary: each skips at the other count.
 #define REQUIRE_RANKS(n) \
@@ -245,11 +254,7 @@ TEST(ChunksWithDp, MatchesTheSerialRun) {
   testing::expect_equivalent(
       config({}), config(plus(chunks("static", "host"),
                               {"parallel.data=2", "memory.param_fraction=0.1"})));
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (testing::world_rank() == 0) {
-    EXPECT_TRUE(fs::is_empty(nvme)) << nvme << " still holds files";
-    fs::remove_all(nvme);
-  }
+  expect_left_empty_and_remove(nvme);
 }
 
 // With data parallelism a gradient's reduction runs while the next block
@@ -328,11 +333,7 @@ TEST(ChunksWithZero23, BitEqualToDpInMemory) {
           std::string(precision) + ", zero" + stage + ", static, host");
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (testing::world_rank() == 0) {
-    EXPECT_TRUE(fs::is_empty(nvme)) << nvme << " still holds files";
-    fs::remove_all(nvme);
-  }
+  expect_left_empty_and_remove(nvme);
 }
 
 // ZeRO-3 over chunks keeps on each rank only the parameter chunks it owns:
@@ -343,11 +344,12 @@ TEST(ChunksWithZero23, BitEqualToDpInMemory) {
 TEST(ChunksWithZero23, Zero3KeepsOnlyItsParameterChunksOnNvme) {
   REQUIRE_RANKS(2);
   auto bytes_on_disk = [](const std::string& stage) {
-    const std::string dir =
-        testing::shared_tmpdir("chunks-zero3-disk") + "/rank" + std::to_string(testing::world_rank());
+    const std::string dir = testing::shared_tmpdir("chunks-zero3-disk") + "/rank" +
+                            std::to_string(testing::world_rank());
     fs::create_directories(dir);
     auto e = std::make_unique<Engine>(
-        config(plus(chunks("auto", "nvme", dir), {"parallel.data=2", "parallel.zero.stage=" + stage})),
+        config(
+            plus(chunks("auto", "nvme", dir), {"parallel.data=2", "parallel.zero.stage=" + stage})),
         testing::world_group(), [](const RunConfig& c) { return data::make_source(c); });
     e->step();
     int64_t bytes = 0;
@@ -376,41 +378,43 @@ TEST(ChunksWithZero, CheckpointBothWays) {
   REQUIRE_RANKS(2);
   const std::vector<std::string> dp = {"parallel.data=2", "train.precision=\"bf16\""};
   for (const char* stage : {"1", "3"}) {
-  const auto zero1 =
-      plus(plus(chunks("auto", "host"), dp), {std::string("parallel.zero.stage=") + stage});
-  auto engine = [](const std::vector<std::string>& o) {
-    modules::register_builtin_models();
-    return std::make_unique<Engine>(config(o), testing::world_group(),
-                                    [](const RunConfig& c) { return data::make_source(c); });
-  };
-  auto straight = engine(dp);
-  std::vector<double> expected;
-  for (int s = 0; s < kSteps; ++s) expected.push_back(straight->step().loss);
-  const auto want = straight->gathered_parameters();
-  for (const auto& [a, b] : std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
-           {zero1, dp}, {dp, zero1}}) {
-    const std::string root = testing::shared_tmpdir("chunks-zero1-ckpt");
-    std::vector<double> losses;
-    {
-      auto first = engine(a);
-      for (int s = 0; s < kSteps / 2; ++s) losses.push_back(first->step().loss);
-      checkpoint::Checkpointer(testing::world_group(), {root, 0, false}).save(first->state());
+    const auto zero1 =
+        plus(plus(chunks("auto", "host"), dp), {std::string("parallel.zero.stage=") + stage});
+    auto engine = [](const std::vector<std::string>& o) {
+      modules::register_builtin_models();
+      return std::make_unique<Engine>(config(o), testing::world_group(),
+                                      [](const RunConfig& c) { return data::make_source(c); });
+    };
+    auto straight = engine(dp);
+    std::vector<double> expected;
+    for (int s = 0; s < kSteps; ++s) expected.push_back(straight->step().loss);
+    const auto want = straight->gathered_parameters();
+    for (const auto& [a, b] :
+         std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{{zero1, dp},
+                                                                                    {dp, zero1}}) {
+      const std::string root = testing::shared_tmpdir("chunks-zero1-ckpt");
+      std::vector<double> losses;
+      {
+        auto first = engine(a);
+        for (int s = 0; s < kSteps / 2; ++s) losses.push_back(first->step().loss);
+        checkpoint::Checkpointer(testing::world_group(), {root, 0, false}).save(first->state());
+      }
+      auto second = engine(b);
+      TrainingState state = second->state();
+      checkpoint::Checkpointer(testing::world_group(), {root, 0, false}).load(root, state);
+      second->load_state(state);
+      for (int s = kSteps / 2; s < kSteps; ++s) losses.push_back(second->step().loss);
+      EXPECT_EQ(losses, expected) << (a == zero1 ? "zero chunks -> memory"
+                                                 : "memory -> zero chunks")
+                                  << ", stage " << stage;
+      const auto got = second->gathered_parameters();
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(torch::equal(want[i].second, got[i].second)) << want[i].first;
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (testing::world_rank() == 0) fs::remove_all(root);
     }
-    auto second = engine(b);
-    TrainingState state = second->state();
-    checkpoint::Checkpointer(testing::world_group(), {root, 0, false}).load(root, state);
-    second->load_state(state);
-    for (int s = kSteps / 2; s < kSteps; ++s) losses.push_back(second->step().loss);
-    EXPECT_EQ(losses, expected) << (a == zero1 ? "zero chunks -> memory" : "memory -> zero chunks")
-                                << ", stage " << stage;
-    const auto got = second->gathered_parameters();
-    ASSERT_EQ(want.size(), got.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_TRUE(torch::equal(want[i].second, got[i].second)) << want[i].first;
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (testing::world_rank() == 0) fs::remove_all(root);
-  }
   }
 }
 
@@ -450,11 +454,7 @@ void expect_mixes_bit_equal(const std::vector<std::vector<std::string>>& mixes,
             testing::world_group()),
         label + "(static, host)");
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (testing::world_rank() == 0) {
-    EXPECT_TRUE(fs::is_empty(nvme)) << nvme << " still holds files";
-    fs::remove_all(nvme);
-  }
+  expect_left_empty_and_remove(nvme);
 }
 
 TEST(ChunksInParallelMixes, BitEqualToTheMixInMemoryAt2) {
@@ -472,8 +472,8 @@ TEST(ChunksInParallelMixes, BitEqualToTheMixInMemoryAt2) {
       {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"interleaved\"",
        "parallel.pipeline.chunks=2", "model.layers=6", "train.precision=\"bf16\""},
       {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"zb\""},
-      {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"zb\"",
-       "train.precision=\"fp16\"", "train.recompute=\"full\""},
+      {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"zb\"", "train.precision=\"fp16\"",
+       "train.recompute=\"full\""},
   });
 }
 
@@ -490,12 +490,13 @@ TEST(ChunksInParallelMixes, BitEqualToTheMixInMemoryAt4) {
                          {"parallel.zero.stage=1"});
   // ZeRO-3 under the pipeline (tied weights summed over stages while each
   // dp rank owns other chunks), ZeRO-2 with tensor parallelism in bf16.
-  expect_mixes_bit_equal({{"parallel.data=2", "parallel.pipeline.size=2"},
-                          {"parallel.data=2", "parallel.pipeline.size=2",
-                           "parallel.pipeline.schedule=\"zb\""}},
-                         {"parallel.zero.stage=3"});
-  expect_mixes_bit_equal({{"parallel.data=2", "parallel.tensor.size=2", "train.precision=\"bf16\""}},
-                         {"parallel.zero.stage=2"});
+  expect_mixes_bit_equal(
+      {{"parallel.data=2", "parallel.pipeline.size=2"},
+       {"parallel.data=2", "parallel.pipeline.size=2", "parallel.pipeline.schedule=\"zb\""}},
+      {"parallel.zero.stage=3"});
+  expect_mixes_bit_equal(
+      {{"parallel.data=2", "parallel.tensor.size=2", "train.precision=\"bf16\""}},
+      {"parallel.zero.stage=2"});
 }
 
 // Four data-parallel ranks under ZeRO-3 over chunks (each rank owning every
@@ -504,7 +505,8 @@ TEST(ChunksInParallelMixes, BitEqualToTheMixInMemoryAt4) {
 TEST(ChunksWithZero23, MatchesTheSerialRunAt4) {
   REQUIRE_RANKS(4);
   testing::expect_equivalent(
-      config({}), config(plus(chunks("auto", "host"), {"parallel.data=4", "parallel.zero.stage=3"})));
+      config({}),
+      config(plus(chunks("auto", "host"), {"parallel.data=4", "parallel.zero.stage=3"})));
   testing::expect_equivalent(
       config({}), config(plus(chunks("static", "host"), {"parallel.data=4", "parallel.zero.stage=2",
                                                          "memory.grad_fraction=0.2"})));
