@@ -111,14 +111,19 @@ std::string format_summary(const TrainSummary& s, const Engine& engine) {
   char line[512];
   std::snprintf(line, sizeof line,
                 "kolos: done: %lld steps in %.1f s | loss %.4f -> %.4f | %s tokens/s | peak RSS "
-                "%s per rank | mesh %s | gradients %s",
+                "%s per rank | mesh %s | ",
                 (long long)s.steps, s.seconds, s.first_loss, s.final_loss,
                 detail::format_count(s.tokens_per_s).c_str(),
                 detail::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str(),
-                engine.mesh().layout().describe().c_str(), engine.roles().gradients.c_str());
-  // The memory role serves in the gradients role's place.
-  if (!engine.roles().memory.empty()) return std::string(line) + " | memory " + engine.roles().memory;
-  return line;
+                engine.mesh().layout().describe().c_str());
+  // The memory role serves in the gradients role's place, with ZeRO's
+  // stage over its own chunks.
+  if (!engine.roles().memory.empty()) {
+    const int64_t stage = engine.config().parallel.zero.stage;
+    return std::string(line) + "memory " + engine.roles().memory +
+           (stage > 0 ? " (ZeRO-" + std::to_string(stage) + " over its chunks)" : "");
+  }
+  return std::string(line) + "gradients " + engine.roles().gradients;
 }
 
 // The hosts of the world's ranks, by rank (KOLOS_SIMULATED_HOSTS stands in
