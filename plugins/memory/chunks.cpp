@@ -383,12 +383,8 @@ class ChunkedMemory : public GradientStrategy {
 
   at::Tensor master_of(const at::Tensor& param) override {
     if (!low_ || materialized_.empty()) return at::Tensor();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (materialized_[kParam][i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) {
-        return materialized_[kMaster][i];
-      }
-    }
-    return at::Tensor();
+    const auto it = materialized_index_.find(param.unsafeGetTensorImpl());
+    return it == materialized_index_.end() ? at::Tensor() : materialized_[kMaster][it->second];
   }
 
   std::vector<StatePiece> optimizer_state() override {
@@ -1030,6 +1026,7 @@ class ChunkedMemory : public GradientStrategy {
     finish_skipped_step();
     KOLOS_CHECK(cursor_ == 0, name(), ": a checkpoint was asked for in the middle of a step");
     materialized_.assign(kKinds, std::vector<at::Tensor>(params_.size()));
+    materialized_index_.clear();
     for (Kind kind : {kParam, kExpAvg, kExpAvgSq, kMaster}) {
       if (kind >= kinds_) continue;
       std::vector<std::byte> bytes(static_cast<size_t>(kind_bytes(kind)));
@@ -1050,6 +1047,7 @@ class ChunkedMemory : public GradientStrategy {
           std::memcpy(t.data_ptr(), bytes.data() + slot_offset(kind, i),
                       static_cast<size_t>(slot_bytes(kind, i)));
           materialized_[kind][i] = t;
+          if (kind == kParam) materialized_index_[t.unsafeGetTensorImpl()] = i;
         }
       }
     }
@@ -1133,6 +1131,7 @@ class ChunkedMemory : public GradientStrategy {
   std::optional<double> unscale_;  // fp16: 1 / this step's loss scale
   std::vector<double> scales_;     // factors for the gradients, in order
   std::vector<std::vector<at::Tensor>> materialized_;  // [kind][parameter]
+  std::map<const void*, size_t> materialized_index_;   // its parameter copies -> parameter
   int64_t peak_total_ = 0;
   int64_t peak_by_kind_[kKinds] = {0, 0, 0, 0, 0};
 };
