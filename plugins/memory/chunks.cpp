@@ -230,9 +230,9 @@ class ChunkedMemory : public GradientStrategy {
   // ---- one step -----------------------------------------------------------
 
   ReductionStats reduction_stats() const override {
-    // bytes: gradient reductions and ZeRO's parameter broadcasts;
-    // bytes_during_backward: the reductions that ran while the next block
-    // step computed.
+    // bytes: the gradients' reductions (ZeRO's parameter broadcasts are
+    // not reductions); bytes_during_backward: those that ran while the
+    // next block step computed.
     ReductionStats stats;
     stats.bytes = reduced_bytes_;
     stats.bytes_during_backward = overlapped_bytes_;
@@ -458,8 +458,7 @@ class ChunkedMemory : public GradientStrategy {
   void broadcast_chunk(ChunkId c, int root) {
     at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(kind_of_[c])},
                                      at::TensorOptions().dtype(at::kByte));
-    group_->broadcast(bytes, root)->wait();
-    reduced_bytes_ += kind_bytes(kind_of_[c]);
+    group_->broadcast(bytes, root)->wait();  // not a reduction: not in reduction_stats()
   }
   int owner(size_t k) const { return static_cast<int>(k % static_cast<size_t>(shards_)); }
   bool owns(size_t k) const { return owner(k) == shard_rank_; }
