@@ -247,11 +247,6 @@ bool ChunkExecutor::resident(ChunkId id) const {
   return chunks_[id].buffer != nullptr;
 }
 
-bool ChunkExecutor::scratch(ChunkId id) const {
-  check_id(id, "scratch()");
-  return chunks_[id].scratch;
-}
-
 void ChunkExecutor::wait_read(ChunkId id) {
   Chunk& c = chunks_[id];
   if (!c.reading) return;

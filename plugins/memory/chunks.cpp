@@ -657,6 +657,9 @@ class ChunkedMemory : public GradientStrategy {
                   " is read by no block of this stage");
       is_tied_[i] = true;
     }
+    // Norms every rank takes itself, whatever the ZeRO stage.
+    norm_everywhere_ = is_tied_;
+    for (size_t i : unused_) norm_everywhere_[i] = true;
     // With dp x sp > 1 the gradients a step makes final are reduced while
     // the next block step runs (end_current_step), where the budget leaves
     // room for their chunks in that step too (make_plan may take this back);
@@ -667,15 +670,13 @@ class ChunkedMemory : public GradientStrategy {
     if (group_->size() > 1) {
       for (size_t s = 0; s + 1 < blocks_end; ++s) {
         if (norm_at_[s].empty()) continue;
-        std::vector<ChunkId> next = trace_.steps[s + 1];
+        auto& next = trace_.steps[s + 1];
+        const std::vector<ChunkId> alone = next;
         for (size_t i : norm_at_[s]) next.push_back(id(kGrad, layout_.slots[i].chunk));
         std::sort(next.begin(), next.end());
         next.erase(std::unique(next.begin(), next.end()), next.end());
-        int64_t bytes = 0;
-        for (ChunkId c : next) bytes += trace_.chunks[c].bytes;
-        if (bytes > settings_.compute_budget) continue;
-        trace_.steps[s + 1] = std::move(next);
-        overlap_[s] = true;
+        overlap_[s] = memory::working_set_bytes(trace_, s + 1) <= settings_.compute_budget;
+        if (!overlap_[s]) next = alone;
       }
     }
     // ZeRO-2/3: a gradient goes to its chunk's owner only; on every other
@@ -947,9 +948,7 @@ class ChunkedMemory : public GradientStrategy {
     if (zero_stage_ < 2 || shards_ == 1 || norms_shared_) return;
     torch::NoGradGuard no_grad;
     const size_t n = params_.size();
-    std::vector<bool> everywhere(n, false);
-    for (size_t i : tied_) everywhere[i] = true;
-    for (size_t i : unused_) everywhere[i] = true;
+    const std::vector<bool>& everywhere = norm_everywhere_;
     // [0, n): norms; [n, 2n): 1 where a gradient is not finite.
     std::vector<double> values(2 * n, 0.0);
     for (size_t i = 0; i < n; ++i) {
@@ -1127,6 +1126,7 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<at::Tensor> norms_;  // [parameter]: its gradient's norm this step
   std::vector<bool> finite_;       // [parameter]: fp16: its gradient is finite
   bool norms_shared_ = false;      // ZeRO-2/3: share_norms() ran this step
+  std::vector<bool> norm_everywhere_;  // [parameter]: tied or unused (not shared)
   std::optional<double> unscale_;  // fp16: 1 / this step's loss scale
   std::vector<double> scales_;     // factors for the gradients, in order
   std::vector<std::vector<at::Tensor>> materialized_;  // [kind][parameter]

@@ -150,7 +150,6 @@ class ChunkExecutor {
   const ExecutorStats& stats() const noexcept { return stats_; }
   LowerTier tier() const noexcept { return tier_; }
   bool resident(ChunkId id) const;
-  bool scratch(ChunkId id) const;
   // Bytes the lower tier holds for this trace: the host buffers, or the
   // NVMe slots (one per chunk that is not scratch).
   int64_t lower_tier_bytes() const noexcept { return lower_tier_bytes_; }
