@@ -130,13 +130,15 @@ class ChunkedMemory : public GradientStrategy {
                quote_toml(c.chunk_size) + ": " + e.what() + "; give \"auto\" or a size.");
       }
       if (bytes <= 0 || bytes % memory::kDirectIoAlignment != 0) {
-        s.fail("chunk_size", quote_toml(c.chunk_size) + " is not a positive multiple of " +
-                                 std::to_string(memory::kDirectIoAlignment) +
-                                 " bytes (chunks move whole, with direct I/O); for example " +
-                                 quote_toml(std::to_string(
-                                     std::max<int64_t>(1, bytes / memory::kDirectIoAlignment) *
-                                     memory::kDirectIoAlignment) + "B") +
-                                 ".");
+        s.fail(
+            "chunk_size",
+            quote_toml(c.chunk_size) + " is not a positive multiple of " +
+                std::to_string(memory::kDirectIoAlignment) +
+                " bytes (chunks move whole, with direct I/O); for example " +
+                quote_toml(std::to_string(std::max<int64_t>(1, bytes / memory::kDirectIoAlignment) *
+                                          memory::kDirectIoAlignment) +
+                           "B") +
+                ".");
       }
       chunk_bytes_ = bytes;
     }
@@ -161,8 +163,8 @@ class ChunkedMemory : public GradientStrategy {
     const bool is_static = c.placement == "static";
     for (const char* key : {"param_fraction", "grad_fraction", "optim_fraction"}) {
       if (!is_static && s.has(key)) {
-        s.fail(key, "applies to placement = \"static\" only; the placement is \"" + c.placement +
-                        "\".");
+        s.fail(key,
+               "applies to placement = \"static\" only; the placement is \"" + c.placement + "\".");
       }
     }
     if (is_static && s.has("prefetch")) {
@@ -198,8 +200,8 @@ class ChunkedMemory : public GradientStrategy {
       if (!p.tensor.requires_grad()) continue;
       const at::Tensor& t = p.tensor;
       if (params_.empty()) dtype_ = t.scalar_type();
-      KOLOS_CHECK(t.scalar_type() == dtype_ && t.device().is_cpu(), name(), ": parameter ",
-                  p.name, " is ", t.scalar_type(), " on ", t.device(), "; chunks hold ", dtype_,
+      KOLOS_CHECK(t.scalar_type() == dtype_ && t.device().is_cpu(), name(), ": parameter ", p.name,
+                  " is ", t.scalar_type(), " on ", t.device(), "; chunks hold ", dtype_,
                   " CPU tensors");
       KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
                       static_cast<int64_t>(t.storage().nbytes()) == t.numel() * t.element_size(),
@@ -242,7 +244,18 @@ class ChunkedMemory : public GradientStrategy {
     return stats;
   }
 
+  GatherStats gather_stats() const override {
+    GatherStats stats;
+    stats.bytes = gathered_bytes_;
+    stats.bytes_ahead = gathered_ahead_bytes_;
+    stats.wait_s = gather_wait_s_;
+    return stats;
+  }
+
   void zero_grad() override {
+    gathered_bytes_ = 0;
+    gathered_ahead_bytes_ = 0;
+    gather_wait_s_ = 0;
     reduced_bytes_ = 0;
     reductions_ = 0;
     overlapped_bytes_ = 0;
@@ -285,7 +298,8 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<GradPiece> grad_pieces() override {
     std::vector<GradPiece> pieces;
     if (tied_step_ == kNoStep || current_ != tied_step_) return pieces;
-    for (size_t i : tied_) pieces.push_back(GradPiece{params_[i].tensor.grad(), params_[i].placement});
+    for (size_t i : tied_)
+      pieces.push_back(GradPiece{params_[i].tensor.grad(), params_[i].placement});
     return pieces;
   }
 
@@ -375,8 +389,8 @@ class ChunkedMemory : public GradientStrategy {
         out.push_back(p);
         continue;
       }
-      out.push_back(PlacedParameter{p.name, materialized_[kParam][it->second], p.placement,
-                                    p.block});
+      out.push_back(
+          PlacedParameter{p.name, materialized_[kParam][it->second], p.placement, p.block});
     }
     return out;
   }
@@ -459,6 +473,14 @@ class ChunkedMemory : public GradientStrategy {
     at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(kind_of_[c])},
                                      at::TensorOptions().dtype(at::kByte));
     group_->broadcast(bytes, root)->wait();  // not a reduction: not in reduction_stats()
+  }
+  // ZeRO-3: launches the broadcast of parameter chunk c (resident) from
+  // its owner; the chunk must stay resident until it completes.
+  comm::WorkPtr gather(ChunkId c) {
+    gathered_bytes_ += kind_bytes(kind_of_[c]);
+    at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(kind_of_[c])},
+                                     at::TensorOptions().dtype(at::kByte));
+    return group_->broadcast(bytes, owner(index_of_[c]));
   }
   int owner(size_t k) const { return static_cast<int>(k % static_cast<size_t>(shards_)); }
   bool owns(size_t k) const { return owner(k) == shard_rank_; }
@@ -660,25 +682,7 @@ class ChunkedMemory : public GradientStrategy {
     // Norms every rank takes itself, whatever the ZeRO stage.
     norm_everywhere_ = is_tied_;
     for (size_t i : unused_) norm_everywhere_[i] = true;
-    // With dp x sp > 1 the gradients a step makes final are reduced while
-    // the next block step runs (end_current_step), where the budget leaves
-    // room for their chunks in that step too (make_plan may take this back);
-    // elsewhere, and after the last block step, they are waited for at once.
-    overlap_.assign(steps_.size(), false);
     base_steps_ = trace_.steps;
-    const size_t blocks_end = tied_step_ == kNoStep ? optimizer_begin_ : tied_step_;
-    if (group_->size() > 1) {
-      for (size_t s = 0; s + 1 < blocks_end; ++s) {
-        if (norm_at_[s].empty()) continue;
-        auto& next = trace_.steps[s + 1];
-        const std::vector<ChunkId> alone = next;
-        for (size_t i : norm_at_[s]) next.push_back(id(kGrad, layout_.slots[i].chunk));
-        std::sort(next.begin(), next.end());
-        next.erase(std::unique(next.begin(), next.end()), next.end());
-        overlap_[s] = memory::working_set_bytes(trace_, s + 1) <= settings_.compute_budget;
-        if (!overlap_[s]) next = alone;
-      }
-    }
     // ZeRO-2/3: a gradient goes to its chunk's owner only; on every other
     // rank a gradient chunk is no longer wanted once all its gradients are
     // reduced (it is zeroed where the next iteration first uses it). Tied
@@ -713,29 +717,103 @@ class ChunkedMemory : public GradientStrategy {
         }
       }
     }
+    augment(true, true);
   }
 
+  // Makes trace_ from the block trace (base_steps_) with the overlaps the
+  // budget has room for, step by step:
+  // - `reductions` (dp x sp > 1): the gradients a step makes final are
+  //   reduced while the next block step runs (end_current_step), their
+  //   chunks in that step too; elsewhere, and after the last block step,
+  //   they are waited for at once;
+  // - `gathers` (ZeRO-3): the parameter chunks a block step gathers are
+  //   gathered while the block step before runs (begin), their chunks in
+  //   that step too; elsewhere when their step begins.
+  // The block steps, and so these choices, are the same on every rank of
+  // the group (make_plan has them agree if a plan takes one back).
+  void augment(bool reductions, bool gathers) {
+    trace_.steps = base_steps_;
+    overlap_.assign(steps_.size(), false);
+    ahead_.assign(steps_.size(), false);
+    const size_t blocks_end = tied_step_ == kNoStep ? optimizer_begin_ : tied_step_;
+    const auto add = [this](size_t s, const std::vector<ChunkId>& chunks) {
+      std::vector<ChunkId>& step = trace_.steps[s];
+      const std::vector<ChunkId> alone = step;
+      step.insert(step.end(), chunks.begin(), chunks.end());
+      std::sort(step.begin(), step.end());
+      step.erase(std::unique(step.begin(), step.end()), step.end());
+      if (memory::working_set_bytes(trace_, s) <= settings_.compute_budget) return true;
+      step = alone;
+      return false;
+    };
+    if (reductions && group_->size() > 1) {
+      for (size_t s = 0; s + 1 < blocks_end; ++s) {
+        if (norm_at_[s].empty()) continue;
+        std::vector<ChunkId> grads;
+        for (size_t i : norm_at_[s]) grads.push_back(id(kGrad, layout_.slots[i].chunk));
+        overlap_[s] = add(s + 1, grads);
+      }
+    }
+    if (gathers) {
+      for (size_t s = 1; s < blocks_end; ++s) {
+        if (!gather_at_[s].empty()) ahead_[s] = add(s - 1, gather_at_[s]);
+      }
+    }
+  }
+
+  // The plan for the budget, with the overlaps augment() found room for;
+  // where the policy cannot place them (static placement's pinned chunks)
+  // the gathers ahead go first, then the reductions' overlap. Gathers are
+  // collective: under ZeRO-3 the group agrees to launch them ahead on every
+  // rank or on none, and to refuse the budget on every rank if one rank's
+  // chunks do not fit.
   void make_plan(const RunConfig& config) {
     const int64_t budget = settings_.compute_budget;
-    try {
+    const auto any = [](const std::vector<bool>& v) {
+      return std::any_of(v.begin(), v.end(), [](bool b) { return b; });
+    };
+    const auto refuse = [&](const std::string& why) {
+      return ConfigError(located(
+          config, "memory.compute_budget",
+          detail::format_bytes(static_cast<double>(budget)) + " (chunks of " +
+              detail::format_bytes(static_cast<double>(chunk_bytes_)) + ", " +
+              std::to_string(num_chunks_) + " per kind of state) cannot run this model: " + why));
+    };
+    const bool had_overlap = any(overlap_), had_ahead = any(ahead_);
+    std::string error;
+    bool planned = false;
+    for (const auto& [reductions, gathers] :
+         {std::pair{true, true}, std::pair{true, false}, std::pair{false, false}}) {
+      // An attempt that takes back nothing the one before had is the same.
+      if ((!gathers && reductions && !had_ahead) || (!reductions && !had_overlap)) continue;
+      augment(reductions, gathers);
       try {
         plan_for(budget);
-      } catch (const Error&) {
-        // Overlapping the reductions needs more room than the policy
-        // found (static placement's pinned chunks): every reduction is
-        // then waited for where it is launched.
-        if (std::none_of(overlap_.begin(), overlap_.end(), [](bool b) { return b; })) throw;
-        trace_.steps = base_steps_;
-        std::fill(overlap_.begin(), overlap_.end(), false);
-        plan_for(budget);
+        planned = true;
+        break;
+      } catch (const Error& e) {
+        error = e.what();
       }
-    } catch (const Error& e) {
-      throw ConfigError(located(
-          config, "memory.compute_budget",
-          detail::format_bytes(static_cast<double>(budget)) + " (chunks of " + detail::format_bytes(static_cast<double>(chunk_bytes_)) + ", " +
-              std::to_string(num_chunks_) + " per kind of state) cannot run this model: " +
-              e.what()));
     }
+    if (zero_stage_ == 3 && shards_ > 1) {
+      // -1: no plan here; 0: a plan without gathers ahead; 1: with them.
+      double mine = !planned ? -1.0 : any(ahead_) ? 1.0 : 0.0;
+      group_->all_reduce(at::from_blob(&mine, {1}, at::kDouble), comm::ReduceOp::kMin)->wait();
+      if (mine < 0 && planned) {
+        throw refuse(
+            "another rank of the data-parallel group cannot place its chunks (its "
+            "error says why)");
+      }
+      if (mine == 0 && any(ahead_)) {
+        augment(any(overlap_), false);
+        try {
+          plan_for(budget);
+        } catch (const Error& e) {
+          throw refuse(e.what());
+        }
+      }
+    }
+    if (!planned) throw refuse(error);
     base_steps_.clear();
   }
 
@@ -769,17 +847,23 @@ class ChunkedMemory : public GradientStrategy {
   at::Tensor& tensor_of(size_t kind, size_t i) {
     AdamWSlot& slot = optimizer_->slots()[i];
     switch (kind) {
-      case kParam: return slot.param;
-      case kGrad: return slot.grad;
-      case kExpAvg: return slot.exp_avg;
-      case kExpAvgSq: return slot.exp_avg_sq;
-      default: return slot.master;
+      case kParam:
+        return slot.param;
+      case kGrad:
+        return slot.grad;
+      case kExpAvg:
+        return slot.exp_avg;
+      case kExpAvgSq:
+        return slot.exp_avg_sq;
+      default:
+        return slot.master;
     }
   }
 
   void make_executor() {
     memory::ExecutorOptions options;
-    options.tier = settings_.offload == "nvme" ? memory::LowerTier::kNvme : memory::LowerTier::kHost;
+    options.tier =
+        settings_.offload == "nvme" ? memory::LowerTier::kNvme : memory::LowerTier::kHost;
     options.nvme.dir = settings_.nvme_dir;
     options.nvme.threads = static_cast<int>(settings_.io_threads);
     options.scratch.assign(trace_.chunks.size(), false);
@@ -990,7 +1074,23 @@ class ChunkedMemory : public GradientStrategy {
       if (bound_[c] && !needed[c]) bind(c, nullptr);
     }
     for (ChunkId c : trace_.steps[s]) bind(c, executor_->chunk(c));
-    for (ChunkId c : gather_at_[s]) broadcast_chunk(c, owner(index_of_[c]));
+    // ZeRO-3: this step's parameter chunks from their owners (launched
+    // during the step before, or now), then the next step's, launched to
+    // run while this one computes (their chunks are in this step's trace).
+    if (!gather_at_[s].empty()) {
+      const auto start = std::chrono::steady_clock::now();
+      if (!ahead_[s]) {
+        for (ChunkId c : gather_at_[s]) gathers_.push_back(gather(c));
+      }
+      for (comm::WorkPtr& work : gathers_) work->wait();
+      gathers_.clear();
+      gather_wait_s_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    if (s + 1 < steps_.size() && ahead_[s + 1]) {
+      for (ChunkId c : gather_at_[s + 1]) gathers_.push_back(gather(c));
+      for (ChunkId c : gather_at_[s + 1]) gathered_ahead_bytes_ += kind_bytes(kind_of_[c]);
+    }
     for (ChunkId c : zero_at_[s]) {
       std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(kind_of_[c])));
     }
@@ -1034,8 +1134,8 @@ class ChunkedMemory : public GradientStrategy {
           // ZeRO: the owner's optimizer chunk (and ZeRO-3's parameter
           // chunk), to every rank (a checkpoint holds every piece on every
           // rank of the group).
-          at::Tensor t = at::from_blob(bytes.data(), {kind_bytes(kind)},
-                                       at::TensorOptions().dtype(at::kByte));
+          at::Tensor t =
+              at::from_blob(bytes.data(), {kind_bytes(kind)}, at::TensorOptions().dtype(at::kByte));
           group_->broadcast(t, owner(k))->wait();
         }
         const auto [first, last] = chunk_params_[k];
@@ -1073,7 +1173,7 @@ class ChunkedMemory : public GradientStrategy {
   bool finishing_ = false;  // in finish_backward()
   ChunkSettings settings_;
   int64_t accumulation_ = 1;
-  int64_t chunk_bytes_ = 0;  // of an fp32 kind (kind_bytes: of any)
+  int64_t chunk_bytes_ = 0;            // of an fp32 kind (kind_bytes: of any)
   at::ScalarType dtype_ = at::kFloat;  // of the parameters and gradients
   bool low_ = false;                   // bf16/fp16: master chunks too
   size_t kinds_ = kMaster;             // kinds in use: 4, or 5 with masters
@@ -1091,17 +1191,17 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<Kind> kind_of_;              // [chunk]
   std::vector<size_t> index_of_;           // [chunk]
   int64_t zero_stage_ = 0;
-  int shards_ = 1;       // ZeRO: ranks the chunk indices are spread over
-  int shard_rank_ = 0;   // this rank's place among them
-  std::vector<PlacedParameter> params_;                // trainable, in model order
+  int shards_ = 1;                       // ZeRO: ranks the chunk indices are spread over
+  int shard_rank_ = 0;                   // this rank's place among them
+  std::vector<PlacedParameter> params_;  // trainable, in model order
   std::vector<std::pair<size_t, size_t>> chunk_params_;  // [chunk]: parameters [first, last)
-  std::vector<std::vector<size_t>> uses_;              // [block]: parameters it reads
+  std::vector<std::vector<size_t>> uses_;                // [block]: parameters it reads
   std::vector<TraceStep> steps_;
   memory::AccessTrace trace_;
   memory::Plan plan_;
   size_t optimizer_begin_ = 0;
-  std::vector<std::vector<ChunkId>> zero_at_;  // [step]: gradient chunks first used there
-  std::vector<std::vector<size_t>> norm_at_;   // [step]: gradients final after it
+  std::vector<std::vector<ChunkId>> zero_at_;     // [step]: gradient chunks first used there
+  std::vector<std::vector<size_t>> norm_at_;      // [step]: gradients final after it
   std::vector<std::vector<ChunkId>> discard_at_;  // [step]: ZeRO-2/3: others' gradient chunks done
   // A gradient's reduction in flight: `reduced` (the chunk's bytes, or an
   // fp32 copy) is averaged; `elsewhere`: onto another rank (ZeRO-2/3).
@@ -1116,19 +1216,24 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<std::vector<ChunkId>> base_steps_;  // the trace without overlap (set-up only)
   size_t pending_step_ = 0;
   std::vector<std::vector<ChunkId>> gather_at_;  // [step]: ZeRO-3: parameter chunks to gather
-  std::vector<size_t> unused_;                 // parameters no block reads
+  std::vector<bool> ahead_;  // [step]: its gathers are launched when the step before begins
+  std::vector<comm::WorkPtr> gathers_;  // in flight, for the next step
+  int64_t gathered_bytes_ = 0;          // this step's (GatherStats)
+  int64_t gathered_ahead_bytes_ = 0;
+  double gather_wait_s_ = 0;
+  std::vector<size_t> unused_;  // parameters no block reads
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<memory::ChunkExecutor> executor_;
   std::vector<bool> bound_;  // [chunk]: its tensors point into the arena
   size_t cursor_ = 0;        // the next trace step
   size_t current_ = 0;
   bool in_step_ = false;
-  std::vector<at::Tensor> norms_;  // [parameter]: its gradient's norm this step
-  std::vector<bool> finite_;       // [parameter]: fp16: its gradient is finite
-  bool norms_shared_ = false;      // ZeRO-2/3: share_norms() ran this step
-  std::vector<bool> norm_everywhere_;  // [parameter]: tied or unused (not shared)
-  std::optional<double> unscale_;  // fp16: 1 / this step's loss scale
-  std::vector<double> scales_;     // factors for the gradients, in order
+  std::vector<at::Tensor> norms_;                      // [parameter]: its gradient's norm this step
+  std::vector<bool> finite_;                           // [parameter]: fp16: its gradient is finite
+  bool norms_shared_ = false;                          // ZeRO-2/3: share_norms() ran this step
+  std::vector<bool> norm_everywhere_;                  // [parameter]: tied or unused (not shared)
+  std::optional<double> unscale_;                      // fp16: 1 / this step's loss scale
+  std::vector<double> scales_;                         // factors for the gradients, in order
   std::vector<std::vector<at::Tensor>> materialized_;  // [kind][parameter]
   std::map<const void*, size_t> materialized_index_;   // its parameter copies -> parameter
   int64_t peak_total_ = 0;

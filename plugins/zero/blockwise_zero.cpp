@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "kolos/core/error.h"
 #include "kolos/core/grad_hooks.h"
@@ -92,6 +93,7 @@ void BlockwiseZero::zero_grad() {
   free_all_groups();  // left gathered by a forward without backward
   gathered_peak_ = gathered_now_;
   staging_peak_ = staging_now_;
+  gather_stats_ = GatherStats();
   for (auto& g : groups_) {
     if (g.shard_grads.defined()) g.shard_grads.zero_();
   }
@@ -218,7 +220,7 @@ void BlockwiseZero::before_forward(size_t block) {
   for (size_t g : uses_[block]) finish_gather(g);
   // Prefetch: the next block's gather runs while this block computes.
   if (block + 1 < uses_.size()) {
-    for (size_t g : uses_[block + 1]) start_gather(g);
+    for (size_t g : uses_[block + 1]) start_gather(g, true);
   }
 }
 
@@ -240,15 +242,17 @@ void BlockwiseZero::before_backward(size_t block) {
   for (size_t g : uses_[block]) start_gather(g);
   for (size_t g : uses_[block]) finish_gather(g);
   if (block > 0) {
-    for (size_t g : uses_[block - 1]) start_gather(g);
+    for (size_t g : uses_[block - 1]) start_gather(g, true);
   }
 }
 
-void BlockwiseZero::start_gather(size_t index) {
+void BlockwiseZero::start_gather(size_t index, bool ahead) {
   ShardGroup& g = groups_[index];
   Block& b = blocks_[index];
   if (g.slots.empty() || b.state != GatherState::kFree) return;
   b.gather_out = torch::empty({ranks_ * g.shard_numel}, g.shard_params.options());
+  gather_stats_.bytes += bytes_of(b.gather_out);
+  if (ahead) gather_stats_.bytes_ahead += bytes_of(b.gather_out);
   track(gathered_now_, gathered_peak_, bytes_of(b.gather_out));
   b.gather_work = group_->all_gather_flat(b.gather_out, g.shard_params);
   b.state = GatherState::kGathering;
@@ -259,7 +263,10 @@ void BlockwiseZero::finish_gather(size_t index) {
   Block& b = blocks_[index];
   if (g.slots.empty() || b.state == GatherState::kGathered) return;
   if (b.state == GatherState::kFree) start_gather(index);
+  const auto start = std::chrono::steady_clock::now();
   b.gather_work->wait();
+  gather_stats_.wait_s +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   b.gather_work.reset();
   torch::NoGradGuard no_grad;
   for (size_t i : g.slots) {

@@ -42,6 +42,7 @@ class BlockwiseZero : public ZeroStrategy {
   void finish_backward() override;
   void step(double lr) override;
   MemoryStats memory() const override;
+  GatherStats gather_stats() const override { return gather_stats_; }
   std::vector<PlacedParameter> parameters_at_rest() override;
 
  private:
@@ -68,7 +69,8 @@ class BlockwiseZero : public ZeroStrategy {
   void before_forward(size_t block);
   void after_forward(size_t block, const at::Tensor& output);
   void before_backward(size_t block);
-  void start_gather(size_t group);
+  // `ahead`: for the block after the one about to compute (prefetch).
+  void start_gather(size_t group, bool ahead = false);
   void finish_gather(size_t group);
   void free_group(size_t group);
   void free_all_groups();
@@ -79,12 +81,13 @@ class BlockwiseZero : public ZeroStrategy {
   std::deque<Reduction> in_flight_;
   std::vector<GradAccumulatorPtr> accumulators_;
   bool backward_open_ = false;
-  bool reduce_in_fp32_ = false;  // train.reduce_dtype = "fp32" under bf16/fp16
+  bool reduce_in_fp32_ = false;            // train.reduce_dtype = "fp32" under bf16/fp16
   std::vector<std::vector<size_t>> uses_;  // groups each block reads
 
   // Bytes held now and the most held at once since zero_grad().
   int64_t gathered_now_ = 0, gathered_peak_ = 0;  // whole parameters + gather buffers
   int64_t staging_now_ = 0, staging_peak_ = 0;    // unsharded gradient buffers
+  GatherStats gather_stats_;                      // since zero_grad()
 };
 
 }  // namespace kolos::zero

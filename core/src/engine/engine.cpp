@@ -389,6 +389,7 @@ StepMetrics Engine::step() {
       sums[2].item<double>() / static_cast<double>(mesh_->layout().world_size());
   metrics.memory = gradients_->memory();
   metrics.reduction = gradients_->reduction_stats();
+  metrics.gather = gradients_->gather_stats();
   return metrics;
 }
 

@@ -19,6 +19,11 @@ std::string to_json(const StepMetrics& m) {
       << ",\"optimizer_bytes\":" << m.memory.optimizer_bytes
       << ",\"reduction_overlap\":" << m.reduction.overlap_fraction()
       << ",\"reduction_wait_s\":" << m.reduction.wait_s;
+  if (m.gather.bytes > 0) {
+    out << ",\"gather_bytes\":" << m.gather.bytes
+        << ",\"gather_ahead\":" << m.gather.ahead_fraction()
+        << ",\"gather_wait_s\":" << m.gather.wait_s;
+  }
   if (m.loss_scale > 0) {
     out << ",\"loss_scale\":" << m.loss_scale << ",\"skipped\":" << (m.skipped ? "true" : "false");
   }

@@ -2,6 +2,7 @@
 // one bucket's reduction has completed (its Work says so, observed with
 // Work::is_completed() when finish_backward() is called) before backward
 // ends, for dp (all-reduce) and zero1/zero2 (the same bucket engine).
+// ZeRO-3's parameter gathers run ahead of the block that needs them.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -56,6 +57,27 @@ TEST_P(BucketOverlap, SomeBucketCompletesBeforeFinishBackward) {
   // Only the buckets of the last parameters to become ready (the tied
   // embedding) wait for the end of backward.
   EXPECT_GT(least_overlap, 0.5);
+}
+
+// zero3 gathers a block's parameters while the block before it (forward)
+// or after it (backward) computes: all but the first forward block's and
+// the first backward block's gathers are launched ahead.
+TEST(GatherAhead, Zero3GathersTheNextBlockWhileOneComputes) {
+  modules::register_builtin_models();
+  const int n = testing::world_size();
+  RunConfig config = testing::tiny_gpt_config(
+      {"model.layers=8", "model.hidden=64", "train.steps=2", "train.micro_batch=8",
+       "train.global_batch=" + std::to_string(8 * n), "parallel.zero.stage=3"});
+  Engine engine(config, testing::world_group(),
+                [](const RunConfig& c) { return data::make_source(c); });
+  ASSERT_EQ(engine.roles().gradients, "zero3");
+  for (int64_t s = 0; s < config.train.steps; ++s) {
+    const StepMetrics m = engine.step();
+    EXPECT_GT(m.gather.bytes, 0);
+    EXPECT_LT(m.gather.bytes_ahead, m.gather.bytes) << "block 0's forward gather cannot be ahead";
+    EXPECT_GT(m.gather.ahead_fraction(), 0.5);
+    EXPECT_GE(m.gather.wait_s, 0.0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Plugins, BucketOverlap, ::testing::Values(0, 1, 2),

@@ -43,7 +43,10 @@ struct StepMetrics {
   // while backward ran (overlap_fraction()) and the time finish_backward()
   // waited for them.
   ReductionStats reduction;
-  bool stop = false;           // some rank was asked to stop (signals.h)
+  // ZeRO-3's parameter gathers on this rank: the fraction of their bytes
+  // launched ahead of the block that needs them, and the time blocks waited.
+  GatherStats gather;
+  bool stop = false;  // some rank was asked to stop (signals.h)
   // fp16: the loss scale this step's backward used (0: no loss scaling),
   // and whether the step was skipped because a gradient overflowed.
   double loss_scale = 0.0;
@@ -145,7 +148,7 @@ class Engine {
   int64_t accumulation_ = 1;
   int64_t step_ = 0;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
-  at::Device device_{at::kCPU};          // runtime.device
+  at::Device device_{at::kCPU};         // runtime.device
   int64_t overflow_step_ = -1;
 };
 

@@ -62,6 +62,19 @@ struct ReductionStats {
   }
 };
 
+// How one step's parameter gathers went on this rank (ZeRO-3: parameters
+// kept by their owners and gathered where a block needs them; metrics).
+struct GatherStats {
+  int64_t bytes = 0;  // bytes this rank received or sent in gathers this step
+  // Of which launched ahead of the block that needs them (while the block
+  // before computed): their transfer overlapped compute.
+  int64_t bytes_ahead = 0;
+  double wait_s = 0.0;  // seconds blocks waited for their gathers to complete
+  double ahead_fraction() const {
+    return bytes > 0 ? static_cast<double>(bytes_ahead) / static_cast<double>(bytes) : 0.0;
+  }
+};
+
 class GradientStrategy : public RolePlugin {
  public:
   virtual ~GradientStrategy() = default;
@@ -93,6 +106,8 @@ class GradientStrategy : public RolePlugin {
   virtual MemoryStats memory() const = 0;
   // The last step's reductions; zeros for a strategy that does not report them.
   virtual ReductionStats reduction_stats() const { return {}; }
+  // The last step's parameter gathers; zeros for a strategy without them.
+  virtual GatherStats gather_stats() const { return {}; }
 
   // What a checkpoint saves and loads, as live tensors with placements
   // (loading writes into them):
