@@ -204,9 +204,13 @@ std::string json_quote(const std::string& s) {
   return out + "\"";
 }
 
-// Measures this machine for the planner (collective): its rates, then a
-// reference run of the config's model, data parallel over every rank, whose
-// measured step the planner compares with its prediction (the step factor).
+// Measures this machine for the planner (collective): its rates, then
+// reference runs of the config's model whose measured steps the planner
+// compares with its predictions: data parallel over every rank (the step
+// factor), then, where the ranks make a group of 4, tensor 2d over 4 and
+// ring attention over 4 (what each of their many small collectives costs
+// beyond the model when ranks share cores). Each takes 2 sequences per
+// micro-batch, so that none is a plan `run_planner_check.sh` measures.
 void calibrate_machine(const Runtime& runtime, Planner& planner, const std::string& path,
                        std::vector<std::string> overrides, const RunConfig& config) {
   planner.calibrate(runtime.world(), config);
@@ -217,39 +221,48 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
     overrides.push_back(o);
   }
   // Without a reference run (the config fixes a mode that needs a size
-  // the reference does not have, or the model does not fit data parallel
-  // over every rank) the step factor stays 1; every rank reads the same
-  // config, so every rank decides alike, and the engine's refusals are
-  // agreed.
-  std::string skipped;
-  RunConfig reference;
-  try {
-    reference = load_run_config(path, overrides);
-  } catch (const Error& e) {
-    skipped = e.what();
-  }
-  std::vector<double> times;
-  if (skipped.empty()) {
+  // the reference does not have, or the model does not fit the layout)
+  // its figure is not measured; every rank reads the same config, so every
+  // rank decides alike, and the engine's refusals are agreed.
+  const auto reference = [&](const std::string& name, const std::vector<std::string>& layout) {
+    std::vector<std::string> o = overrides;
+    o.insert(o.end(), layout.begin(), layout.end());
+    std::string skipped;
+    RunConfig run;
     try {
-      Engine engine(reference, runtime.world(),
-                    [](const RunConfig& c) { return data::make_source(c); });
-      engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
-    } catch (const AgreedError& e) {
+      run = load_run_config(path, o);
+    } catch (const Error& e) {
       skipped = e.what();
     }
-  }
-  if (runtime.rank() != 0) return;
-  if (!skipped.empty()) {
-    std::fprintf(stderr,
-                 "kolos: calibration: no reference run, so no step factor (%s)\n",
-                 skipped.substr(0, skipped.find('\n')).c_str());
-    return;
-  }
-  // The steps after the first two (allocation, first touches).
-  std::vector<double> steady(times.begin() + std::min<size_t>(2, times.size()), times.end());
-  std::sort(steady.begin(), steady.end());
-  if (steady.empty()) return;
-  planner.record_reference(reference, runtime.size(), steady[steady.size() / 2]);
+    std::vector<double> times;
+    if (skipped.empty()) {
+      try {
+        Engine engine(run, runtime.world(),
+                      [](const RunConfig& c) { return data::make_source(c); });
+        engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
+      } catch (const AgreedError& e) {
+        skipped = e.what();
+      }
+    }
+    if (runtime.rank() != 0) return;
+    if (!skipped.empty()) {
+      std::fprintf(stderr, "kolos: calibration: no %s reference run (%s)\n", name.c_str(),
+                   skipped.substr(0, skipped.find('\n')).c_str());
+      return;
+    }
+    // The steps after the first two (allocation, first touches).
+    std::vector<double> steady(times.begin() + std::min<size_t>(2, times.size()), times.end());
+    std::sort(steady.begin(), steady.end());
+    if (steady.empty()) return;
+    planner.record_reference(run, runtime.size(), steady[steady.size() / 2]);
+  };
+  reference("data-parallel", {});
+  if (runtime.size() % 4 != 0) return;
+  const std::string rest = "parallel.data=" + std::to_string(runtime.size() / 4);
+  reference("tensor 2d", {rest, "parallel.tensor.size=4", "parallel.tensor.mode=\"2d\"",
+                          "train.micro_batch=2"});
+  reference("ring attention", {rest, "parallel.sequence.size=4",
+                               "parallel.sequence.mode=\"ring\"", "train.micro_batch=2"});
 }
 
 // parallel.auto = true: the planner chooses the layout on rank 0 (this

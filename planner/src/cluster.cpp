@@ -58,10 +58,10 @@ double MachineRates::gemm_rate(double flops) const {
   return gemm_curve.back().second;
 }
 
-double MachineRates::sync_seconds(int64_t group) const {
-  if (sync.empty()) return 0;
-  auto it = sync.upper_bound(group);
-  if (it == sync.begin()) return it->second;
+double MachineRates::sync_seconds(const std::map<int64_t, double>& table, int64_t group) {
+  if (table.empty()) return 0;
+  auto it = table.upper_bound(group);
+  if (it == table.begin()) return it->second;
   return std::prev(it)->second;
 }
 
@@ -78,8 +78,12 @@ std::string format_calibration(const std::string& host, const MachineRates& r) {
   for (const auto& [flops, rate] : r.gemm_curve) {
     out << "\n[[calibration.gemm]]\nflops = " << flops << "\nrate = " << rate << "\n";
   }
-  for (const auto& [group, seconds] : r.sync) {
-    out << "\n[[calibration.sync]]\ngroup = " << group << "\nseconds = " << seconds << "\n";
+  for (const auto& [pattern, table] :
+       {std::pair{"group", &r.sync}, {"grid", &r.grid_sync}, {"ring", &r.ring_sync}}) {
+    for (const auto& [group, seconds] : *table) {
+      out << "\n[[calibration.sync]]\npattern = \"" << pattern << "\"\ngroup = " << group
+          << "\nseconds = " << seconds << "\n";
+    }
   }
   for (const auto& [key, ab] : r.measured) {
     out << "\n[[calibration.collective]]\nop = \"" << to_string(key.first)
@@ -314,11 +318,23 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
     }
     rates.gemm_curve.emplace_back(flops, rate);
   });
-  // [[calibration.sync]]: group, seconds.
+  // [[calibration.sync]]: pattern ("group" when absent, "grid", "ring"),
+  // group, seconds.
   rates.sync.clear();
+  rates.grid_sync.clear();
+  rates.ring_sync.clear();
   rows("sync", [&](Table& r) {
+    const std::string pattern = r.find("pattern") != nullptr ? r.string("pattern") : "group";
+    std::map<int64_t, double>* table = pattern == "group" ? &rates.sync
+                                       : pattern == "grid" ? &rates.grid_sync
+                                       : pattern == "ring" ? &rates.ring_sync
+                                                           : nullptr;
+    if (table == nullptr) {
+      r.fail_at(r.get("pattern"), "pattern",
+                "\"" + pattern + "\" is not one of \"group\", \"grid\", \"ring\"");
+    }
     const int64_t group = r.integer("group");
-    rates.sync[group] = r.number("seconds", false);
+    (*table)[group] = r.number("seconds", false);
   });
   // [[calibration.collective]]: op, group, alpha (s), beta (bytes/s); a
   // calibration of one rank has none.

@@ -64,14 +64,24 @@ bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first) {
 }
 
 double collective_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,
-                       int64_t first) {
+                       int64_t first, Sync sync) {
   if (n <= 1 || bytes <= 0) return 0;
   // Fewer cores than ranks: the group also waits for its ranks to be
-  // scheduled (the calibration's sync cost per group size).
+  // scheduled (the calibration's sync cost per pattern and size). A grid
+  // or ring size the calibration did not measure waits as its own group.
   const bool shared =
       m.rates.cores > 0 && m.rates.cores < static_cast<double>(m.cluster.devices_per_node);
-  return (shared ? m.rates.sync_seconds(op == Collective::kSendRecv ? 2 : n) : 0.0) +
-         alpha_beta_time(m, op, bytes, n, stride, first);
+  double wait = 0;
+  if (shared) {
+    const MachineRates& r = m.rates;
+    wait = r.sync_seconds(op == Collective::kSendRecv ? 2 : n);
+    if (sync.pattern == SyncPattern::kGrid && !r.grid_sync.empty()) {
+      wait = MachineRates::sync_seconds(r.grid_sync, sync.span);
+    } else if (sync.pattern == SyncPattern::kRing && !r.ring_sync.empty()) {
+      wait = MachineRates::sync_seconds(r.ring_sync, sync.span);
+    }
+  }
+  return wait + alpha_beta_time(m, op, bytes, n, stride, first);
 }
 
 double alpha_beta_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,

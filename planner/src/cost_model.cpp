@@ -56,17 +56,18 @@ Comm grid_block(const Machine& mach, const ModelShape& m, const Candidate& c, do
   const double dq = static_cast<double>(q), dnb = static_cast<double>(nb);
   Comm out;
   double t = 0;
+  const Sync sync{SyncPattern::kGrid, tp};
   auto gather2 = [&](double local, int64_t n, int64_t stride) {
     t += 2 * collective_time(mach, Collective::kAllGather, static_cast<double>(n) * local * e, n,
-                             stride);
+                             stride, 0, sync);
     out.bytes += 2 * static_cast<double>(n - 1) * local * e;
   };
   auto scatter2 = [&](double input, int64_t n, int64_t stride) {
-    t += 2 * collective_time(mach, Collective::kReduceScatter, input * e, n, stride);
+    t += 2 * collective_time(mach, Collective::kReduceScatter, input * e, n, stride, 0, sync);
     out.bytes += 2 * static_cast<double>(n - 1) / static_cast<double>(n) * input * e;
   };
   auto all_reduce = [&](double numel, int64_t n, int64_t stride) {
-    t += collective_time(mach, Collective::kAllReduce, numel * e, n, stride);
+    t += collective_time(mach, Collective::kAllReduce, numel * e, n, stride, 0, sync);
     out.bytes += 2 * static_cast<double>(n - 1) / static_cast<double>(n) * numel * e;
   };
   const double rows = b / dnb * s;
@@ -125,7 +126,8 @@ Comm sequence_block(const Machine& mach, const ModelShape& m, const Candidate& c
     // A hop to the ring's neighbour; the slowest hop (across domains when
     // the ring spans them) paces every step.
     auto hop = [&](double bytes) {
-      return collective_time(mach, Collective::kSendRecv, bytes, r, stride);
+      return collective_time(mach, Collective::kSendRecv, bytes, r, stride, 0,
+                             Sync{SyncPattern::kRing, r});
     };
     const double dr = static_cast<double>(r);
     const double fwd = (dr - 1) * hop(2 * X);

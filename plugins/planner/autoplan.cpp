@@ -512,23 +512,52 @@ class Autoplan final : public Planner {
     return path;
   }
 
+  // The dp reference (tensor and sequence sizes 1) sets the step factor:
+  // measured over predicted. A reference in a tensor grid mode (2d, 2.5d,
+  // 3d) or in ring sequence parallelism sets, with shared cores, what each
+  // of the grid's collectives or the ring's hops costs beyond the model
+  // (grid_sync or ring_sync at its size): the part of the measured step the
+  // prediction without it leaves over, spread over the collectives the
+  // prediction counts on the step's path (its slope in that term).
   void record_reference(const RunConfig& reference, int64_t ranks, double measured) override {
     const std::string path = calibration_path(ranks);
     std::string unused;
     pl::Machine mach = machine_for(reference, ranks, &unused);
-    mach.rates.step_factor = 1;
     const RunPlan plan = plan_run(reference, ranks);
-    const double predicted =
-        pl::predict(workload_of(reference), mach, candidate_of(reference, plan)).step;
-    mach.rates.step_factor = measured / predicted;
+    const pl::Workload w = workload_of(reference);
+    const pl::Candidate c = candidate_of(reference, plan);
+    const bool grid = c.tp > 1 && c.tp_mode != pl::TpMode::k1D;
+    const bool ring = c.sp > 1 && c.sp_mode == pl::SpMode::kRing && c.tp == 1;
+    std::string what;
+    if (!grid && !ring) {
+      mach.rates.step_factor = 1;
+      const double predicted = pl::predict(w, mach, c).step;
+      mach.rates.step_factor = measured / predicted;
+      std::ostringstream line;
+      line << "; reference " << c.describe() << ": measured " << measured << " s, predicted "
+           << predicted << " s";
+      what = line.str();
+    } else {
+      std::map<int64_t, double>& table = grid ? mach.rates.grid_sync : mach.rates.ring_sync;
+      const int64_t span = grid ? c.tp : c.sp;
+      table[span] = 0;
+      const double without = pl::predict(w, mach, c).step;
+      const double probe = 1e-3;
+      table[span] = probe;
+      const double slope = (pl::predict(w, mach, c).step - without) / probe;
+      table[span] = slope > 0 ? std::max(0.0, (measured - without) / slope) : 0.0;
+      std::ostringstream line;
+      line << "; " << (grid ? "grid" : "ring") << " reference " << c.describe() << ": measured "
+           << measured << " s, predicted " << without << " s without its sync, "
+           << table[span] * 1e6 << " us per collective";
+      what = line.str();
+    }
     std::ifstream in(path);
     std::string first;
-    std::getline(in, first);  // the comment line calibrate() wrote
+    std::getline(in, first);  // the comment line calibrate() wrote, and earlier references'
     const std::string tmp = path + ".tmp";
     std::ofstream out(tmp);
-    out << first << "; reference " << candidate_of(reference, plan).describe() << ": measured "
-        << measured << " s, predicted " << predicted << " s\n"
-        << pl::format_calibration(host_name(), mach.rates);
+    out << first << what << "\n" << pl::format_calibration(host_name(), mach.rates);
     out.close();
     if (!out) throw Error(tmp + ": cannot write");
     fs::rename(tmp, path);

@@ -20,6 +20,16 @@ case "$case_name" in
     cat plan.err plan.txt
     grep -q "calibrating this machine for 4 ranks" plan.err || fail "no calibration was announced"
     ls cache/calibration/*-n4.toml >/dev/null || fail "no calibration file in the cache"
+    # The three reference runs (data parallel, tensor 2d, ring attention)
+    # each left their figure and their line.
+    cal=$(ls cache/calibration/*-n4.toml)
+    head -1 "$cal"
+    for ref in "; reference pp 1 dp 4" "; grid reference pp 1 dp 1 sp 1 tp 4(2d)" \
+      "; ring reference pp 1 dp 1 sp 4(ring)"; do
+      head -1 "$cal" | grep -qF "$ref" || fail "the calibration has no '$ref' run"
+    done
+    grep -q '^pattern = "grid"' "$cal" || fail "no grid sync row in the calibration"
+    grep -q '^pattern = "ring"' "$cal" || fail "no ring sync row in the calibration"
     grep -q "the best as a run: --set parallel.auto=false" plan.txt || fail "no best run printed"
     grep -q "Dropped" plan.txt || fail "no drop reasons printed"
     # Cached now: a second plan does not calibrate again, and agrees.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,61 @@ TEST(PlannerCluster, ACalibrationCurveOutOfOrderIsRefusedWithItsLine) {
     EXPECT_NE(std::string(e.what()).find("cal.toml:11: calibration.gemm.flops: rows must be in "
                                          "ascending order"),
               std::string::npos)
+        << e.what();
+  }
+}
+
+// With fewer cores than ranks, a collective waits for its peers by the
+// pattern its layer issues it in: its own group's size, a tensor grid's
+// size (rows and columns alternate), a ring's size (hops). The tables read
+// back as written; a row without `pattern` is a group row (older files).
+TEST(PlannerCluster, SyncTablesByPatternReadBackAndPriceTheirCollectives) {
+  const ClusterFile f = parse_cluster(cluster_text(), "c.toml");
+  MachineRates r = f.rates;
+  r.cores = 2;  // 4 devices per node
+  r.sync = {{2, 1e-5}, {4, 2e-5}};
+  r.grid_sync = {{4, 4e-4}};
+  r.ring_sync = {{4, 1.5e-3}};
+  const MachineRates back = parse_calibration(format_calibration("h", r), "c.toml", f.rates);
+  EXPECT_EQ(back.sync, r.sync);
+  EXPECT_EQ(back.grid_sync, r.grid_sync);
+  EXPECT_EQ(back.ring_sync, r.ring_sync);
+  const Machine m{f.cluster, back};
+  Machine alone = m;  // no waits: the alpha-beta time
+  alone.rates.cores = 0;
+  const auto base = [&](Collective op, int64_t n) { return collective_time(alone, op, 1e6, n, 1); };
+  EXPECT_DOUBLE_EQ(collective_time(m, Collective::kAllGather, 1e6, 2, 1),
+                   1e-5 + base(Collective::kAllGather, 2));
+  EXPECT_DOUBLE_EQ(
+      collective_time(m, Collective::kAllGather, 1e6, 2, 1, 0, {SyncPattern::kGrid, 4}),
+      4e-4 + base(Collective::kAllGather, 2));
+  EXPECT_DOUBLE_EQ(collective_time(m, Collective::kSendRecv, 1e6, 4, 1, 0, {SyncPattern::kRing, 4}),
+                   1.5e-3 + base(Collective::kSendRecv, 4));
+  // A larger grid than measured: the largest measured size below it.
+  EXPECT_DOUBLE_EQ(
+      collective_time(m, Collective::kAllReduce, 1e6, 2, 1, 0, {SyncPattern::kGrid, 8}),
+      4e-4 + base(Collective::kAllReduce, 2));
+  // No grid table (a calibration before them): the group's own wait.
+  Machine old = m;
+  old.rates.grid_sync.clear();
+  EXPECT_DOUBLE_EQ(
+      collective_time(old, Collective::kAllGather, 1e6, 2, 1, 0, {SyncPattern::kGrid, 4}),
+      1e-5 + base(Collective::kAllGather, 2));
+  const std::string head =
+      "[calibration]\nhost = \"h\"\ngemm_flops = 1e10\nattention_flops = 1e10\n"
+      "elementwise_bytes = 1e9\n";
+  const MachineRates plain =
+      parse_calibration(head + "[[calibration.sync]]\ngroup = 4\nseconds = 3e-5\n", "c.toml", {});
+  EXPECT_EQ(plain.sync, (std::map<int64_t, double>{{4, 3e-5}}));
+  try {
+    parse_calibration(head + "[[calibration.sync]]\npattern = \"mesh\"\ngroup = 4\nseconds = 0\n",
+                      "cal.toml", {});
+    FAIL() << "no error";
+  } catch (const kolos::ConfigError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("cal.toml:7: calibration.sync.pattern: \"mesh\" is not one "
+                                   "of"),
+        std::string::npos)
         << e.what();
   }
 }

@@ -89,7 +89,15 @@ struct MachineRates {
   // beyond its alpha-beta time when its ranks arrive from compute (a peer
   // may be waiting for a core), measured per group size.
   std::map<int64_t, double> sync;
-  double sync_seconds(int64_t group) const;  // the entry for the largest size <= group
+  // The same per collective where a layer's collectives alternate between
+  // groups that together span a larger set (its size the key): a tensor
+  // grid's rows and columns (grid_sync, by the tensor group's size), a
+  // ring's hops (ring_sync, by the ring's size). Each rank then waits on
+  // peers outside its own group.
+  std::map<int64_t, double> grid_sync, ring_sync;
+  // The entry for the largest size <= group (of `sync` by default).
+  double sync_seconds(int64_t group) const { return sync_seconds(sync, group); }
+  static double sync_seconds(const std::map<int64_t, double>& table, int64_t group);
   std::string source;                        // "assumed", the cluster file, or the calibration file
 
   double gemm_rate(double flops_per_product) const;

@@ -27,12 +27,23 @@ struct Machine {
   MachineRates rates;
 };
 
+// With fewer cores than ranks, what a collective waits for its peers to be
+// scheduled, by the pattern its layer issues it in (the calibration's
+// sync tables): alone (kGroup: by its own group's size), as one of a tensor
+// grid's row and column collectives (kGrid: by the tensor group's size), as
+// a ring's hop (kRing: by the ring's size).
+enum class SyncPattern { kGroup, kGrid, kRing };
+struct Sync {
+  SyncPattern pattern = SyncPattern::kGroup;
+  int64_t span = 0;  // the grid's or the ring's ranks (kGrid, kRing)
+};
+
 // Time of one collective of `bytes` (the whole buffer: the all-reduce's
 // input, the all-gather's output, the reduce-scatter's input, the
 // all-to-all's send buffer; the message for kSendRecv) over `n` ranks
 // spaced `stride` apart in rank order starting at rank `first`.
 double collective_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,
-                       int64_t first = 0);
+                       int64_t first = 0, Sync sync = {});
 // Whether n ranks spaced `stride` apart from rank `first` span more than one node.
 bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first = 0);
 
