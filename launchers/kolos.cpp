@@ -259,10 +259,10 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
   reference("data-parallel", {});
   if (runtime.size() % 4 != 0) return;
   const std::string rest = "parallel.data=" + std::to_string(runtime.size() / 4);
-  reference("tensor 2d", {rest, "parallel.tensor.size=4", "parallel.tensor.mode=\"2d\"",
-                          "train.micro_batch=2"});
-  reference("ring attention", {rest, "parallel.sequence.size=4",
-                               "parallel.sequence.mode=\"ring\"", "train.micro_batch=2"});
+  reference("tensor 2d",
+            {rest, "parallel.tensor.size=4", "parallel.tensor.mode=\"2d\"", "train.micro_batch=2"});
+  reference("ring attention", {rest, "parallel.sequence.size=4", "parallel.sequence.mode=\"ring\"",
+                               "train.micro_batch=2"});
 }
 
 // parallel.auto = true: the planner chooses the layout on rank 0 (this

@@ -325,7 +325,7 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
   rates.ring_sync.clear();
   rows("sync", [&](Table& r) {
     const std::string pattern = r.find("pattern") != nullptr ? r.string("pattern") : "group";
-    std::map<int64_t, double>* table = pattern == "group" ? &rates.sync
+    std::map<int64_t, double>* table = pattern == "group"  ? &rates.sync
                                        : pattern == "grid" ? &rates.grid_sync
                                        : pattern == "ring" ? &rates.ring_sync
                                                            : nullptr;
