@@ -27,6 +27,7 @@
 #include "kolos/core/memory_estimate.h"
 #include "kolos/core/planner.h"
 #include "kolos/core/plugin_registry.h"
+#include "kolos/core/roles.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/sequence.h"
 #include "kolos/planner/search.h"
@@ -663,6 +664,13 @@ class Autoplan final : public Planner {
         };
       }
       result = pl::check_fixed(w, mach, opt);
+    }
+    // The memory role's chunks run whichever plan is chosen (they compose
+    // with every layout), but their tier traffic is not modelled here.
+    if (here && !choose_plugins(config).memory.empty()) {
+      report.machine += "; the memory role (" + choose_plugins(config).memory +
+                        ") is on: its traffic between the compute budget and the lower tier is "
+                        "not in these predictions";
     }
     report.text = report.machine + "\n" + pl::format_plans(result, w, mach);
     std::ostringstream json;

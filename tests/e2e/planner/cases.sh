@@ -75,6 +75,11 @@ assert len(r["plans"]) == 1, r
 p = r["plans"][0]
 assert "tp 2(1d)" in p["describe"] and "dp 2" in p["describe"] and "mb 4" in p["describe"], p
 ' || fail "--predict did not describe the config's layout"
+    # With the memory role on, the plans say its tier traffic is not predicted.
+    timeout 120 "$KOLOS" plan gpt.toml -n 4 --predict --set memory.compute_budget=\"2MiB\" \
+      >memory.txt 2>&1 || { cat memory.txt; fail "plan with [memory] failed"; }
+    grep -q "the memory role (chunks) is on: its traffic .* is not in these predictions" \
+      memory.txt || { cat memory.txt; fail "no note on the memory role's traffic"; }
     # A cluster file: 1024 GPUs, no calibration of this machine needed.
     rm -rf cache
     timeout 300 "$KOLOS" plan gpt.toml -n 1024 --set train.global_batch=1024 \
