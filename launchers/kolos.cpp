@@ -208,9 +208,10 @@ std::string json_quote(const std::string& s) {
 // reference runs of the config's model whose measured steps the planner
 // compares with its predictions: data parallel over every rank (the step
 // factor), then, where the ranks make a group of 4, tensor 2d over 4 and
-// ring attention over 4 (what each of their many small collectives costs
-// beyond the model when ranks share cores). Each takes 2 sequences per
-// micro-batch, so that none is a plan `run_planner_check.sh` measures.
+// ring attention over 4 at 2 sequences per micro-batch, so that neither is
+// a plan `run_planner_check.sh` measures (what each of their many small
+// collectives costs beyond the model when ranks share cores). Rank 0
+// records them, in that order, once every rank is done with the runs.
 void calibrate_machine(const Runtime& runtime, Planner& planner, const std::string& path,
                        std::vector<std::string> overrides, const RunConfig& config) {
   planner.calibrate(runtime.world(), config);
@@ -224,6 +225,7 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
   // the reference does not have, or the model does not fit the layout)
   // its figure is not measured; every rank reads the same config, so every
   // rank decides alike, and the engine's refusals are agreed.
+  std::vector<std::pair<RunConfig, double>> measured;
   const auto reference = [&](const std::string& name, const std::vector<std::string>& layout) {
     std::vector<std::string> o = overrides;
     o.insert(o.end(), layout.begin(), layout.end());
@@ -253,16 +255,18 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
     // The steps after the first two (allocation, first touches).
     std::vector<double> steady(times.begin() + std::min<size_t>(2, times.size()), times.end());
     std::sort(steady.begin(), steady.end());
-    if (steady.empty()) return;
-    planner.record_reference(run, runtime.size(), steady[steady.size() / 2]);
+    if (!steady.empty()) measured.emplace_back(run, steady[steady.size() / 2]);
   };
   reference("data-parallel", {});
-  if (runtime.size() % 4 != 0) return;
-  const std::string rest = "parallel.data=" + std::to_string(runtime.size() / 4);
-  reference("tensor 2d",
-            {rest, "parallel.tensor.size=4", "parallel.tensor.mode=\"2d\"", "train.micro_batch=2"});
-  reference("ring attention", {rest, "parallel.sequence.size=4", "parallel.sequence.mode=\"ring\"",
-                               "train.micro_batch=2"});
+  if (runtime.size() % 4 == 0) {
+    const std::string rest = "parallel.data=" + std::to_string(runtime.size() / 4);
+    reference("tensor 2d", {rest, "parallel.tensor.size=4", "parallel.tensor.mode=\"2d\"",
+                            "train.micro_batch=2"});
+    reference("ring attention", {rest, "parallel.sequence.size=4",
+                                 "parallel.sequence.mode=\"ring\"", "train.micro_batch=2"});
+  }
+  for (const auto& [run, seconds] : measured)
+    planner.record_reference(run, runtime.size(), seconds);
 }
 
 // parallel.auto = true: the planner chooses the layout on rank 0 (this

@@ -10,6 +10,7 @@
 // part over the D domains on 1/k of the data, every device using its own
 // NIC (inter_bandwidth is per device).
 #include <algorithm>
+#include <map>
 
 #include "kolos/planner/cost_model.h"
 
@@ -68,17 +69,20 @@ double collective_time(const Machine& m, Collective op, double bytes, int64_t n,
   if (n <= 1 || bytes <= 0) return 0;
   // Fewer cores than ranks: the group also waits for its ranks to be
   // scheduled (the calibration's sync cost per pattern and size). A grid
-  // or ring size the calibration did not measure waits as its own group.
+  // or ring larger than the calibration measured takes the largest
+  // measured below it; one smaller than every measured size (or with no
+  // figure) waits as its own group.
   const bool shared =
       m.rates.cores > 0 && m.rates.cores < static_cast<double>(m.cluster.devices_per_node);
   double wait = 0;
   if (shared) {
     const MachineRates& r = m.rates;
     wait = r.sync_seconds(op == Collective::kSendRecv ? 2 : n);
-    if (sync.pattern == SyncPattern::kGrid && !r.grid_sync.empty()) {
-      wait = MachineRates::sync_seconds(r.grid_sync, sync.span);
-    } else if (sync.pattern == SyncPattern::kRing && !r.ring_sync.empty()) {
-      wait = MachineRates::sync_seconds(r.ring_sync, sync.span);
+    const std::map<int64_t, double>* table = sync.pattern == SyncPattern::kGrid   ? &r.grid_sync
+                                             : sync.pattern == SyncPattern::kRing ? &r.ring_sync
+                                                                                  : nullptr;
+    if (table != nullptr && !table->empty() && sync.span >= table->begin()->first) {
+      wait = MachineRates::sync_seconds(*table, sync.span);
     }
   }
   return wait + alpha_beta_time(m, op, bytes, n, stride, first);

@@ -765,8 +765,7 @@ class ChunkedMemory : public GradientStrategy {
   // where the policy cannot place them (static placement's pinned chunks)
   // the gathers ahead go first, then the reductions' overlap. Gathers are
   // collective: under ZeRO-3 the group agrees to launch them ahead on every
-  // rank or on none, and to refuse the budget on every rank if one rank's
-  // chunks do not fit.
+  // rank or on none.
   void make_plan(const RunConfig& config) {
     const int64_t budget = settings_.compute_budget;
     const auto any = [](const std::vector<bool>& v) {
@@ -799,12 +798,10 @@ class ChunkedMemory : public GradientStrategy {
       // -1: no plan here; 0: a plan without gathers ahead; 1: with them.
       double mine = !planned ? -1.0 : any(ahead_) ? 1.0 : 0.0;
       group_->all_reduce(at::from_blob(&mine, {1}, at::kDouble), comm::ReduceOp::kMin)->wait();
-      if (mine < 0 && planned) {
-        throw refuse(
-            "another rank of the data-parallel group cannot place its chunks (its "
-            "error says why)");
-      }
-      if (mine == 0 && any(ahead_)) {
+      // A rank without a plan refuses the budget below, and its error ends
+      // the job (the engine's set-up aborts it); the others go on without
+      // gathers ahead until then.
+      if (mine <= 0 && planned && any(ahead_)) {
         augment(any(overlap_), false);
         try {
           plan_for(budget);

@@ -232,6 +232,9 @@ TEST(PlannerCluster, SyncTablesByPatternReadBackAndPriceTheirCollectives) {
   EXPECT_DOUBLE_EQ(
       collective_time(m, Collective::kAllReduce, 1e6, 2, 1, 0, {SyncPattern::kGrid, 8}),
       4e-4 + base(Collective::kAllReduce, 2));
+  // A ring smaller than every measured ring: its group's own wait.
+  EXPECT_DOUBLE_EQ(collective_time(m, Collective::kSendRecv, 1e6, 2, 1, 0, {SyncPattern::kRing, 2}),
+                   1e-5 + base(Collective::kSendRecv, 2));
   // No grid table (a calibration before them): the group's own wait.
   Machine old = m;
   old.rates.grid_sync.clear();

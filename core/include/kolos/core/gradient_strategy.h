@@ -65,7 +65,9 @@ struct ReductionStats {
 // How one step's parameter gathers went on this rank (ZeRO-3: parameters
 // kept by their owners and gathered where a block needs them; metrics).
 struct GatherStats {
-  int64_t bytes = 0;  // bytes this rank received or sent in gathers this step
+  // Bytes of the buffers gathered into this step on this rank (a block's
+  // whole parameters, a parameter chunk), the owner's share included.
+  int64_t bytes = 0;
   // Of which launched ahead of the block that needs them (while the block
   // before computed): their transfer overlapped compute.
   int64_t bytes_ahead = 0;
