@@ -212,7 +212,10 @@ PY
     # must take its rank count from that allocation (SLURM_NTASKS still says
     # 4), resume from `latest` at 2 ranks and finish with the losses of an
     # uninterrupted 2-rank run.
-    steps=200
+    # Long enough (about 20 s at 4 ranks here) that the stop lands well
+    # before the end, whatever the load: 200 steps took 4 s, and the job
+    # could finish between the partition going down and the signal.
+    steps=1000
     cat >run.toml <<'TOML'
 [model]
 name = "gpt"
