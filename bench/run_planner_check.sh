@@ -5,19 +5,20 @@
 # the planner's own choice measured against the best measured plan.
 #
 #   bench/run_planner_check.sh [--build build] [--plans all|small]
-#                              [--steps 8] [--warmup 3] [--out DIR]
+#                              [--steps 8] [--warmup 3] [--rounds 1] [--out DIR]
 #                              [--recalibrate] [--set key=value ...]
 #
 # Builds nothing: it needs build/bin/kolos and its plugins (ninja -C build
 # runtime) and OpenMPI's mpirun. The first `kolos plan` calibrates this
 # machine for 4 ranks when no calibration is cached (KOLOS_CACHE_DIR, else
 # ~/.cache/kolos); --recalibrate measures it again first. Each plan runs
-# --steps steps; its time is the median step_time_s after --warmup steps.
+# --steps steps; its time is the median step_time_s after --warmup steps,
+# the fastest of --rounds passes over the plans.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-build=build plans=all steps=8 warmup=3 out="" recalibrate=0
+build=build plans=all steps=8 warmup=3 rounds=1 out="" recalibrate=0
 sets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -25,10 +26,11 @@ while [[ $# -gt 0 ]]; do
     --plans) plans=$2 ;;
     --steps) steps=$2 ;;
     --warmup) warmup=$2 ;;
+    --rounds) rounds=$2 ;;
     --out) out=$2 ;;
     --recalibrate) recalibrate=1; shift; continue ;;
     --set) sets+=(--set "$2") ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_planner_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -43,6 +45,6 @@ if ((recalibrate)); then
   "$kolos" calibrate "$config" -n 4 "${sets[@]}"
 fi
 echo "run_planner_check.sh: $(date -u +%FT%TZ) on $(hostname), $(nproc) cores; results in $out"
-echo "command: bench/run_planner_check.sh --plans $plans --steps $steps --warmup $warmup ${sets[*]}"
+echo "command: bench/run_planner_check.sh --plans $plans --steps $steps --warmup $warmup --rounds $rounds ${sets[*]}"
 /usr/bin/python3 "$here/planner/check.py" --kolos "$kolos" --config "$config" --ranks 4 \
-  --plans "$plans" --steps "$steps" --warmup "$warmup" --out "$out" "${sets[@]}"
+  --plans "$plans" --steps "$steps" --warmup "$warmup" --rounds "$rounds" --out "$out" "${sets[@]}"
