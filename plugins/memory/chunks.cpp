@@ -354,7 +354,7 @@ class ChunkedMemory : public GradientStrategy {
         // ZeRO-1/2: the chunk's owner stepped it; every rank takes its
         // parameters (the whole chunk, padding and all). Under ZeRO-3 the
         // owner alone keeps them; the others gather them where used.
-        broadcast_chunk(id(kParam, k), owner(k));
+        broadcast_from_owner(id(kParam, k))->wait();
       }
       if (holds(kParam, k)) executor_->mark_dirty(id(kParam, k));
     }
@@ -468,16 +468,10 @@ class ChunkedMemory : public GradientStrategy {
   bool holds(Kind kind, size_t k) const {
     return has(kind, k) && (kind != kParam || zero_stage_ < 3 || owns(k));
   }
-  // Copies chunk c (resident) from rank `root` of the group to every other.
-  void broadcast_chunk(ChunkId c, int root) {
-    at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(kind_of_[c])},
-                                     at::TensorOptions().dtype(at::kByte));
-    group_->broadcast(bytes, root)->wait();  // not a reduction: not in reduction_stats()
-  }
-  // ZeRO-3: launches the broadcast of parameter chunk c (resident) from
-  // its owner; the chunk must stay resident until it completes.
-  comm::WorkPtr gather(ChunkId c) {
-    gathered_bytes_ += kind_bytes(kind_of_[c]);
+  // Launches the broadcast of chunk c (resident) from its index's owner to
+  // every other rank of the group; c must stay resident until it completes.
+  // Not a reduction: not in reduction_stats().
+  comm::WorkPtr broadcast_from_owner(ChunkId c) {
     at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(kind_of_[c])},
                                      at::TensorOptions().dtype(at::kByte));
     return group_->broadcast(bytes, owner(index_of_[c]));
@@ -717,7 +711,6 @@ class ChunkedMemory : public GradientStrategy {
         }
       }
     }
-    augment(true, true);
   }
 
   // Makes trace_ from the block trace (base_steps_) with the overlaps the
@@ -778,13 +771,10 @@ class ChunkedMemory : public GradientStrategy {
               detail::format_bytes(static_cast<double>(chunk_bytes_)) + ", " +
               std::to_string(num_chunks_) + " per kind of state) cannot run this model: " + why));
     };
-    const bool had_overlap = any(overlap_), had_ahead = any(ahead_);
     std::string error;
     bool planned = false;
     for (const auto& [reductions, gathers] :
          {std::pair{true, true}, std::pair{true, false}, std::pair{false, false}}) {
-      // An attempt that takes back nothing the one before had is the same.
-      if ((!gathers && reductions && !had_ahead) || (!reductions && !had_overlap)) continue;
       augment(reductions, gathers);
       try {
         plan_for(budget);
@@ -1077,7 +1067,10 @@ class ChunkedMemory : public GradientStrategy {
     if (!gather_at_[s].empty()) {
       const auto start = std::chrono::steady_clock::now();
       if (!ahead_[s]) {
-        for (ChunkId c : gather_at_[s]) gathers_.push_back(gather(c));
+        for (ChunkId c : gather_at_[s]) {
+          gathers_.push_back(broadcast_from_owner(c));
+          gathered_bytes_ += kind_bytes(kind_of_[c]);
+        }
       }
       for (comm::WorkPtr& work : gathers_) work->wait();
       gathers_.clear();
@@ -1085,8 +1078,11 @@ class ChunkedMemory : public GradientStrategy {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     if (s + 1 < steps_.size() && ahead_[s + 1]) {
-      for (ChunkId c : gather_at_[s + 1]) gathers_.push_back(gather(c));
-      for (ChunkId c : gather_at_[s + 1]) gathered_ahead_bytes_ += kind_bytes(kind_of_[c]);
+      for (ChunkId c : gather_at_[s + 1]) {
+        gathers_.push_back(broadcast_from_owner(c));
+        gathered_bytes_ += kind_bytes(kind_of_[c]);
+        gathered_ahead_bytes_ += kind_bytes(kind_of_[c]);
+      }
     }
     for (ChunkId c : zero_at_[s]) {
       std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(kind_of_[c])));
