@@ -97,8 +97,9 @@ struct ChunkExecutor::Chunk {
   bool dirty = false;           // the arena copy is newer than the tier's
   bool reading = false;         // `read` is in flight into `buffer`
   bool read_failed = false;     // `buffer` holds no valid bytes; the tier's copy does
-  bool scratch = false;         // no tier copy (ExecutorOptions::scratch)
-  int64_t slot = -1;            // its NVMe slot (not scratch)
+  bool scratch = false;         // ExecutorOptions::scratch
+  bool tiered = true;           // has a tier copy (not scratch, not only ever fresh)
+  int64_t slot = -1;            // its NVMe slot (tiered)
   std::future<void> read;
   AlignedBuffer host;  // the host tier's copy
 };
@@ -133,13 +134,61 @@ ChunkExecutor::ChunkExecutor(const AccessTrace& trace, const Plan& plan,
     throw Error(detail::concat("chunk executor: scratch flags for ", options.scratch.size(),
                                " chunks, but the trace has ", n));
   }
+  const std::size_t steps = trace_.steps.size();
+  if (!options.fresh.empty() && options.fresh.size() != steps) {
+    throw Error(detail::concat("chunk executor: fresh chunks for ", options.fresh.size(),
+                               " steps, but the trace has ", steps));
+  }
+  needs_.assign(steps, std::vector<bool>(n, false));
+  for (std::size_t s = 0; s < steps; ++s) {
+    for (ChunkId c : trace_.steps[s]) needs_[s][c] = true;
+  }
+  std::vector<std::vector<bool>> fresh(steps, std::vector<bool>(n, false));
+  std::vector<bool> ever_fresh(n, false);
+  for (std::size_t s = 0; s < options.fresh.size(); ++s) {
+    for (ChunkId c : options.fresh[s]) {
+      if (c >= n || !needs_[s][c]) {
+        throw Error(detail::concat("chunk executor: chunk ", c, " is fresh at step ", s,
+                                   ", which does not need it"));
+      }
+      fresh[s][c] = true;
+      ever_fresh[c] = true;
+    }
+  }
+  // Backwards over two iterations, so that a chunk's next use may lie in
+  // the next one.
+  dead_.assign(steps, std::vector<bool>(n, false));
+  for (ChunkId c = 0; c < n; ++c) {
+    if (!ever_fresh[c]) continue;
+    bool next_fresh = false;
+    for (std::size_t i = 2 * steps; i-- > 0;) {
+      const std::size_t s = i % steps;
+      if (needs_[s][c]) next_fresh = fresh[s][c];
+      dead_[s][c] = next_fresh;
+    }
+  }
   chunks_.resize(n);
+  for (std::size_t id = 0; id < n; ++id) {
+    chunks_[id].scratch = !options.scratch.empty() && options.scratch[id];
+    // A chunk with a fresh use needs a tier copy only if some load of it
+    // reads (a chunk without one may still never be loaded: it keeps one).
+    chunks_[id].tiered = !chunks_[id].scratch && !ever_fresh[id];
+  }
+  const auto loaded = [&](const std::vector<ChunkId>& ids, std::size_t at) {
+    for (ChunkId c : ids) {
+      if (!chunks_[c].scratch && !dead_[at][c]) chunks_[c].tiered = true;
+    }
+  };
+  loaded(plan_.initial, 0);
+  for (std::size_t s = 0; s < steps; ++s) {
+    loaded(plan_.steps[s].load, s);
+    loaded(plan_.steps[s].prefetch, s);
+  }
   int64_t largest = 0;
   int64_t slots = 0;
   for (std::size_t id = 0; id < n; ++id) {
     largest = std::max(largest, trace_.chunks[id].bytes);
-    chunks_[id].scratch = !options.scratch.empty() && options.scratch[id];
-    if (!chunks_[id].scratch) chunks_[id].slot = slots++;
+    if (chunks_[id].tiered) chunks_[id].slot = slots++;
   }
 
   if (tier_ == LowerTier::kNvme) {
@@ -173,11 +222,6 @@ ChunkExecutor::ChunkExecutor(const AccessTrace& trace, const Plan& plan,
   }
   arena_ = std::make_unique<ComputeArena>(plan_.budget_bytes, alignment_);
 
-  needs_.assign(trace_.steps.size(), std::vector<bool>(n, false));
-  for (std::size_t s = 0; s < trace_.steps.size(); ++s) {
-    for (ChunkId c : trace_.steps[s]) needs_[s][c] = true;
-  }
-
   // Initial contents go to the lower tier through one staging buffer, so
   // that the tier's copy of every chunk is valid from the start: a clean
   // chunk can then always be dropped on eviction.
@@ -186,7 +230,7 @@ ChunkExecutor::ChunkExecutor(const AccessTrace& trace, const Plan& plan,
   for (std::size_t id = 0; id < n; ++id) {
     Chunk& c = chunks_[id];
     c.bytes = trace_.chunks[id].bytes;
-    if (c.scratch) continue;
+    if (!c.tiered) continue;
     std::byte* dst = nullptr;
     if (store_) {
       dst = staging.get();
@@ -247,6 +291,11 @@ bool ChunkExecutor::resident(ChunkId id) const {
   return chunks_[id].buffer != nullptr;
 }
 
+bool ChunkExecutor::has_tier_copy(ChunkId id) const {
+  check_id(id, "has_tier_copy()");
+  return chunks_[id].tiered;
+}
+
 void ChunkExecutor::wait_read(ChunkId id) {
   Chunk& c = chunks_[id];
   if (!c.reading) return;
@@ -264,12 +313,19 @@ void ChunkExecutor::wait_read(ChunkId id) {
 // NVMe read stays in flight when `wait` is false (a prefetch): wait_read()
 // finishes it. The host tier copies at once (a later pinned host tier
 // copies on a stream instead).
-void ChunkExecutor::start_read(ChunkId id, bool wait) {
+void ChunkExecutor::start_read(ChunkId id, std::size_t at, bool wait) {
   Chunk& c = chunks_[id];
   KOLOS_CHECK(c.buffer == nullptr, "internal error: chunk ", id, " loaded while resident");
   c.buffer = arena_->allocate(c.bytes);
   c.dirty = false;
   if (c.scratch) return;  // fresh pages; the caller fills them
+  if (dead_[at][id]) {
+    // Its next use overwrites it: fresh (zeroed) pages will do.
+    stats_.bytes_not_read += c.bytes;
+    return;
+  }
+  KOLOS_CHECK(c.tiered, "internal error: chunk ", id, " read before step ", at,
+              " but it has no tier copy");
   stats_.bytes_read += c.bytes;
   if (!store_) {
     std::memcpy(c.buffer, c.host.get(), static_cast<std::size_t>(c.bytes));
@@ -286,7 +342,7 @@ void ChunkExecutor::start_read(ChunkId id, bool wait) {
   if (wait) wait_read(id);
 }
 
-void ChunkExecutor::evict(const std::vector<ChunkId>& ids) {
+void ChunkExecutor::evict(const std::vector<ChunkId>& ids, std::size_t at) {
   // A prefetched chunk can be evicted before its use (deep prefetching):
   // its read must be finished before the buffer goes.
   for (ChunkId id : ids) wait_read(id);
@@ -294,9 +350,14 @@ void ChunkExecutor::evict(const std::vector<ChunkId>& ids) {
   for (ChunkId id : ids) {
     const Chunk& c = chunks_[id];
     KOLOS_CHECK(c.buffer != nullptr, "internal error: chunk ", id, " evicted while not resident");
-    if (c.dirty) {
+    // A chunk without a tier copy is loaded only where its bytes are dead,
+    // so it leaves only where they are dead too (the plan was replayed).
+    KOLOS_CHECK(c.scratch || c.tiered || dead_[at][id], "internal error: chunk ", id,
+                " evicted before step ", at, " with live bytes and no tier copy");
+    if (c.dirty && !dead_[at][id]) {
       dirty.push_back(id);
     } else {
+      if (c.dirty) stats_.bytes_not_written += c.bytes;
       ++stats_.clean_drops;
     }
   }
@@ -311,9 +372,9 @@ void ChunkExecutor::evict(const std::vector<ChunkId>& ids) {
   }
 }
 
-void ChunkExecutor::load(const std::vector<ChunkId>& ids) {
+void ChunkExecutor::load(const std::vector<ChunkId>& ids, std::size_t at) {
   // Start every read, then wait, so the drive sees them together.
-  for (ChunkId id : ids) start_read(id, false);
+  for (ChunkId id : ids) start_read(id, at, false);
   std::exception_ptr first;
   for (ChunkId id : ids) {
     try {
@@ -325,8 +386,8 @@ void ChunkExecutor::load(const std::vector<ChunkId>& ids) {
   if (first) std::rethrow_exception(first);
 }
 
-void ChunkExecutor::prefetch(const std::vector<ChunkId>& ids) {
-  for (ChunkId id : ids) start_read(id, false);
+void ChunkExecutor::prefetch(const std::vector<ChunkId>& ids, std::size_t at) {
+  for (ChunkId id : ids) start_read(id, at, false);
 }
 
 void ChunkExecutor::begin_step(std::size_t step) {
@@ -346,14 +407,14 @@ void ChunkExecutor::begin_step(std::size_t step) {
       if (chunks_[id].buffer && !initial[id]) leave.push_back(id);
       if (!chunks_[id].buffer && initial[id]) enter.push_back(id);
     }
-    evict(leave);
-    load(enter);
+    evict(leave, 0);
+    load(enter, 0);
   }
   const StepMoves& moves = plan_.steps[step];
-  evict(moves.evict);
-  load(moves.load);
+  evict(moves.evict, step);
+  load(moves.load, step);
   for (ChunkId id : trace_.steps[step]) wait_read(id);
-  prefetch(moves.prefetch);
+  prefetch(moves.prefetch, step);
   KOLOS_CHECK(arena_->live_bytes() == moves.resident_bytes, "internal error: step ", step,
               " runs with ", arena_->live_bytes(), " arena bytes live but the plan says ",
               moves.resident_bytes);
@@ -389,16 +450,12 @@ void ChunkExecutor::mark_dirty(ChunkId id) {
   chunks_[id].dirty = true;
 }
 
-void ChunkExecutor::discard(ChunkId id) {
-  chunk(id);  // the same checks
-  chunks_[id].dirty = false;
-}
-
 void ChunkExecutor::flush() {
   check_usable("flush");
   std::vector<ChunkId> dirty;
   for (ChunkId id = 0; id < chunks_.size(); ++id) {
-    if (chunks_[id].buffer && chunks_[id].dirty) dirty.push_back(id);
+    const Chunk& c = chunks_[id];
+    if (c.buffer && c.dirty && c.tiered && !dead_[next_step_][id]) dirty.push_back(id);
   }
   write_back(dirty);
 }
@@ -436,6 +493,11 @@ void ChunkExecutor::read_chunk(ChunkId id, void* dst) {
     throw Error(detail::concat(where(), ": read_chunk(", id,
                                ") of a scratch chunk, whose bytes are the caller's"));
   }
+  if (!c.tiered) {
+    throw Error(detail::concat(where(), ": read_chunk(", id,
+                               ") of a chunk without a tier copy (its bytes live only between "
+                               "a fresh use and its last use)"));
+  }
   const auto bytes = static_cast<std::size_t>(c.bytes);
   if (c.buffer && !c.read_failed) {
     wait_read(id);
@@ -461,9 +523,10 @@ void ChunkExecutor::write_chunk(ChunkId id, const void* src) {
   check_usable("write_chunk()");
   check_id(id, "write_chunk()");
   Chunk& c = chunks_[id];
-  if (c.scratch) {
-    throw Error(detail::concat(where(), ": write_chunk(", id,
-                               ") of a scratch chunk, which has no tier copy"));
+  if (c.scratch || !c.tiered) {
+    throw Error(detail::concat(where(), ": write_chunk(", id, ") of a ",
+                               c.scratch ? "scratch chunk" : "chunk only ever loaded fresh",
+                               ", which has no tier copy"));
   }
   const auto bytes = static_cast<std::size_t>(c.bytes);
   if (c.buffer) {

@@ -677,24 +677,6 @@ class ChunkedMemory : public GradientStrategy {
     norm_everywhere_ = is_tied_;
     for (size_t i : unused_) norm_everywhere_[i] = true;
     base_steps_ = trace_.steps;
-    // ZeRO-2/3: a gradient goes to its chunk's owner only; on every other
-    // rank a gradient chunk is no longer wanted once all its gradients are
-    // reduced (it is zeroed where the next iteration first uses it). Tied
-    // weights' gradients stay on every rank: the pipeline sums each rank's
-    // copies with the other stages' (whose chunks other ranks own).
-    discard_at_.assign(steps_.size(), {});
-    if (zero_stage_ >= 2 && shards_ > 1) {
-      std::vector<size_t> last(num_chunks_, 0);
-      std::vector<bool> keep(num_chunks_, false);
-      for (size_t s = 0; s < optimizer_begin_; ++s) {
-        for (size_t i : norm_at_[s]) last[layout_.slots[i].chunk] = s;
-      }
-      for (size_t i : tied_) keep[layout_.slots[i].chunk] = true;
-      for (size_t i : unused_) keep[layout_.slots[i].chunk] = true;
-      for (size_t k = 0; k < num_chunks_; ++k) {
-        if (!owns(k) && !keep[k]) discard_at_[last[k]].push_back(id(kGrad, k));
-      }
-    }
     // ZeRO-3: a parameter chunk is gathered from its owner where a block
     // step needs it and the step before did not (it stays resident between
     // two steps that both need it). The block steps are the same on every
@@ -857,6 +839,13 @@ class ChunkedMemory : public GradientStrategy {
     for (size_t k = 0; k < num_chunks_; ++k) {
       if (!holds(kParam, k)) options.scratch[id(kParam, k)] = true;
     }
+    // A gradient chunk's bytes are dead from its last use (its optimizer
+    // step, or under ZeRO-1/2/3 on the ranks that do not own it, its
+    // reduction) to where the next iteration zeroes it: a chunk that the
+    // plan keeps resident over that span takes no tier copy (every rank's
+    // gradient chunks of other ranks' indices, with one micro-batch per
+    // step, unless the budget evicts them mid-backward).
+    options.fresh = zero_at_;
     options.init = [this](ChunkId c, std::byte* dst, int64_t bytes) {
       std::memset(dst, 0, static_cast<size_t>(bytes));
       const size_t kind = kind_of_[c];
@@ -979,7 +968,6 @@ class ChunkedMemory : public GradientStrategy {
       ++reductions_;
       pending_.push_back(Reduction{work, i, in_chunk, reduced, to_owner && shard_rank_ != root});
     }
-    pending_step_ = current_;
     if (!overlap_[current_]) finish_reductions();
     in_step_ = false;
   }
@@ -999,7 +987,6 @@ class ChunkedMemory : public GradientStrategy {
       if (!is_tied_[r.param] && !r.elsewhere) take_norm(r.param);
     }
     pending_.clear();
-    for (ChunkId c : discard_at_[pending_step_]) executor_->discard(c);
   }
 
   // As in memory: finiteness of the gradient as backward left it; the norm
@@ -1195,7 +1182,6 @@ class ChunkedMemory : public GradientStrategy {
   size_t optimizer_begin_ = 0;
   std::vector<std::vector<ChunkId>> zero_at_;     // [step]: gradient chunks first used there
   std::vector<std::vector<size_t>> norm_at_;      // [step]: gradients final after it
-  std::vector<std::vector<ChunkId>> discard_at_;  // [step]: ZeRO-2/3: others' gradient chunks done
   // A gradient's reduction in flight: `reduced` (the chunk's bytes, or an
   // fp32 copy) is averaged; `elsewhere`: onto another rank (ZeRO-2/3).
   struct Reduction {
@@ -1204,10 +1190,9 @@ class ChunkedMemory : public GradientStrategy {
     at::Tensor in_chunk, reduced;
     bool elsewhere;
   };
-  std::vector<Reduction> pending_;                // launched at the end of step pending_step_
+  std::vector<Reduction> pending_;                // launched at the end of the step before
   std::vector<bool> overlap_;                     // [step]: its reductions run during the next step
   std::vector<std::vector<ChunkId>> base_steps_;  // the trace without overlap (set-up only)
-  size_t pending_step_ = 0;
   std::vector<std::vector<ChunkId>> gather_at_;  // [step]: ZeRO-3: parameter chunks to gather
   std::vector<bool> ahead_;  // [step]: its gathers are launched when the step before begins
   std::vector<comm::WorkPtr> gathers_;  // in flight, for the next step

@@ -310,32 +310,141 @@ TEST(ChunkExecutor, ScratchChunksHaveNoTierCopy) {
   }
 }
 
-// discard(): a chunk written in a step but no longer wanted leaves the
-// arena without a write; its tier copy is the one it had.
-TEST(ChunkExecutor, DiscardedChunksAreNotWritten) {
-  const AccessTrace trace = random_trace(23, 24, 40, 2);
+// Fresh uses (a step that overwrites a chunk before reading it, as a
+// gradient chunk is zeroed where an iteration first uses it): chunks with
+// a fresh first use and chunks whose every use is fresh. Those loads read
+// nothing, dirty evictions before a fresh use write nothing, chunks the
+// plan only ever loads fresh take no tier copy; every use that reads a
+// chunk finds the bytes it has in plain memory, and chunks never fresh end
+// as there. Against the same plan without fresh uses, fewer bytes are read
+// and written.
+TEST(ChunkExecutor, FreshUsesReadNothingAndDeadBytesAreNotWritten) {
+  const AccessTrace trace = random_trace(23, 30, 60, 3);
+  const std::size_t steps = trace.steps.size();
   const Plan plan = plan_auto(trace, quarter_budget(trace));
   ASSERT_GT(plan.bytes_evicted, 0);
-  const auto initial = reference(trace, 0);
+  const auto first_fresh = [](ChunkId id) { return id % 3 == 0; };
+  const auto always_fresh = [](ChunkId id) { return id % 3 != 0 && id % 5 == 0; };
+  std::vector<std::vector<ChunkId>> fresh(steps);
+  std::vector<bool> seen(trace.chunks.size(), false);
+  for (std::size_t s = 0; s < steps; ++s) {
+    for (ChunkId id : std::set<ChunkId>(trace.steps[s].begin(), trace.steps[s].end())) {
+      if (always_fresh(id) || (first_fresh(id) && !seen[id])) fresh[s].push_back(id);
+      seen[id] = true;
+    }
+  }
+  const auto is_fresh = [&](std::size_t s, ChunkId id) {
+    return std::count(fresh[s].begin(), fresh[s].end(), id) > 0;
+  };
+  // What a fresh use writes: a function of the iteration, step and chunk only.
+  const auto overwrite = [](int it, std::size_t s, ChunkId id, std::byte* p, int64_t bytes) {
+    std::memset(p, static_cast<int>((it * 31 + s * 7 + id) % 251), static_cast<std::size_t>(bytes));
+  };
+  const int kIterations = 3;
   for (LowerTier tier : {LowerTier::kNvme, LowerTier::kHost}) {
+    TempDir plain_dir;
+    ChunkExecutor plain(trace, plan, options_for(tier, plain_dir.path()));
+    run_iterations(plain, trace, kIterations);
+
     TempDir dir;
-    ChunkExecutor exec(trace, plan, options_for(tier, dir.path()));
-    for (std::size_t s = 0; s < trace.steps.size(); ++s) {
-      exec.begin_step(s);
-      for (ChunkId id : std::set<ChunkId>(trace.steps[s].begin(), trace.steps[s].end())) {
-        update_chunk(0, s, id, exec.chunk(id), trace.chunks[id].bytes);
-        exec.mark_dirty(id);
-        exec.discard(id);
+    ExecutorOptions options = options_for(tier, dir.path());
+    options.fresh = fresh;
+    ChunkExecutor exec(trace, plan, options);
+    // The same updates in plain memory, in lockstep.
+    std::vector<std::vector<std::byte>> expected(trace.chunks.size());
+    for (ChunkId id = 0; id < expected.size(); ++id) {
+      expected[id].resize(static_cast<std::size_t>(trace.chunks[id].bytes));
+      init_chunk(id, expected[id].data(), trace.chunks[id].bytes);
+    }
+    int reads = 0;
+    int mismatches = 0;
+    for (int it = 0; it < kIterations; ++it) {
+      for (std::size_t s = 0; s < steps; ++s) {
+        exec.begin_step(s);
+        for (ChunkId id : std::set<ChunkId>(trace.steps[s].begin(), trace.steps[s].end())) {
+          std::byte* p = exec.chunk(id);
+          const int64_t bytes = trace.chunks[id].bytes;
+          if (is_fresh(s, id)) {
+            overwrite(it, s, id, p, bytes);
+            overwrite(it, s, id, expected[id].data(), bytes);
+          } else {
+            ++reads;
+            if (std::memcmp(p, expected[id].data(), expected[id].size()) != 0) {
+              ADD_FAILURE() << to_string(tier) << ": chunk " << id << " at iteration " << it
+                            << " step " << s << " lost its bytes";
+              if (++mismatches > 5) return;
+            }
+          }
+          update_chunk(it, s, id, p, bytes);
+          update_chunk(it, s, id, expected[id].data(), bytes);
+          exec.mark_dirty(id);
+        }
       }
     }
-    exec.flush();
-    EXPECT_EQ(exec.stats().bytes_written, 0) << to_string(tier);
-    for (ChunkId id = 0; id < initial.size(); ++id) {
-      if (exec.resident(id)) continue;  // the arena's copy holds the discarded bytes
-      std::vector<std::byte> got(initial[id].size());
+    EXPECT_GT(reads, 0);
+    int64_t without_copy = 0;
+    for (ChunkId id = 0; id < expected.size(); ++id) {
+      std::vector<std::byte> got(expected[id].size());
+      if (always_fresh(id)) {
+        // Every load of it is for a fresh use.
+        EXPECT_FALSE(exec.has_tier_copy(id)) << to_string(tier) << " chunk " << id;
+      }
+      if (!exec.has_tier_copy(id)) {
+        without_copy += trace.chunks[id].bytes;
+        EXPECT_THROW(exec.read_chunk(id, got.data()), kolos::Error);
+        EXPECT_THROW(exec.write_chunk(id, got.data()), kolos::Error);
+        continue;
+      }
+      if (first_fresh(id)) continue;  // dead since its last use
       exec.read_chunk(id, got.data());
-      EXPECT_EQ(got, initial[id]) << to_string(tier) << " chunk " << id;
+      EXPECT_EQ(got, expected[id]) << to_string(tier) << " chunk " << id;
     }
+    EXPECT_GT(without_copy, 0) << to_string(tier);
+    if (tier == LowerTier::kHost) {
+      EXPECT_EQ(exec.lower_tier_bytes(), total_bytes(trace) - without_copy);
+    } else {
+      EXPECT_LT(exec.nvme_store()->slots(), static_cast<int64_t>(trace.chunks.size()));
+    }
+    EXPECT_GT(exec.stats().bytes_not_read, 0) << to_string(tier);
+    EXPECT_GT(exec.stats().bytes_not_written, 0) << to_string(tier);
+    EXPECT_EQ(exec.stats().bytes_read + exec.stats().bytes_not_read, plain.stats().bytes_read)
+        << to_string(tier);
+    EXPECT_LT(exec.stats().bytes_written, plain.stats().bytes_written) << to_string(tier);
+    EXPECT_EQ(exec.arena().peak_bytes(), plain.arena().peak_bytes()) << to_string(tier);
+  }
+}
+
+// A chunk that is fresh where an iteration first uses it and stays
+// resident to its last use (the budget holds it) has no tier copy; the
+// same chunk evicted between two uses has one.
+TEST(ChunkExecutor, FreshChunkEvictedBetweenUsesKeepsATierCopy) {
+  AccessTrace trace;
+  for (int c = 0; c < 4; ++c) trace.chunks.push_back({kPage, StateKind::kGrad});
+  // Chunk 0 is used at steps 0 and 1; chunk 3 at steps 0 and 3, with steps
+  // 1 and 2 filling the budget of 3 pages in between.
+  trace.steps = {{0, 3}, {0, 1, 2}, {1, 2}, {3}};
+  const std::vector<std::vector<ChunkId>> fresh = {{0, 3}, {1, 2}, {}, {}};
+  const Plan plan = plan_auto(trace, 3 * kPage);
+  for (LowerTier tier : {LowerTier::kNvme, LowerTier::kHost}) {
+    TempDir dir;
+    ExecutorOptions options = options_for(tier, dir.path());
+    options.fresh = fresh;
+    ChunkExecutor exec(trace, plan, options);
+    EXPECT_FALSE(exec.has_tier_copy(0)) << to_string(tier);
+    EXPECT_TRUE(exec.has_tier_copy(3)) << to_string(tier);
+    for (std::size_t s = 0; s < trace.steps.size(); ++s) {
+      exec.begin_step(s);
+      for (ChunkId id : trace.steps[s]) {
+        std::byte* p = exec.chunk(id);
+        const bool first = std::count(fresh[s].begin(), fresh[s].end(), id) > 0;
+        if (first) std::memset(p, static_cast<int>(id + 1), static_cast<std::size_t>(kPage));
+        EXPECT_EQ(std::to_integer<int>(p[kPage - 1]), static_cast<int>(id + 1))
+            << to_string(tier) << " chunk " << id << " at step " << s;
+        exec.mark_dirty(id);
+      }
+    }
+    // Chunk 3 went to the tier between its uses and came back.
+    EXPECT_GT(exec.stats().bytes_read, 0) << to_string(tier);
   }
 }
 

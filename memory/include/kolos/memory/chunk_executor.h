@@ -80,13 +80,26 @@ struct ExecutorOptions {
   // buffer, `init` is not called for it, and mark_dirty(), read_chunk() and
   // write_chunk() refuse it. Empty: no scratch chunks.
   std::vector<bool> scratch;
+  // fresh[s]: chunks trace step s overwrites whole before it reads them (a
+  // gradient chunk zeroed where an iteration first uses it); each must be
+  // one of step s's chunks. From a chunk's last use before such a step up
+  // to that step its bytes are dead: a load for the step reads nothing
+  // (the arena's pages come zeroed), an eviction in between writes
+  // nothing, and a chunk the plan loads only for such steps has no tier
+  // copy at all: no NVMe slot or host buffer, no call of `init`, and
+  // read_chunk() and write_chunk() refuse it (ZeRO-2's gradient chunks of
+  // other ranks' indices that stay resident from their first use to their
+  // reduction). Empty, or one list per step.
+  std::vector<std::vector<ChunkId>> fresh;
 };
 
 // What moved, for tests and logs.
 struct ExecutorStats {
   int64_t bytes_read = 0;     // lower tier -> arena (loads, prefetches, the initial set)
   int64_t bytes_written = 0;  // arena -> lower tier (dirty evictions and flushes)
-  int64_t clean_drops = 0;    // evictions that wrote nothing (scratch and discarded ones too)
+  int64_t clean_drops = 0;    // evictions that wrote nothing (scratch and dead ones too)
+  int64_t bytes_not_read = 0;     // loads for a fresh use, which read nothing
+  int64_t bytes_not_written = 0;  // dirty evictions of dead bytes, which wrote nothing
   int64_t iterations = 0;     // passes over the trace whose last step has begun
 };
 
@@ -121,16 +134,12 @@ class ChunkExecutor {
   // step must need; valid until the next begin_step(). Throws kolos::Error
   // otherwise.
   std::byte* chunk(ChunkId id);
-  // The current step wrote chunk `id`: its next eviction writes it back.
+  // The current step wrote chunk `id`: its next eviction writes it back
+  // (unless its bytes are dead by then: ExecutorOptions::fresh).
   void mark_dirty(ChunkId id);
-  // Chunk `id`'s bytes are no longer wanted (until the caller overwrites
-  // them: ZeRO-2's gradient chunk of another rank's index, once reduced to
-  // its owner): its next eviction writes nothing, and its tier copy keeps
-  // whatever it held. The current step must need it.
-  void discard(ChunkId id);
 
-  // Writes every dirty resident chunk back to the lower tier and waits;
-  // they stay resident, now clean.
+  // Writes every dirty resident chunk with a tier copy whose bytes are not
+  // dead back to the lower tier and waits; they stay resident, now clean.
   void flush();
 
   // Copies chunk `id`'s current bytes (trace bytes long) into `dst`, from
@@ -150,8 +159,11 @@ class ChunkExecutor {
   const ExecutorStats& stats() const noexcept { return stats_; }
   LowerTier tier() const noexcept { return tier_; }
   bool resident(ChunkId id) const;
+  // Whether chunk `id` has a copy in the lower tier (not scratch, and
+  // loaded by the plan for a use that reads it).
+  bool has_tier_copy(ChunkId id) const;
   // Bytes the lower tier holds for this trace: the host buffers, or the
-  // NVMe slots (one per chunk that is not scratch).
+  // NVMe slots (one per chunk with a tier copy).
   int64_t lower_tier_bytes() const noexcept { return lower_tier_bytes_; }
   // The NVMe store, or null for the host tier.
   const NvmeStore* nvme_store() const noexcept { return store_.get(); }
@@ -162,12 +174,14 @@ class ChunkExecutor {
   void check_usable(const char* what) const;
   void check_id(ChunkId id, const char* what) const;
   void wait_read(ChunkId id);
-  void start_read(ChunkId id, bool wait);
-  void evict(const std::vector<ChunkId>& ids);
+  // Loads and evictions happen before step `at` runs (prefetches while it
+  // runs); whether the chunk's bytes are dead is judged from there.
+  void start_read(ChunkId id, std::size_t at, bool wait);
+  void evict(const std::vector<ChunkId>& ids, std::size_t at);
   // Writes `ids` (resident, dirty) to the lower tier, waits, marks them clean.
   void write_back(const std::vector<ChunkId>& ids);
-  void load(const std::vector<ChunkId>& ids);
-  void prefetch(const std::vector<ChunkId>& ids);
+  void load(const std::vector<ChunkId>& ids, std::size_t at);
+  void prefetch(const std::vector<ChunkId>& ids, std::size_t at);
   std::string where() const;
 
   AccessTrace trace_;
@@ -175,6 +189,9 @@ class ChunkExecutor {
   LowerTier tier_ = LowerTier::kNvme;
   int64_t alignment_ = 0;
   std::vector<std::vector<bool>> needs_;  // needs_[step][chunk]
+  // dead_[step][chunk]: the chunk's next use at or after `step` (in the
+  // next iteration if none is left in this one) is fresh.
+  std::vector<std::vector<bool>> dead_;
   std::unique_ptr<ComputeArena> arena_;
   // Declared after the arena, so destroyed before it: its I/O threads are
   // joined before the buffers they may still write into are unmapped.
