@@ -370,13 +370,13 @@ struct OnDisk {
   int64_t chunks_per_kind = 0;
 };
 OnDisk bytes_on_disk(const std::string& stage, const std::string& micro_batch) {
-  const std::string dir = testing::shared_tmpdir("chunks-zero-disk") + "/rank" +
-                          std::to_string(testing::world_rank());
+  const std::string dir =
+      testing::shared_tmpdir("chunks-zero-disk") + "/rank" + std::to_string(testing::world_rank());
   fs::create_directories(dir);
-  auto e = make_engine(config(plus(chunks("auto", "nvme", dir),
-                                   {"parallel.data=2", "parallel.zero.stage=" + stage,
-                                    "train.micro_batch=" + micro_batch})),
-                       true);
+  auto e = make_engine(
+      config(plus(chunks("auto", "nvme", dir), {"parallel.data=2", "parallel.zero.stage=" + stage,
+                                                "train.micro_batch=" + micro_batch})),
+      true);
   e->step();
   OnDisk out;
   for (const auto& f : fs::recursive_directory_iterator(dir)) {
