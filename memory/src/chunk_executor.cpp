@@ -27,7 +27,9 @@ ComputeArena::ComputeArena(int64_t budget_bytes, int64_t alignment)
   }
 }
 
-ComputeArena::~ComputeArena() = default;
+ComputeArena::~ComputeArena() {
+  for (const auto& [size, buffer] : free_) ::munmap(buffer, static_cast<std::size_t>(size));
+}
 
 int64_t ComputeArena::rounded(int64_t bytes) const noexcept {
   return (bytes + alignment_ - 1) / alignment_ * alignment_;
@@ -42,10 +44,36 @@ std::byte* ComputeArena::allocate(int64_t bytes) {
               " bytes with ", live_, " of its ", budget_,
               " bytes live; the plan was replayed within the budget, so the executor moved "
               "something the plan did not");
-  // Pages straight from the kernel and back to it on release (munmap), so
-  // that freed arena memory leaves the process at once instead of staying in
-  // malloc's free lists; page alignment is what mmap gives, a larger
-  // alignment is cut out of a larger mapping.
+  std::byte* buffer = nullptr;
+  for (std::size_t i = free_.size(); i-- > 0;) {
+    if (free_[i].first != size) continue;
+    buffer = free_[i].second;
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+    kept_ -= size;
+    break;
+  }
+  if (buffer == nullptr) {
+    // Room among the mapped bytes: kept buffers of other sizes go back to
+    // the kernel, the oldest first.
+    std::size_t dropped = 0;
+    while (live_ + kept_ + size > budget_ && dropped < free_.size()) {
+      ::munmap(free_[dropped].second, static_cast<std::size_t>(free_[dropped].first));
+      kept_ -= free_[dropped].first;
+      ++dropped;
+    }
+    free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(dropped));
+    buffer = map(size);
+  }
+  live_ += size;
+  if (live_ > peak_) peak_ = live_;
+  return buffer;
+}
+
+// Pages straight from the kernel, so that the arena's memory is its own
+// (not in malloc's free lists) and goes back to the kernel when dropped;
+// page alignment is what mmap gives, a larger alignment is cut out of a
+// larger mapping.
+std::byte* ComputeArena::map(int64_t size) {
   const auto page = static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
   const int64_t extra = alignment_ > page ? alignment_ : 0;
   void* p = ::mmap(nullptr, static_cast<std::size_t>(size + extra), PROT_READ | PROT_WRITE,
@@ -56,6 +84,7 @@ std::byte* ComputeArena::allocate(int64_t bytes) {
                                " bytes failed: ", std::strerror(err), " (", live_, " of ", budget_,
                                " budget bytes live)"));
   }
+  ++maps_;
   auto* base = static_cast<std::byte*>(p);
   std::byte* start = base;
   if (extra > 0) {
@@ -67,16 +96,21 @@ std::byte* ComputeArena::allocate(int64_t bytes) {
     if (head > 0) ::munmap(base, head);
     if (tail > 0) ::munmap(start + size, tail);
   }
-  live_ += size;
-  if (live_ > peak_) peak_ = live_;
   return start;
 }
 
 void ComputeArena::release(std::byte* buffer, int64_t bytes) noexcept {
   if (buffer == nullptr) return;
   const int64_t size = rounded(bytes);
-  ::munmap(buffer, static_cast<std::size_t>(size));
   live_ -= size;
+  // Kept for the next allocation of its size: live and kept bytes were
+  // within the budget with it live, so they are without it.
+  try {
+    free_.emplace_back(size, buffer);
+    kept_ += size;
+  } catch (...) {
+    ::munmap(buffer, static_cast<std::size_t>(size));
+  }
 }
 
 const char* to_string(LowerTier tier) {
@@ -318,9 +352,9 @@ void ChunkExecutor::start_read(ChunkId id, std::size_t at, bool wait) {
   KOLOS_CHECK(c.buffer == nullptr, "internal error: chunk ", id, " loaded while resident");
   c.buffer = arena_->allocate(c.bytes);
   c.dirty = false;
-  if (c.scratch) return;  // fresh pages; the caller fills them
+  if (c.scratch) return;  // the caller fills it
   if (dead_[at][id]) {
-    // Its next use overwrites it: fresh (zeroed) pages will do.
+    // Its next use overwrites it: nothing to read.
     stats_.bytes_not_read += c.bytes;
     return;
   }

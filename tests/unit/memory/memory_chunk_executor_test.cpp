@@ -589,6 +589,71 @@ TEST(ComputeArena, NeverExceedsItsBudget) {
   wide.release(d, 3 * kPage);
 }
 
+// Released buffers are kept mapped for the next allocation of their size;
+// a size with no kept buffer maps new pages, first sending back the oldest
+// kept buffers its room needs; live and kept bytes never pass the budget.
+TEST(ComputeArena, KeepsReleasedBuffersForReuseWithinTheBudget) {
+  ComputeArena arena(6 * kPage, kPage);
+  std::byte* a = arena.allocate(2 * kPage);
+  std::byte* b = arena.allocate(2 * kPage);
+  EXPECT_EQ(arena.maps(), 2);
+  a[0] = std::byte{7};
+  arena.release(a, 2 * kPage);
+  EXPECT_EQ(arena.live_bytes(), 2 * kPage);
+  EXPECT_EQ(arena.mapped_bytes(), 4 * kPage);
+  std::byte* c = arena.allocate(2 * kPage);
+  EXPECT_EQ(c, a);  // the kept buffer, bytes and all
+  EXPECT_EQ(c[0], std::byte{7});
+  EXPECT_EQ(arena.maps(), 2);
+  arena.release(b, 2 * kPage);
+  arena.release(c, 2 * kPage);
+  EXPECT_EQ(arena.live_bytes(), 0);
+  EXPECT_EQ(arena.mapped_bytes(), 4 * kPage);
+  // Three pages: 4 kept + 3 > 6, so the oldest kept buffer goes back.
+  std::byte* d = arena.allocate(3 * kPage);
+  EXPECT_EQ(arena.maps(), 3);
+  EXPECT_EQ(arena.mapped_bytes(), 5 * kPage);
+  EXPECT_LE(arena.mapped_bytes(), 6 * kPage);
+  // The whole budget in one buffer: every kept buffer goes back.
+  arena.release(d, 3 * kPage);
+  std::byte* e = arena.allocate(6 * kPage);
+  EXPECT_EQ(arena.mapped_bytes(), 6 * kPage);
+  EXPECT_EQ(arena.live_bytes(), 6 * kPage);
+  arena.release(e, 6 * kPage);
+}
+
+// After the first iteration a plan's loads find kept buffers: with chunks
+// of one size (the chunks plugin's fp32 layout) later iterations map no
+// new pages; with two sizes (its bf16 and fp16 layout: 2-byte kinds in
+// chunks of half the bytes) most loads still reuse.
+TEST(ChunkExecutor, LaterIterationsMapNoNewPages) {
+  for (int sizes : {1, 2}) {
+    const AccessTrace trace = random_trace(29, 30, 60, sizes);
+    const Plan plan = plan_auto(trace, quarter_budget(trace));
+    ASSERT_GT(plan.bytes_evicted, 0);
+    ChunkExecutor exec(trace, plan, options_for(LowerTier::kHost, ""));
+    run_iterations(exec, trace, 1);
+    const int64_t after_one = exec.arena().maps();
+    run_iterations(exec, trace, 2);
+    EXPECT_LE(exec.arena().mapped_bytes(), plan.budget_bytes);
+    int64_t loads = 0;
+    for (const StepMoves& m : plan.steps) {
+      loads += static_cast<int64_t>(m.load.size() + m.prefetch.size());
+    }
+    loads *= 2;
+    const int64_t later = exec.arena().maps() - after_one;
+    const std::string what = std::to_string(sizes) + " size(s): " + std::to_string(after_one) +
+                             " mappings in the first iteration, " + std::to_string(later) +
+                             " in the next two, which loaded " + std::to_string(loads) + " chunks";
+    if (sizes == 1) {
+      EXPECT_EQ(later, 0) << what;
+    } else {
+      EXPECT_LT(later, loads / 2) << what;
+    }
+    std::cout << what << "\n";
+  }
+}
+
 int64_t current_rss_kib() {
   std::ifstream in("/proc/self/status");
   std::string line;

@@ -9,9 +9,12 @@
 // step's loads, and starts the plan's prefetches without waiting for them,
 // so that their reads run while the caller computes step i.
 //
-// The arena is host memory obtained from the kernel per chunk (mmap) and
-// returned on eviction (munmap), so that the process's resident memory
-// follows the arena's live bytes: the compute tier of a CPU run. Device
+// The arena is host memory obtained from the kernel per chunk (mmap); a
+// released buffer stays mapped for the next allocation of its size while
+// the mapped bytes are within the budget, and goes back to the kernel
+// (munmap) when room for another size is needed, so that the process's
+// resident memory for the arena never passes the budget and a steady
+// iteration faults in no new pages: the compute tier of a CPU run. Device
 // memory as the compute tier is not implemented; the budget logic does not
 // depend on where the bytes are.
 //
@@ -23,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kolos/memory/nvme_store.h"
@@ -32,8 +36,10 @@ namespace kolos::memory {
 
 // A hard byte budget over aligned buffers. allocate() beyond the budget
 // throws kolos::Error (an internal error: the executor only allocates what
-// a replayed plan says fits). Buffers are zero-filled when allocated (fresh
-// anonymous pages).
+// a replayed plan says fits). A buffer's bytes are unspecified when it is
+// allocated (zeros when freshly mapped, a released buffer's otherwise).
+// Released buffers are kept mapped for reuse by size, with live and kept
+// bytes together never above the budget.
 class ComputeArena {
  public:
   // `alignment`: a power of two; buffers start at a multiple of it and their
@@ -51,14 +57,23 @@ class ComputeArena {
   int64_t alignment() const noexcept { return alignment_; }
   int64_t live_bytes() const noexcept { return live_; }
   int64_t peak_bytes() const noexcept { return peak_; }
+  // Live bytes plus released buffers kept for reuse: at most the budget.
+  int64_t mapped_bytes() const noexcept { return live_ + kept_; }
+  // Buffers taken from the kernel (mmap calls) so far.
+  int64_t maps() const noexcept { return maps_; }
 
  private:
   int64_t rounded(int64_t bytes) const noexcept;
+  std::byte* map(int64_t size);
 
   int64_t budget_ = 0;
   int64_t alignment_ = 0;
   int64_t live_ = 0;
   int64_t peak_ = 0;
+  int64_t kept_ = 0;
+  int64_t maps_ = 0;
+  // Released buffers still mapped: (rounded size, buffer), most recent last.
+  std::vector<std::pair<int64_t, std::byte*>> free_;
 };
 
 // Where chunks live while they are not in the compute tier.
@@ -84,7 +99,7 @@ struct ExecutorOptions {
   // gradient chunk zeroed where an iteration first uses it); each must be
   // one of step s's chunks. From a chunk's last use before such a step up
   // to that step its bytes are dead: a load for the step reads nothing
-  // (the arena's pages come zeroed), an eviction in between writes
+  // (the buffer's bytes are unspecified), an eviction in between writes
   // nothing, and a chunk the plan loads only for such steps has no tier
   // copy at all: no NVMe slot or host buffer, no call of `init`, and
   // read_chunk() and write_chunk() refuse it (ZeRO-2's gradient chunks of
