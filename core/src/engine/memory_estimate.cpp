@@ -260,19 +260,25 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
         "memory.compute_budget: parameters, gradients, AdamW m and v resident");
     // Parameters and gradients in the run's dtype; m, v and (bf16/fp16) the
     // masters in fp32, spread over dp x sp under parallel.zero.stage >= 1,
-    // and the parameters too under stage 3 (gradient chunks stay whole:
-    // they accumulate over the micro-batches before their reduction).
+    // and the parameters too under stage 3. Gradient chunks of other
+    // ranks' indices take no tier copy with one micro-batch per step (they
+    // stay resident from their first use to their reduction, unless a
+    // budget too small for two block steps' chunks evicts them); with
+    // several, every rank may hold every gradient chunk.
     const int64_t stage = config.parallel.zero.stage;
     const double shards = stage >= 1 ? double(mesh.dp * mesh.sp) : 1.0;
     const double optim = (8 + (elem < 4 ? 4 : 0)) / shards;
-    const double per_param = (stage == 3 ? elem / shards : elem) + elem + optim;
+    const bool grads_sharded = shards > 1 && accumulation == 1;
+    const double per_param =
+        (stage == 3 ? elem / shards : elem) + (grads_sharded ? elem / shards : elem) + optim;
+    const std::string sharded = stage == 3 ? "parameter, " : "";
     add(e.terms, "chunks, host tier", offload == "nvme" ? 0.0 : per_param * p.params,
         offload == "nvme"
             ? "on NVMe (memory.offload = \"nvme\")"
             : "every chunk's copy: " + count + " x " + fmt_count(per_param) + " B" +
-                  (shards > 1 ? stage == 3 ? " (parameter and optimizer chunks / dp x sp)"
-                                           : " (optimizer chunks / dp x sp)"
-                              : ""));
+                  (shards == 1     ? ""
+                   : grads_sharded ? " (" + sharded + "gradient and optimizer chunks / dp x sp)"
+                                   : " (" + sharded + "optimizer chunks / dp x sp)"));
   } else if (g == "zero3") {
     add(e.terms, "parameters", elem * (p.params / dp + 2 * p.block),
         count + " / dp " + std::to_string(mesh.dp) + " + 2 blocks gathered");
