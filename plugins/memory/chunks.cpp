@@ -974,8 +974,9 @@ class ChunkedMemory : public GradientStrategy {
 
   // Waits for the reductions in flight: each gradient's result goes into
   // its chunk (from fp32 when reduced in fp32) and its norm is taken where
-  // this rank has the result; ZeRO-2/3's other ranks then drop the chunks
-  // that step finished.
+  // this rank has the result. (On ZeRO's other ranks the chunk's bytes are
+  // dead once its last gradient is reduced: the executor writes nothing of
+  // them back.)
   void finish_reductions() {
     if (pending_.empty()) return;
     torch::NoGradGuard no_grad;
@@ -1074,7 +1075,10 @@ class ChunkedMemory : public GradientStrategy {
     for (ChunkId c : zero_at_[s]) {
       std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(kind_of_[c])));
     }
-    if (steps_[s].type == TraceStep::kBackward) {
+    // Backward accumulates into gradient chunks; the tied step's pipeline
+    // sum replaces them in place (a chunk written back and reloaded clean
+    // in between must be written again).
+    if (steps_[s].type == TraceStep::kBackward || steps_[s].type == TraceStep::kTied) {
       for (ChunkId c : trace_.steps[s]) {
         if (kind_of_[c] == kGrad) executor_->mark_dirty(c);
       }

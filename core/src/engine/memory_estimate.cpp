@@ -262,9 +262,10 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
     // masters in fp32, spread over dp x sp under parallel.zero.stage >= 1,
     // and the parameters too under stage 3. Gradient chunks of other
     // ranks' indices take no tier copy with one micro-batch per step (they
-    // stay resident from their first use to their reduction, unless a
-    // budget too small for two block steps' chunks evicts them); with
-    // several, every rank may hold every gradient chunk.
+    // stay resident from their first use to their reduction, but for a
+    // chunk blocks far apart read, such as a tied embedding's, which a
+    // tight budget may evict in between: not counted); with several,
+    // every rank may hold every gradient chunk.
     const int64_t stage = config.parallel.zero.stage;
     const double shards = stage >= 1 ? double(mesh.dp * mesh.sp) : 1.0;
     const double optim = (8 + (elem < 4 ? 4 : 0)) / shards;

@@ -398,9 +398,12 @@ OnDisk bytes_on_disk(const std::string& stage, const std::string& micro_batch) {
 // resident from its first use to its reduction (its bytes are dead after),
 // so it takes no slot: under ZeRO-1 and ZeRO-2 a rank's files hold every
 // parameter chunk and at most its own indices' gradient, exp_avg and
-// exp_avg_sq chunks; ZeRO-3 also only its own parameter chunks. With two
-// micro-batches per step the budget evicts gradient chunks between them,
-// so some of another rank's take slots again.
+// exp_avg_sq chunks; ZeRO-3 also only its own parameter chunks. One chunk
+// more is allowed: the tied embedding's gradient chunk (chunk 0, rank 0's)
+// lives from the head's backward to the embedding's, and the budget may
+// evict it in between on rank 1. With two micro-batches per step the
+// budget evicts gradient chunks between them, so some of another rank's
+// take slots again.
 TEST(ChunksWithZero23, EachRankKeepsItsOwnShareOnNvme) {
   REQUIRE_RANKS(2);
   const int64_t slot = 16 * 1024;
@@ -410,6 +413,7 @@ TEST(ChunksWithZero23, EachRankKeepsItsOwnShareOnNvme) {
   const OnDisk zero2_accumulating = bytes_on_disk("2", "4");
   const int64_t n = zero2.chunks_per_kind;
   const int64_t own = (n + 1 - testing::world_rank()) / 2;
+  const int64_t tied = testing::world_rank() == 0 ? 0 : 1;
   ASSERT_GT(n, 4);
   const auto in_slots = [&](const OnDisk& d) { return d.bytes / slot; };
   const std::string where = "rank " + std::to_string(testing::world_rank()) + ": " +
@@ -424,14 +428,14 @@ TEST(ChunksWithZero23, EachRankKeepsItsOwnShareOnNvme) {
   // Parameters, and the moments of its own indices, at least; its own
   // gradients at most.
   EXPECT_GE(in_slots(zero1), n + 2 * own) << where;
-  EXPECT_LE(in_slots(zero1), n + 3 * own) << where;
+  EXPECT_LE(in_slots(zero1), n + 3 * own + tied) << where;
   EXPECT_GE(in_slots(zero2), n + 2 * own) << where;
-  EXPECT_LE(in_slots(zero2), n + 3 * own) << where;
+  EXPECT_LE(in_slots(zero2), n + 3 * own + tied) << where;
   EXPECT_GE(in_slots(zero3), 3 * own) << where;
-  EXPECT_LE(in_slots(zero3), 4 * own) << where;
+  EXPECT_LE(in_slots(zero3), 4 * own + tied) << where;
   // Accumulating over micro-batches, another rank's gradient chunks leave
   // the compute tier with live bytes: more slots than its share.
-  EXPECT_GT(in_slots(zero2_accumulating), n + 3 * own) << where;
+  EXPECT_GT(in_slots(zero2_accumulating), n + 3 * own + tied) << where;
   expect_left_empty_and_remove(testing::shared_tmpdir("chunks-zero-disk"));
 }
 

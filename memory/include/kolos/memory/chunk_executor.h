@@ -102,9 +102,9 @@ struct ExecutorOptions {
   // (the buffer's bytes are unspecified), an eviction in between writes
   // nothing, and a chunk the plan loads only for such steps has no tier
   // copy at all: no NVMe slot or host buffer, no call of `init`, and
-  // read_chunk() and write_chunk() refuse it (ZeRO-2's gradient chunks of
-  // other ranks' indices that stay resident from their first use to their
-  // reduction). Empty, or one list per step.
+  // read_chunk() and write_chunk() refuse it (under ZeRO, gradient chunks
+  // of other ranks' indices that stay resident from their first use to
+  // their reduction). Empty, or one list per step.
   std::vector<std::vector<ChunkId>> fresh;
 };
 
@@ -157,7 +157,8 @@ class ChunkExecutor {
   // dead back to the lower tier and waits; they stay resident, now clean.
   void flush();
 
-  // Copies chunk `id`'s current bytes (trace bytes long) into `dst`, from
+  // Copies chunk `id`'s current bytes (trace bytes long) into `dst` (bytes
+  // that are dead, ExecutorOptions::fresh, come out unspecified), from
   // the arena when it is resident (after its read in flight, if any) or
   // from the lower tier otherwise (also when its read into the arena
   // failed: the tier's copy is then the current one). Any alignment of
@@ -174,8 +175,8 @@ class ChunkExecutor {
   const ExecutorStats& stats() const noexcept { return stats_; }
   LowerTier tier() const noexcept { return tier_; }
   bool resident(ChunkId id) const;
-  // Whether chunk `id` has a copy in the lower tier (not scratch, and
-  // loaded by the plan for a use that reads it).
+  // Whether chunk `id` has a copy in the lower tier: not scratch, and
+  // either never fresh or loaded by the plan for a use that reads it.
   bool has_tier_copy(ChunkId id) const;
   // Bytes the lower tier holds for this trace: the host buffers, or the
   // NVMe slots (one per chunk with a tier copy).
