@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -84,6 +86,10 @@ void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig&
   free_all_groups();
   gathered_now_ = gathered_peak_ = 0;
   install_block_hooks();
+  // The whole parameters the model was built with are freed now: their
+  // pages go back to the kernel rather than staying in malloc's heap, where
+  // they would count in the process's resident memory while training.
+  malloc_trim(0);
 }
 
 // ---- one step ---------------------------------------------------------------

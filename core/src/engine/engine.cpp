@@ -3,7 +3,6 @@
 #include "kolos/core/memory_estimate.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <malloc.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -256,11 +255,6 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
       schedule_->setup(*model_, *mesh_, config_);
     });
     gradients_->setup(*model_, *mesh_, config_);
-    // What building and set-up freed (initialisation temporaries, ZeRO-3's
-    // and the chunks' whole parameters) goes back to the kernel rather than
-    // staying in malloc's heap, where it would count in the resident
-    // memory of the whole run.
-    malloc_trim(0);
     if (config_.train.precision == "fp16") {
       scaler_ = std::make_unique<LossScaler>(config_.train.loss_scale_init,
                                              config_.train.loss_scale_growth_interval);
