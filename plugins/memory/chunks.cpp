@@ -1054,24 +1054,13 @@ class ChunkedMemory : public GradientStrategy {
     // run while this one computes (their chunks are in this step's trace).
     if (!gather_at_[s].empty()) {
       const auto start = std::chrono::steady_clock::now();
-      if (!ahead_[s]) {
-        for (ChunkId c : gather_at_[s]) {
-          gathers_.push_back(broadcast_from_owner(c));
-          gathered_bytes_ += kind_bytes(kind_of_[c]);
-        }
-      }
+      if (!ahead_[s]) launch_gathers(s, false);
       for (comm::WorkPtr& work : gathers_) work->wait();
       gathers_.clear();
       gather_wait_s_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    if (s + 1 < steps_.size() && ahead_[s + 1]) {
-      for (ChunkId c : gather_at_[s + 1]) {
-        gathers_.push_back(broadcast_from_owner(c));
-        gathered_bytes_ += kind_bytes(kind_of_[c]);
-        gathered_ahead_bytes_ += kind_bytes(kind_of_[c]);
-      }
-    }
+    if (s + 1 < steps_.size() && ahead_[s + 1]) launch_gathers(s + 1, true);
     for (ChunkId c : zero_at_[s]) {
       std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(kind_of_[c])));
     }
@@ -1087,6 +1076,16 @@ class ChunkedMemory : public GradientStrategy {
     current_ = s;
     in_step_ = true;
     cursor_ = s + 1;
+  }
+
+  // ZeRO-3: launches the gathers of step s's parameter chunks (`ahead`:
+  // while the step before it computes), counted in the gather metrics.
+  void launch_gathers(size_t s, bool ahead) {
+    for (ChunkId c : gather_at_[s]) {
+      gathers_.push_back(broadcast_from_owner(c));
+      gathered_bytes_ += kind_bytes(kind_of_[c]);
+      if (ahead) gathered_ahead_bytes_ += kind_bytes(kind_of_[c]);
+    }
   }
 
   void count_resident() {

@@ -667,8 +667,9 @@ class Autoplan final : public Planner {
     }
     // The memory role's chunks run whichever plan is chosen (they compose
     // with every layout), but their tier traffic is not modelled here.
-    if (here && !choose_plugins(config).memory.empty()) {
-      report.machine += "; the memory role (" + choose_plugins(config).memory +
+    const std::string memory_role = here ? choose_plugins(config).memory : "";
+    if (!memory_role.empty()) {
+      report.machine += "; the memory role (" + memory_role +
                         ") is on: its traffic between the compute budget and the lower tier is "
                         "not in these predictions";
     }

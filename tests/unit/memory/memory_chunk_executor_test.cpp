@@ -351,11 +351,7 @@ TEST(ChunkExecutor, FreshUsesReadNothingAndDeadBytesAreNotWritten) {
     options.fresh = fresh;
     ChunkExecutor exec(trace, plan, options);
     // The same updates in plain memory, in lockstep.
-    std::vector<std::vector<std::byte>> expected(trace.chunks.size());
-    for (ChunkId id = 0; id < expected.size(); ++id) {
-      expected[id].resize(static_cast<std::size_t>(trace.chunks[id].bytes));
-      init_chunk(id, expected[id].data(), trace.chunks[id].bytes);
-    }
+    std::vector<std::vector<std::byte>> expected = reference(trace, 0);
     int reads = 0;
     int mismatches = 0;
     for (int it = 0; it < kIterations && mismatches <= 5; ++it) {
