@@ -8,6 +8,7 @@
 //   kolos calibrate CONFIG -n N             measure this machine for the planner (N ranks at once)
 //   kolos plugins [--path DIR ...]          plugins found, their role and versions
 //   kolos data prepare FILE... -o OUT       byte-level token file from text
+//         [--tokenizer PATH]              ... or tokenizer.json / tokenizer.model ids
 //   kolos slurm gen [CONFIG] [options]      a ready sbatch script (launchers/slurm_command.cpp)
 //   kolos topo [--json]                     this node's topology (libkolos_topology)
 //   kolos version
@@ -43,6 +44,7 @@
 #include "kolos/core/signals.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
+#include "kolos/tokenizer/token_file.h"
 #include "kolos/topology/binding.h"
 #include "kolos/topology/locality.h"
 #include "kolos/topology/topology.h"
@@ -65,6 +67,7 @@ commands:
   calibrate CONFIG -n N                  measure this machine for the planner (cached)
   plugins [--path DIR ...]               list the plugins found, their role, versions, refusals
   data prepare FILE... -o OUT            write a byte-level token file for [data] kind = "tokens"
+         [--tokenizer PATH]             ... or the ids of a tokenizer.json / tokenizer.model
   ckpt inspect|verify|export DIR         look into, check or export a checkpoint
   slurm gen [CONFIG] [options]           write an sbatch script (srun, requeue on time limit)
   topo [--json]                          this node's cores, NUMA nodes, GPUs, NICs, NVLink domains
@@ -740,21 +743,46 @@ int plugins(const std::vector<std::string>& args) {
 int data_command(const std::vector<std::string>& args) {
   if (args.empty() || args[0] != "prepare") {
     if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-      std::cout << "usage: kolos data prepare FILE... -o OUT\n";
+      std::cout << "usage: kolos data prepare FILE... -o OUT [--tokenizer PATH]\n";
       return 0;
     }
     throw UsageError("kolos data: expected `kolos data prepare FILE... -o OUT`");
   }
   po::options_description options("options");
   std::vector<std::string> inputs;
-  std::string output;
+  std::string output, tokenizer_path;
   options.add_options()("input", po::value(&inputs)->required(), "text files to tokenise")(
-      "output,o", po::value(&output)->required(), "token file to write (uint16, vocab 256)");
+      "output,o", po::value(&output)->required(),
+      "token file to write (uint16, vocab 256; with --tokenizer uint16 or uint32)")(
+      "tokenizer", po::value(&tokenizer_path),
+      "tokenizer.json, tokenizer.model or a directory holding one: each FILE is one document, "
+      "eos between documents (docs/data.md)");
   po::positional_options_description positional;
   positional.add("input", -1);
   Parsed parsed =
-      parse("data prepare", {args.begin() + 1, args.end()}, options, positional, "FILE... -o OUT");
+      parse("data prepare", {args.begin() + 1, args.end()}, options, positional,
+            "FILE... -o OUT [--tokenizer PATH]");
   if (parsed.help) return 0;
+  if (!tokenizer_path.empty()) {
+    const auto tok = tokenizer::open_tokenizer(tokenizer_path);
+    const auto r = tokenizer::prepare_token_file(inputs, output, *tok);
+    const double s = std::max(r.encode_seconds, 1e-9);
+    auto fixed = [](double value, int digits) {
+      std::ostringstream out;
+      out.setf(std::ios::fixed);
+      out.precision(digits);
+      out << value;
+      return out.str();
+    };
+    std::cout << "kolos: wrote " << r.tokens << " tokens (" << r.dtype << ", vocab " << r.vocab
+              << ") from " << r.documents << " documents to " << output << ": set data.dtype = \""
+              << r.dtype << "\" and model.vocab >= " << r.vocab << "\n"
+              << "kolos: " << tok->description() << " " << tok->path() << ": " << r.input_bytes
+              << " bytes in " << fixed(r.encode_seconds, 3) << " s, "
+              << static_cast<int64_t>(r.tokens / s) << " tokens/s, "
+              << fixed(r.input_bytes / s / 1e6, 2) << " MB/s\n";
+    return 0;
+  }
   int64_t tokens = data::prepare_byte_tokens(inputs, output);
   std::cout << "kolos: wrote " << tokens << " tokens (uint16, vocab 256) to " << output << "\n";
   return 0;

@@ -13,7 +13,8 @@
 #           interoperability packages: torch's remaining requirements (the
 #           CUDA libraries that libtorch_python.so links through
 #           libtorch_cuda.so, several GB), safetensors, transformers, h5py,
-#           numpy. The interop tests and the Python peers in bench/ use it.
+#           numpy, tokenizers, sentencepiece. The interop tests and the
+#           Python peers in bench/ use it.
 #
 # Environment: KOLOS_VENV (default <repo>/.cache/torch-venv; point several
 # checkouts at one), KOLOS_PYTHON (the interpreter that creates it; default
@@ -31,9 +32,20 @@ python=${KOLOS_PYTHON:-python3}
 # The newest 2.x on PyPI when this was written; change together with the
 # docs (docs/building.md) and rerun the suite.
 torch_version=2.15.0
-interop=(safetensors==0.8.0 transformers==5.24.0 h5py==3.16.0 numpy==2.4.6)
+# tokenizers: what transformers 5.24 requires (>=0.23.1,<0.24). sentencepiece:
+# the 0.1 series, whose encoder matches Debian's libsentencepiece (0.1.97)
+# that libkolos_tokenizer links; 0.2.x segments some unigram inputs
+# differently (docs/tokenizers.md). 0.1.99's wheels stop at CPython 3.11
+# (Debian 12's python3).
+interop=(safetensors==0.8.0 transformers==5.24.0 h5py==3.16.0 numpy==2.4.6 tokenizers==0.23.3
+  sentencepiece==0.1.99)
 
 stamp=$venv/.kolos-$level-torch-$torch_version
+if [[ $level == python ]]; then
+  # The interop list is part of the stamp, so that an environment made from
+  # an older list gets the packages added or re-pinned since.
+  stamp=$stamp-$(printf '%s\n' "${interop[@]}" | cksum | cut -d' ' -f1)
+fi
 [[ -f $stamp ]] && exit 0
 
 say() { echo "kolos: venv: $*"; }
@@ -79,10 +91,11 @@ if [[ $level == python ]]; then
   "$venv/bin/python" - <<'PY'
 import warnings
 warnings.filterwarnings("ignore")
-import h5py, numpy, safetensors, torch, transformers
+import h5py, numpy, safetensors, sentencepiece, tokenizers, torch, transformers
 assert torch._C._GLIBCXX_USE_CXX11_ABI, "kolos builds with the C++11 ABI; this torch does not use it"
 print(f"kolos: venv: torch {torch.__version__} (C++11 ABI), safetensors {safetensors.__version__}, "
-      f"transformers {transformers.__version__}, h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version})")
+      f"transformers {transformers.__version__}, h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version}), "
+      f"tokenizers {tokenizers.__version__}, sentencepiece {sentencepiece.__version__}")
 PY
 fi
 touch "$stamp"

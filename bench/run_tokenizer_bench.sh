@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Tokenizer throughput: `kolos data prepare --tokenizer` against the Python
+# `tokenizers` package (its encode_batch) on the same files in the same run.
+#
+#   bench/run_tokenizer_bench.sh [--megabytes 20] [--documents 8] [--reps 3]
+#                                [--build build]
+#
+# Builds nothing: it needs build/bin/kolos (ninja -C build kolos) and the
+# virtual environment with `tokenizers` (scripts/install-venv.sh; KOLOS_VENV,
+# default .cache/torch-venv). Writes --documents files of --megabytes in
+# all, trains a GPT-2-style byte-level BPE on them, then runs both --reps
+# times, alternating which goes first. Printed: the corpus, each side's
+# read-and-encode time (median, and every run), tokens/s and MB/s, and
+# kolos/tokenizers (above 1: kolos is faster). The ids must be identical.
+# bench/tokenizer/bench.py says what exactly is timed.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+megabytes=20 documents=8 reps=3 build=build
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --megabytes) megabytes=$2 ;;
+    --documents) documents=$2 ;;
+    --reps) reps=$2 ;;
+    --build) build=$2 ;;
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_tokenizer_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+cd "$root"
+kolos=$build/bin/kolos
+[[ -x $kolos ]] || { echo "run_tokenizer_bench.sh: $kolos missing (ninja -C $build kolos)" >&2; exit 1; }
+venv=${KOLOS_VENV:-$root/.cache/torch-venv}
+"$venv/bin/python" -c 'import tokenizers' 2>/dev/null ||
+  { echo "run_tokenizer_bench.sh: $venv/bin/python has no tokenizers (scripts/install-venv.sh)" >&2; exit 1; }
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-tokenizer-bench.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+"$venv/bin/python" "$here/tokenizer/bench.py" "$kolos" "$tmp" "$megabytes" "$documents" "$reps"
