@@ -13,8 +13,9 @@ packages=(
   libhwloc-dev  # libkolos_topology (hwloc 2.x through pkg-config)
   nlohmann-json3-dev  # safetensors headers and Hugging Face config.json (ckpt import)
   # libkolos_tokenizer: PCRE2 (UTF, JIT) for the tokenizer.json pre-tokenizer
-  # regexes (GPT-2's needs lookahead); libsentencepiece for tokenizer.model
-  libpcre2-dev libsentencepiece-dev
+  # regexes (GPT-2's needs lookahead); ICU for its Unicode normalizers (NFC,
+  # ...); libsentencepiece for tokenizer.model
+  libpcre2-dev libicu-dev libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-h5py python3-numpy
   # scripts/install-venv.sh: the virtual environment with LibTorch 2.x (the

@@ -6,9 +6,10 @@ packages (tests/e2e/tokenizer/CMakeLists.txt, label interop).
 2. Trains its own tokenizers on it (no hub): GPT-2-style byte-level BPE,
    LLaMA-3-style (Split regex + ByteLevel, special tokens, a
    TemplateProcessing that puts <|begin_of_text|> first), Qwen-style (its
-   Split regex, special tokens, an added non-special token with lstrip /
-   rstrip / single_word), a byte-fallback BPE (no ByteLevel; <0xXX> tokens)
-   and SentencePiece BPE and unigram models with byte_fallback.
+   Split regex, its NFC normalizer, special tokens, added non-special tokens
+   with lstrip / rstrip / single_word), a byte-fallback BPE (NFKC, no
+   ByteLevel; <0xXX> tokens) and SentencePiece BPE and unigram models with
+   byte_fallback.
 3. For each, `tokenizer_lines` (kolos) encodes and decodes every line;
    the Python package must give the same ids and the same decoded text.
    Lines are raw bytes split on b"\\n"; the Python side feeds
@@ -29,7 +30,7 @@ import sys
 import time
 
 import sentencepiece as spm
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tokenizers import processors, trainers
 
 CORPUS_LINES = 12000
@@ -45,6 +46,10 @@ WORDS = ("the of and to in is was for on that with as by at from it an be this a
          "kolos tensor parallel pipeline gradient shard rank mesh checkpoint token").split()
 CJK = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可也你说"
 KANA_HANGUL = "ひらがなカタカナ한국어텍스트토크나이저"
+# Not in NFC / NFKC form: e + U+0301, A + ring, Hangul jamo, the Angstrom
+# sign, the fi ligature, full-width letters, superscript two.
+UNNORMALIZED = ["e\u0301", "A\u030a", "\u1100\u1161\u11a8", "\u212b", "\ufb01", "\uff2b\uff4f",
+                "x\u00b2", "cafe\u0301", "\u00c5"]
 EMOJI = ["😀", "🚀", "👩‍💻", "🇫🇷", "👍🏽", "❤️", "🧪", "🐍", "😂😂", "🤖"]
 SPACES = [" ", "  ", "   ", "\t", "\t\t", " \t ", "\r", "\u00a0", "\u3000", "\u2003",
           "\u0085", "\u180e", "\u200b", "\u2028", "     "]
@@ -85,8 +90,10 @@ def make_line(rng):
             parts.append(rng.choice(EMOJI))
         elif kind < 0.77:
             parts.append(rng.choice(CODE))
-        elif kind < 0.82:
+        elif kind < 0.8:
             parts.append(rng.choice(SPECIAL_LOOKALIKES))
+        elif kind < 0.82:
+            parts.append(rng.choice(UNNORMALIZED))
         elif kind < 0.87:
             parts.append(rng.choice(".,;:!?-()[]{}\"'/\\@#$%^&*+=~`|"))
         else:
@@ -151,6 +158,7 @@ def llama3(lines):
 
 def qwen2(lines):
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()  # as Qwen2's tokenizer.json has it
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -167,6 +175,7 @@ def qwen2(lines):
 
 def byte_fallback(lines):
     tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC()])
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(r" ?[^\s]+|\s+"), behavior="isolated"),
         pre_tokenizers.Digits(individual_digits=True)])

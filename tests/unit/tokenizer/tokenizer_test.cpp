@@ -268,6 +268,20 @@ TEST_F(TokenizerTest, SplitRegexAndAddedTokenOptions) {
   EXPECT_EQ(tok->decode(tok->encode("world")), "world");
 }
 
+TEST_F(TokenizerTest, UnicodeNormalizers) {
+  Json j = byte_level_bpe();
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", Json::array({Json{{"type", "NFC"}}})}};
+  // "é" as e + U+0301 is composed to U+00E9 before pre-tokenization.
+  const auto nfc = open_tokenizer(write_json(j, "nfc.json"));
+  EXPECT_EQ(nfc->encode("cafe\xCC\x81"), nfc->encode("caf\xC3\xA9"));
+  EXPECT_EQ(nfc->decode(nfc->encode("cafe\xCC\x81")), "caf\xC3\xA9");
+  j["normalizer"] = {{"type", "NFKC"}};
+  const auto nfkc = open_tokenizer(write_json(j, "nfkc.json"));
+  EXPECT_EQ(nfkc->decode(nfkc->encode("\xEF\xAC\x81")), "fi");  // U+FB01, the fi ligature
+  // A special token is matched on the raw text, before normalization.
+  EXPECT_EQ(nfkc->encode("<|endoftext|>"), (std::vector<TokenId>{300}));
+}
+
 TEST_F(TokenizerTest, RefusesUnsupportedFeaturesByJsonPath) {
   struct Case {
     std::string what;
@@ -277,9 +291,9 @@ TEST_F(TokenizerTest, RefusesUnsupportedFeaturesByJsonPath) {
   const std::vector<Case> cases = {
       {"normalizer",
        [](Json& j) {
-         j["normalizer"] = {{"type", "NFKC"}};
+         j["normalizer"] = {{"type", "Lowercase"}};
        },
-       "normalizer.type = \"NFKC\" is not supported; supported: null"},
+       "normalizer.type = \"Lowercase\" is not supported; supported: NFC, NFD, NFKC, NFKD"},
       {"model", [](Json& j) { j["model"]["type"] = "WordPiece"; },
        "model.type = \"WordPiece\" is not supported; supported: BPE"},
       {"pre_tokenizer",

@@ -4,9 +4,10 @@
 // sequence:
 //   1. added tokens: the text is split on the added tokens that are not
 //      "normalized" (leftmost-longest matches; lstrip / rstrip / single_word
-//      honoured), then (the normalizer being the identity, the only one
-//      supported) on the "normalized" ones; a matched added token is one id
-//      and is not pre-tokenized;
+//      honoured);
+//      the normalizer (Unicode NFC / NFD / NFKC / NFKD through ICU) runs on
+//      the pieces between, then they are split on the "normalized" ones; a
+//      matched added token is one id and is not pre-tokenized;
 //   2. the pre-tokenizer splits each remaining piece further (Split with a
 //      regex, ByteLevel's GPT-2 regex, Digits, a Sequence of them); ByteLevel
 //      also maps every byte of a piece to its printable character;
@@ -27,6 +28,9 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/stringpiece.h>
 #include <nlohmann/json.hpp>
 
 #include "bpe.h"
@@ -302,6 +306,87 @@ std::string escape_literal(const std::string& literal) {
     out += c;
   }
   return out;
+}
+
+// ---- normalizers ---------------------------------------------------------------
+
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  virtual std::string apply(const std::string& text) const = 0;
+};
+
+// Unicode normalization forms through ICU's Normalizer2 (UTF-8 in and out).
+class UnicodeNormalizer : public Normalizer {
+ public:
+  UnicodeNormalizer(const std::string& form, const Where& where) : form_(form) {
+    UErrorCode status = U_ZERO_ERROR;
+    if (form == "NFC") {
+      normalizer_ = icu::Normalizer2::getNFCInstance(status);
+    } else if (form == "NFD") {
+      normalizer_ = icu::Normalizer2::getNFDInstance(status);
+    } else if (form == "NFKC") {
+      normalizer_ = icu::Normalizer2::getNFKCInstance(status);
+    } else {
+      normalizer_ = icu::Normalizer2::getNFKDInstance(status);
+    }
+    if (U_FAILURE(status) || normalizer_ == nullptr) {
+      where.fail("= \"" + form + "\": ICU cannot provide it: " + u_errorName(status));
+    }
+  }
+  std::string apply(const std::string& text) const override {
+    UErrorCode status = U_ZERO_ERROR;
+    const icu::StringPiece piece(text.data(), static_cast<int32_t>(text.size()));
+    if (normalizer_->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) return text;
+    status = U_ZERO_ERROR;
+    std::string out;
+    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(text.size()));
+    normalizer_->normalizeUTF8(0, piece, sink, nullptr, status);
+    if (U_FAILURE(status)) {
+      throw Error("Unicode " + form_ + " normalization failed: " + u_errorName(status));
+    }
+    return out;
+  }
+
+ private:
+  std::string form_;
+  const icu::Normalizer2* normalizer_ = nullptr;
+};
+
+class SequenceNormalizer : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps)
+      : steps_(std::move(steps)) {}
+  std::string apply(const std::string& text) const override {
+    std::string out = text;
+    for (const auto& step : steps_) out = step->apply(out);
+    return out;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> steps_;
+};
+
+// nullptr for the identity (an empty Sequence).
+std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& where) {
+  const std::string type = get_type(j, where);
+  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    check_keys(j, where, {"type"});
+    return std::make_unique<UnicodeNormalizer>(type, where.key("type"));
+  }
+  if (type == "Sequence") {
+    check_keys(j, where, {"type", "normalizers"});
+    const auto it = j.find("normalizers");
+    if (it == j.end() || !it->is_array()) where.key("normalizers").fail("must be a list");
+    std::vector<std::unique_ptr<Normalizer>> steps;
+    for (size_t i = 0; i < it->size(); ++i) {
+      auto step = parse_normalizer((*it)[i], where.key("normalizers").index(i));
+      if (step) steps.push_back(std::move(step));
+    }
+    if (steps.empty()) return nullptr;
+    return std::make_unique<SequenceNormalizer>(std::move(steps));
+  }
+  unsupported_type(where, type, {"NFC", "NFD", "NFKC", "NFKD", "Sequence"});
 }
 
 // ---- pre-tokenizers -----------------------------------------------------------
@@ -706,6 +791,7 @@ struct AddedToken {
   bool rstrip = false;
   bool normalized = true;
   bool special = false;
+  std::string pattern;  // what is matched: the content, normalized when `normalized`
 };
 
 // Leftmost-longest matching of a set of added tokens (the Rust package uses
@@ -714,12 +800,12 @@ struct AddedToken {
 class AddedMatcher {
  public:
   void add(const AddedToken* token) {
-    if (token->content.empty()) return;
-    auto& bucket = by_first_[static_cast<unsigned char>(token->content[0])];
+    if (token->pattern.empty()) return;
+    auto& bucket = by_first_[static_cast<unsigned char>(token->pattern[0])];
     bucket.push_back(token);
     // Longest first: the first hit at a position is the longest.
     std::stable_sort(bucket.begin(), bucket.end(), [](const AddedToken* a, const AddedToken* b) {
-      return a->content.size() > b->content.size();
+      return a->pattern.size() > b->pattern.size();
     });
     empty_ = false;
   }
@@ -735,7 +821,7 @@ class AddedMatcher {
     for (size_t i = 0; i < text.size();) {
       const AddedToken* best = nullptr;
       for (const AddedToken* token : by_first_[static_cast<unsigned char>(text[i])]) {
-        if (text.compare(i, token->content.size(), token->content) == 0) {
+        if (text.compare(i, token->pattern.size(), token->pattern) == 0) {
           best = token;
           break;
         }
@@ -744,8 +830,8 @@ class AddedMatcher {
         ++i;
         continue;
       }
-      hits.push_back({i, i + best->content.size(), best});
-      i += best->content.size();
+      hits.push_back({i, i + best->pattern.size(), best});
+      i += best->pattern.size();
     }
     return hits;
   }
@@ -856,16 +942,7 @@ class HfTokenizer : public Tokenizer {
       }
     }
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      const Where at = top.key("normalizer");
-      const std::string type = get_type(j["normalizer"], at);
-      const bool empty_sequence = type == "Sequence" && j["normalizer"].contains("normalizers") &&
-                                  j["normalizer"]["normalizers"].is_array() &&
-                                  j["normalizer"]["normalizers"].empty();
-      if (!empty_sequence) {
-        at.key("type").fail("= \"" + type +
-                            "\" is not supported; supported: null (no normalizer) or an empty "
-                            "Sequence");
-      }
+      normalizer_ = parse_normalizer(j["normalizer"], top.key("normalizer"));
     }
     parse_model(j, top);
     parse_added_tokens(j, top);
@@ -891,7 +968,8 @@ class HfTokenizer : public Tokenizer {
       if (s.id) {
         segments.push_back(std::move(s));
       } else {
-        split_on_added(s.text, normalized_matcher_, &segments);
+        split_on_added(normalizer_ ? normalizer_->apply(s.text) : s.text, normalized_matcher_,
+                       &segments);
       }
     }
     std::vector<TokenId> ids;
@@ -1071,6 +1149,9 @@ class HfTokenizer : public Tokenizer {
       token.rstrip = get_bool(e, "rstrip", at, false);
       token.normalized = get_bool(e, "normalized", at, true);
       token.special = get_bool(e, "special", at, false);
+      // A normalized token is matched in its normalized form.
+      token.pattern =
+          token.normalized && normalizer_ ? normalizer_->apply(token.content) : token.content;
       added_.push_back(std::move(token));
     }
     for (const AddedToken& token : added_) {
@@ -1129,8 +1210,9 @@ class HfTokenizer : public Tokenizer {
   std::vector<AddedToken> added_;  // never resized after parse_added_tokens
   std::unordered_map<TokenId, const AddedToken*> added_by_id_;
   std::set<std::string> special_contents_;
-  AddedMatcher raw_matcher_;         // normalized = false
-  AddedMatcher normalized_matcher_;  // normalized = true
+  AddedMatcher raw_matcher_;                // normalized = false
+  AddedMatcher normalized_matcher_;         // normalized = true
+  std::unique_ptr<Normalizer> normalizer_;  // nullptr: the identity
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::unique_ptr<Decoder> decoder_;
   Template template_;

@@ -3,7 +3,8 @@
 //   - Hugging Face `tokenizer.json` with a BPE model: byte-level BPE as in
 //     GPT-2 and the LLaMA-3 / Qwen family (Split regex + ByteLevel), merges
 //     applied by rank, added and special tokens matched before
-//     pre-tokenization, byte fallback, unknown-token handling, the ByteLevel
+//     pre-tokenization, the Unicode normalizers (NFC, NFD, NFKC, NFKD), byte
+//     fallback, unknown-token handling, the ByteLevel
 //     / ByteFallback / Fuse / Strip / Replace decoders and the
 //     TemplateProcessing post-processor (docs/tokenizers.md lists every
 //     supported field). Anything else in the file is refused when it is
