@@ -11,16 +11,10 @@
 #include <queue>
 
 #include "kolos/core/error.h"
+#include "unicode.h"
 
 namespace kolos::tokenizer::hf {
 namespace {
-
-size_t utf8_char_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead < 0xE0) return 2;
-  if (lead < 0xF0) return 3;
-  return 4;
-}
 
 struct Symbol {
   TokenId id;
@@ -133,8 +127,7 @@ void BpeModel::tokenize(std::string_view word, std::vector<TokenId>* out) const 
   const bool affixes =
       !options_.continuing_subword_prefix.empty() || !options_.end_of_word_suffix.empty();
   for (size_t i = 0; i < word.size();) {
-    const size_t len =
-        std::min(utf8_char_length(static_cast<unsigned char>(word[i])), word.size() - i);
+    const size_t len = std::min(char_length(static_cast<unsigned char>(word[i])), word.size() - i);
     std::string_view piece = word.substr(i, len);
     const bool first = i == 0;
     i += len;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "kolos/core/error.h"
+#include "unicode.h"
 
 namespace kolos::tokenizer::hf {
 namespace {
@@ -21,13 +22,6 @@ std::string pcre2_message(int code) {
 struct MatchDataDeleter {
   void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
 };
-
-size_t utf8_char_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead < 0xE0) return 2;
-  if (lead < 0xF0) return 3;
-  return 4;
-}
 
 // White_Space as Oniguruma's Unicode tables have it, in PCRE2 class syntax:
 // PCRE2's \s without U+180E, plus U+0085.
@@ -119,14 +113,14 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
     if (s == e && e == last_end) {
       // Skip an empty match where the previous one ended.
       if (s >= text.size()) return;
-      start = s + utf8_char_length(static_cast<unsigned char>(text[s]));
+      start = s + char_length(static_cast<unsigned char>(text[s]));
       continue;
     }
     out->emplace_back(s, e);
     last_end = e;
     if (s == e) {
       if (e >= text.size()) return;
-      start = e + utf8_char_length(static_cast<unsigned char>(text[e]));
+      start = e + char_length(static_cast<unsigned char>(text[e]));
     } else {
       start = e;
     }
