@@ -498,7 +498,12 @@ void save_pieces(comm::ProcessGroup& group, const MeshLayout& layout, const std:
 }
 
 Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
-                     const std::vector<Piece>& pieces) {
+                     const std::vector<Piece>& pieces, const std::string& only_under) {
+  // With `only_under`, the checkpoint's other tensors are neither required
+  // nor verified (inference reads "model/" and leaves the optimizer's).
+  const auto wanted = [&](const std::string& tensor) {
+    return only_under.empty() || tensor.rfind(only_under, 0) == 0;
+  };
   const int rank = group.rank();
   const int size = group.size();
   detail::IndexInfo index;
@@ -532,7 +537,9 @@ Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
           if (!theirs.count(t)) missing.push_back(t);
         }
         for (size_t i = 0; i < index.tensors.size(); ++i) {
-          if (held.data_ptr<int32_t>()[i] == 0) extra.push_back(index.tensors[i]);
+          if (held.data_ptr<int32_t>()[i] == 0 && wanted(index.tensors[i])) {
+            extra.push_back(index.tensors[i]);
+          }
         }
         if (!missing.empty() || !extra.empty()) {
           std::string msg = where + ": the checkpoint does not hold this run's tensors";
@@ -559,6 +566,7 @@ Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
         for (const auto& problem : detail::coverage_problems(index)) throw CheckpointError(problem);
         for (size_t i = static_cast<size_t>(rank); i < index.mappings.size();
              i += static_cast<size_t>(size)) {
+          if (!wanted(index.mappings[i].tensor)) continue;
           const std::string problem = detail::verify_mapping(index, index.mappings[i]);
           if (!problem.empty()) throw CheckpointError(problem);
         }

@@ -16,6 +16,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/core/settings.h"
+#include "kolos/planner/tune.h"
 
 namespace kolos::planner {
 
@@ -75,6 +76,7 @@ std::string format_calibration(const std::string& host, const MachineRates& r) {
       << "\nblock_factor = " << r.block_factor << "\nblock_fixed = " << r.block_fixed
       << "\nstep_factor = " << r.step_factor
       << "\ncores = " << r.cores << "\n";
+  if (r.spread > 0) out << "spread = " << r.spread << "\n";
   for (const auto& [flops, rate] : r.gemm_curve) {
     out << "\n[[calibration.gemm]]\nflops = " << flops << "\nrate = " << rate << "\n";
   }
@@ -84,6 +86,11 @@ std::string format_calibration(const std::string& host, const MachineRates& r) {
       out << "\n[[calibration.sync]]\npattern = \"" << pattern << "\"\ngroup = " << group
           << "\nseconds = " << seconds << "\n";
     }
+  }
+  for (const auto& [family, ratios] : r.feedback) {
+    out << "\n[[calibration.feedback]]\nfamily = \"" << family << "\"\nratios = [";
+    for (size_t i = 0; i < ratios.size(); ++i) out << (i ? ", " : "") << ratios[i];
+    out << "]\n";
   }
   for (const auto& [key, ab] : r.measured) {
     out << "\n[[calibration.collective]]\nop = \"" << to_string(key.first)
@@ -296,6 +303,7 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
   if (t.find("block_fixed") != nullptr) rates.block_fixed = t.number("block_fixed", false);
   if (t.find("step_factor") != nullptr) rates.step_factor = t.number("step_factor");
   if (t.find("cores") != nullptr) rates.cores = t.number("cores", false);
+  if (t.find("spread") != nullptr) rates.spread = t.number("spread", false);
   // Each row of an optional array of tables `key`, as a Table of its own.
   const auto rows = [&](const std::string& key, const auto& read) {
     const toml::value* list = t.find(key);
@@ -335,6 +343,32 @@ MachineRates parse_calibration(const std::string& text, const std::string& name,
     }
     const int64_t group = r.integer("group");
     (*table)[group] = r.number("seconds", false);
+  });
+  // [[calibration.feedback]]: family (tune.h family_of), ratios (measured
+  // over the model's prediction, positive, oldest first).
+  rates.feedback.clear();
+  rows("feedback", [&](Table& r) {
+    const std::string family = r.string("family");
+    std::string why;
+    if (!valid_family(family, &why)) r.fail_at(r.get("family"), "family", why);
+    if (rates.feedback.count(family) != 0) {
+      r.fail_at(r.get("family"), "family", "\"" + family + "\" has a row already");
+    }
+    const toml::value& list = r.get("ratios");
+    if (!list.is_array() || list.as_array().empty()) {
+      r.fail_at(list, "ratios",
+                "expected a non-empty array of numbers, found " + toml::format(list));
+    }
+    std::vector<double>& ratios = rates.feedback[family];
+    for (const toml::value& x : list.as_array()) {
+      const double v = x.is_floating()  ? x.as_floating()
+                       : x.is_integer() ? static_cast<double>(x.as_integer())
+                                        : -1.0;
+      if (!std::isfinite(v) || v <= 0) {
+        r.fail_at(x, "ratios", toml::format(x) + " is not a ratio; each must be a number > 0");
+      }
+      ratios.push_back(v);
+    }
   });
   // [[calibration.collective]]: op, group, alpha (s), beta (bytes/s); a
   // calibration of one rank has none.

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kolos/planner/tune.h"
+
 namespace kolos::planner {
 namespace {
 
@@ -420,9 +422,18 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   p.optimizer = optimizer;
   p.offload = offload;
   p.step = makespan + dp_exposed + optimizer + offload;
-  if (R.step_factor != 1) {
+  // This host's measured finalists (tune.h): the family's ratio of measured
+  // to modelled steps, and the spread that sets the margin of the finalists.
+  p.feedback = 1;
+  p.uncertainty = std::max(kMinSpread, R.spread);
+  if (!R.feedback.empty()) {
+    const std::string family = family_of(c);
+    p.feedback = feedback_factor(R, family);
+    p.uncertainty = uncertainty(R, family);
+  }
+  if (R.step_factor * p.feedback != 1) {
     for (double* part : {&p.step, &p.compute, &p.comm, &p.bubble, &p.optimizer, &p.offload}) {
-      *part *= R.step_factor;
+      *part *= R.step_factor * p.feedback;
     }
   }
   p.memory = memory_per_rank(w, c, &p.memory_parts, mach.cluster.runtime_bytes);

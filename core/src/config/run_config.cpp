@@ -215,6 +215,9 @@ std::vector<std::string> core_sections() {
       out.push_back(spec.section);
     }
   }
+  // [inference] belongs to libkolos_inference (`kolos generate`), which
+  // reads and checks its keys; the training engine does not read it.
+  out.push_back("inference");
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "kolos/core/attention_cache.h"
 #include "kolos/core/error.h"
 #include "kolos/core/layer_factory.h"
 #include "kolos/core/recompute.h"
@@ -157,6 +158,12 @@ class CausalSelfAttention : public Layer {
       auto [cos, sin] = rope_angles(positions, head_dim_, rope_theta_, q.options());
       q = apply_rope(q, cos, sin);
       k = apply_rope(k, cos, sin);
+    }
+    if (AttentionCache* cache = current_attention_cache()) {
+      // Inference: the cache keeps k and v per key/value head and attends
+      // over each sequence's cached tokens (attention_cache.h).
+      at::Tensor y = cache->attend(q, k, v);
+      return o_->forward(y.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_}));
     }
     if (groups_ > 1) {  // grouped-query attention: each k/v head serves its group
       k = k.repeat_interleave(groups_, 1);

@@ -4,13 +4,21 @@
 
 #include <torch/torch.h>
 
+#include "kolos/core/attention_cache.h"
 #include "kolos/core/layer_factory.h"
 #include "kolos/core/mesh.h"
 
 namespace kolos {
 namespace {
 thread_local bool sequence_bypassed = false;
+thread_local AttentionCache* attention_cache = nullptr;
 }  // namespace
+
+AttentionCache* current_attention_cache() { return attention_cache; }
+AttentionCacheScope::AttentionCacheScope(AttentionCache* cache) : previous_(attention_cache) {
+  attention_cache = cache;
+}
+AttentionCacheScope::~AttentionCacheScope() { attention_cache = previous_; }
 
 void SequenceStrategy::setup(const DeviceMesh& mesh, const RunConfig&) {
   group_ = mesh.group(Axis::kSP).get();
@@ -31,6 +39,8 @@ SequenceStrategy* LayerFactory::sequence() const {
 }
 
 at::Tensor LayerFactory::positions(int64_t length) const {
+  // Inference: each token's position in its own sequence (attention_cache.h).
+  if (attention_cache != nullptr) return attention_cache->positions();
   SequenceStrategy* s = sequence();
   if (s == nullptr) return torch::arange(length, torch::kInt64);
   return s->local_positions(length * s->size());

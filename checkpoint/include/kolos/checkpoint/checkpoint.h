@@ -74,8 +74,11 @@ void save_pieces(comm::ProcessGroup& group, const MeshLayout& layout, const std:
 // placement names. Throws CheckpointError (the same on every rank) naming the
 // file and dataset on a missing tensor, a shape mismatch or damage; nothing
 // is written into any tensor then. Returns the checkpoint's metadata.
+// `only_under` (e.g. "model/"): only the checkpoint's tensors whose names
+// start with it must match `pieces` and are verified; the others (the
+// optimizer's moments, for inference) are left unread.
 Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir,
-                     const std::vector<Piece>& pieces);
+                     const std::vector<Piece>& pieces, const std::string& only_under = "");
 
 // ---- a training run's checkpoints ---------------------------------------------
 

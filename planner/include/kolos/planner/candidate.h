@@ -64,6 +64,11 @@ struct Prediction {
   int crossing_groups = 0;
   // The model FLOPs of a step as Narayanan et al. count them, per GPU per second.
   double model_flops_per_gpu = 0;
+  // The factor this host's measured finalists of the plan's family applied
+  // to step (1: none; tune.h), and the step's relative uncertainty (one
+  // standard deviation of ln measured/predicted).
+  double feedback = 1;
+  double uncertainty = 0;
 };
 
 }  // namespace kolos::planner

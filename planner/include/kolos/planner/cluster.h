@@ -98,6 +98,15 @@ struct MachineRates {
   // The entry for the largest size <= group (of `sync` by default).
   double sync_seconds(int64_t group) const { return sync_seconds(sync, group); }
   static double sync_seconds(const std::map<int64_t, double>& table, int64_t group);
+  // The relative spread (one standard deviation of ln measured/predicted)
+  // the calibration measured in its own repeated measurements: the floor of
+  // a prediction's uncertainty (tune.h). 0: not measured.
+  double spread = 0;
+  // Finalists measured on this machine: per plan family (tune.h family_of),
+  // the ratios measured / model (the model's prediction without feedback),
+  // oldest first. A family's prediction is multiplied by their geometric
+  // mean (tune.h feedback_factor).
+  std::map<std::string, std::vector<double>> feedback;
   std::string source;                        // "assumed", the cluster file, or the calibration file
 
   double gemm_rate(double flops_per_product) const;

@@ -1,0 +1,357 @@
+#include "kolos/inference/engine.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+
+#include "kolos/checkpoint/checkpoint.h"
+#include "kolos/core/engine.h"
+#include "kolos/core/error.h"
+#include "kolos/core/format.h"
+#include "kolos/core/mesh.h"
+#include "kolos/core/model.h"
+#include "kolos/core/precision.h"
+#include "kolos/core/runtime.h"
+#include "kolos/inference/kv_cache.h"
+#include "kolos/modules/gpt.h"
+#include "kolos/modules/hf.h"
+
+namespace kolos::inference {
+namespace {
+
+enum Command : int64_t { kStop = 0, kStep = 1 };
+
+// Where the weights come from, read on every rank before any communication.
+struct Source {
+  std::string kind;  // "checkpoint" | "hf"
+  std::string dir;   // the checkpoint directory, or the Hugging Face directory
+  ModelConfig model;
+  modules::NamedTensors weights;  // hf: global fp32 weights by kolos name
+};
+
+Source open_source(const std::string& path) {
+  namespace fs = std::filesystem;
+  Source source;
+  if (fs::is_regular_file(fs::path(path) / "config.json")) {
+    std::ifstream file(path + "/config.json");
+    if (!file) throw Error(path + "/config.json: cannot be read", ErrorKind::kCheckpoint);
+    const std::string json((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+    modules::ImportedModel imported =
+        modules::from_hf(json, checkpoint::read_safetensors_dir(path), path);
+    source.kind = "hf";
+    source.dir = path;
+    source.model = imported.model;
+    source.weights = std::move(imported.weights);
+    return source;
+  }
+  if (!fs::exists(path)) {
+    throw Error(path + ": no such checkpoint or Hugging Face directory", ErrorKind::kCheckpoint);
+  }
+  source.kind = "checkpoint";
+  source.dir = checkpoint::resolve(path);
+  const checkpoint::Inspection inspection = checkpoint::inspect(source.dir);
+  if (inspection.meta.config_toml.empty()) {
+    throw Error(source.dir + "/index.h5: records no configuration, so its model is unknown",
+                ErrorKind::kCheckpoint);
+  }
+  source.model =
+      parse_run_config(inspection.meta.config_toml, source.dir + "/index.h5 (config)").model;
+  return source;
+}
+
+// The run an inference mesh of `ranks` ranks is: the checkpoint's model,
+// tensor parallel over every rank (tp1d), nothing else.
+RunConfig inference_run(const ModelConfig& model, int64_t ranks,
+                        std::vector<std::string> plugin_path) {
+  RunConfig config;
+  config.source = "<inference>";
+  config.model = model;
+  config.parallel.tensor.size = ranks;
+  config.parallel.tensor.mode = "1d";
+  config.train.micro_batch = 1;
+  config.train.global_batch = 1;
+  config.plugins.path = std::move(plugin_path);
+  return config;
+}
+
+}  // namespace
+
+struct InferenceEngine::Impl {
+  InferenceConfig config;
+  comm::ProcessGroupPtr world;
+  Source source;
+  RunConfig run;
+  std::unique_ptr<DeviceMesh> mesh;
+  std::shared_ptr<LayerFactory> factory;
+  std::shared_ptr<Model> model;
+  std::unique_ptr<PagedKvCache> cache;
+  std::unique_ptr<Scheduler> scheduler;
+  at::ScalarType dtype = at::kFloat;
+  int64_t num_blocks = 0, max_blocks = 0, capacity = 0;
+  at::Tensor buffer;  // the step broadcast, int64 [capacity]
+
+  void setup(const std::string& path, std::vector<std::string> plugin_path);
+  void load_weights();
+  void pack(int64_t command, const StepPlan& plan);
+  StepBatch unpack() const;
+  // Runs the batch; the logits ([rows, vocab], fp32) of each sampled
+  // chunk's last token (only rank 0's are whole under tp; others: as gathered).
+  at::Tensor forward(const StepBatch& batch);
+};
+
+void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::string> plugin_path) {
+  const int64_t ranks = world->size();
+  MeshShape shape;
+  std::string error;
+  int kind = 0;
+  try {
+    modules::register_builtin_models();
+    source = open_source(path);
+    run = inference_run(source.model, ranks, std::move(plugin_path));
+    check_model_name(run.model);
+    RunPlan plan = plan_run(run, ranks);
+    shape = plan.shape;
+    factory = std::move(plan.layers);
+    dtype = config.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    const ModelConfig& m = run.model;
+    const int64_t kv_heads = (m.name == "llama" && m.kv_heads > 0 ? m.kv_heads : m.heads) / ranks;
+    const int64_t head_dim = m.hidden / m.heads;
+    const int64_t block =
+        PagedKvCache::block_bytes(m.layers, config.block_size, kv_heads, head_dim, dtype);
+    num_blocks = config.kv_cache_memory / block;
+    max_blocks = blocks_for(m.seq_len, config.block_size);
+    if (num_blocks < max_blocks) {
+      throw ConfigError(
+          "inference.kv_cache_memory = " + detail::format_bytes(double(config.kv_cache_memory)) +
+          " holds " + std::to_string(num_blocks) + " KV blocks of " +
+          std::to_string(config.block_size) + " tokens (" + detail::format_bytes(double(block)) +
+          " each per rank for this model), fewer than one sequence of the model's context (" +
+          std::to_string(m.seq_len) + " tokens) needs: " + std::to_string(max_blocks) +
+          " blocks; set it to at least " + std::to_string(max_blocks * block) + " bytes");
+    }
+    cache = std::make_unique<PagedKvCache>(m.layers, num_blocks, config.block_size, kv_heads,
+                                           head_dim, dtype);
+    if (world->rank() == 0) {
+      scheduler = std::make_unique<Scheduler>(
+          SchedulerLimits{num_blocks, config.block_size, config.max_seqs, config.max_step_tokens,
+                          m.seq_len, m.vocab});
+    }
+    // [command, chunks, tokens] + tokens + per chunk (start, length, sample,
+    // blocks, table...).
+    capacity = 3 + config.max_step_tokens + config.max_seqs * (4 + max_blocks);
+    buffer = torch::zeros({capacity}, torch::kInt64);
+  } catch (const Error& e) {
+    error = e.what();
+    kind = static_cast<int>(e.kind());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  detail::agree_on_error(*world, error, kind);
+
+  try {
+    mesh = std::make_unique<DeviceMesh>(world, shape);
+    error.clear();
+    try {
+      factory->setup(*mesh, run);
+      torch::manual_seed(0);
+      torch::NoGradGuard no_grad;
+      model = build_model(run.model, *factory);
+    } catch (const Error& e) {
+      error = e.what();
+      kind = static_cast<int>(e.kind());
+    }
+    detail::agree_on_error(*world, error, kind);
+    load_weights();
+    if (dtype != at::kFloat) cast_parameters(*model, dtype);
+    for (auto& p : model->parameters()) p.set_requires_grad(false);
+    model->eval();
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (world->size() == 1) throw;
+    detail::abort_job(e, "while loading the model for inference");
+  }
+}
+
+void InferenceEngine::Impl::load_weights() {
+  torch::NoGradGuard no_grad;
+  const std::vector<PlacedParameter> params = model->placed_parameters();
+  if (source.kind == "checkpoint") {
+    // Each rank reads the hyperslab its placement names, whatever mesh
+    // wrote the checkpoint (checkpoint.h): resharding on load.
+    std::vector<checkpoint::Piece> pieces;
+    for (const auto& p : params)
+      pieces.push_back(checkpoint::Piece{"model/" + p.name, p.tensor, p.placement});
+    checkpoint::load_pieces(*world, source.dir, pieces, "model/");
+    return;
+  }
+  std::map<std::string, at::Tensor> weights(source.weights.begin(), source.weights.end());
+  std::string error;
+  for (const auto& p : params) {
+    auto it = weights.find(p.name);
+    if (it == weights.end()) {
+      error = source.dir + ": the import has no tensor for parameter " + p.name;
+      break;
+    }
+    p.tensor.copy_(local_piece(it->second.to(p.tensor.scalar_type()), p.placement));
+  }
+  source.weights.clear();
+  detail::agree_on_error(*world, error, static_cast<int>(ErrorKind::kCheckpoint));
+}
+
+void InferenceEngine::Impl::pack(int64_t command, const StepPlan& plan) {
+  int64_t* b = buffer.data_ptr<int64_t>();
+  int64_t n = 0;
+  b[n++] = command;
+  b[n++] = static_cast<int64_t>(plan.chunks.size());
+  b[n++] = plan.tokens();
+  for (const auto& c : plan.chunks) {
+    for (const int64_t t : c.tokens) b[n++] = t;
+  }
+  for (const auto& c : plan.chunks) {
+    b[n++] = c.start;
+    b[n++] = static_cast<int64_t>(c.tokens.size());
+    b[n++] = c.sample ? 1 : 0;
+    b[n++] = static_cast<int64_t>(c.blocks.size());
+    for (const int32_t block : c.blocks) b[n++] = block;
+  }
+  KOLOS_CHECK(n <= capacity, "a step of ", n, " words overflows the broadcast of ", capacity);
+}
+
+StepBatch InferenceEngine::Impl::unpack() const {
+  const int64_t* b = buffer.data_ptr<int64_t>();
+  StepBatch batch;
+  const int64_t chunks = b[1], tokens = b[2];
+  int64_t n = 3;
+  batch.tokens.assign(b + n, b + n + tokens);
+  n += tokens;
+  for (int64_t i = 0; i < chunks; ++i) {
+    StepChunk c;
+    c.start = b[n++];
+    c.length = b[n++];
+    c.sample = b[n++] != 0;
+    const int64_t blocks = b[n++];
+    for (int64_t j = 0; j < blocks; ++j) c.blocks.push_back(static_cast<int32_t>(b[n++]));
+    batch.chunks.push_back(std::move(c));
+  }
+  return batch;
+}
+
+at::Tensor InferenceEngine::Impl::forward(const StepBatch& batch) {
+  torch::NoGradGuard no_grad;
+  cache->begin_step(batch);
+  const size_t last = model->blocks().size() - 1;  // the head
+  at::Tensor hidden;
+  {
+    AttentionCacheScope scope(cache.get());
+    at::Tensor tokens = torch::tensor(batch.tokens, torch::kInt64).unsqueeze(0);  // [1, T]
+    hidden = model->forward(tokens, 0, last);                                     // [1, T, H]
+  }
+  std::vector<int64_t> rows;
+  int64_t row = 0;
+  for (const StepChunk& c : batch.chunks) {
+    row += c.length;
+    if (c.sample) rows.push_back(row - 1);
+  }
+  if (rows.empty()) return at::Tensor();
+  hidden = hidden.index_select(1, torch::tensor(rows, torch::kInt64));
+  at::Tensor logits = model->forward(hidden, last, last + 1)[0].to(at::kFloat);  // [R, V(local)]
+  const int64_t tp = world->size();
+  const int64_t vocab = run.model.vocab;
+  if (tp > 1) {
+    // Vocabulary-parallel head: rank r holds rows [r * chunk, ...) of the
+    // vocabulary, the last rank fewer (the placement's padding).
+    const int64_t chunk = (vocab + tp - 1) / tp;
+    at::Tensor local = torch::zeros({logits.size(0), chunk}, logits.options());
+    local.narrow(1, 0, logits.size(1)).copy_(logits);
+    at::Tensor all = torch::empty({tp, logits.size(0), chunk}, logits.options());
+    mesh->group(Axis::kTP)->all_gather_flat(all, local)->wait();
+    logits = all.permute({1, 0, 2}).reshape({logits.size(0), tp * chunk}).narrow(1, 0, vocab);
+  }
+  KOLOS_CHECK_EQ(logits.size(1), vocab, "the head's logits per token");
+  return logits.contiguous();
+}
+
+InferenceEngine::InferenceEngine(const std::string& path, const InferenceConfig& config,
+                                 comm::ProcessGroupPtr world, std::vector<std::string> plugin_path)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->config = config;
+  impl_->world = std::move(world);
+  impl_->setup(path, std::move(plugin_path));
+}
+
+InferenceEngine::~InferenceEngine() = default;
+
+bool InferenceEngine::is_driver() const { return impl_->world->rank() == 0; }
+
+Scheduler& InferenceEngine::scheduler() {
+  KOLOS_CHECK(impl_->scheduler != nullptr, "the scheduler lives on rank 0 only");
+  return *impl_->scheduler;
+}
+
+std::vector<TokenEvent> InferenceEngine::step() {
+  Scheduler& s = scheduler();
+  const StepPlan plan = s.schedule();
+  KOLOS_CHECK(!plan.empty() || !s.has_work(), "a step scheduled nothing with ", s.num_waiting(),
+              " requests waiting and ", s.num_running(), " running");
+  if (plan.empty()) return {};
+  impl_->pack(kStep, plan);
+  impl_->world->broadcast(impl_->buffer, 0)->wait();
+  const StepBatch batch = impl_->unpack();
+  at::Tensor logits = impl_->forward(batch);
+  std::vector<int64_t> sampled;
+  int64_t r = 0;
+  for (const auto& c : plan.chunks) {
+    if (!c.sample) continue;
+    at::Tensor row = logits[r++];
+    std::vector<float> values(row.data_ptr<float>(), row.data_ptr<float>() + row.numel());
+    sampled.push_back(s.sample(c.request, values));
+  }
+  return s.complete(plan, sampled);
+}
+
+void InferenceEngine::stop() {
+  impl_->pack(kStop, StepPlan{});
+  impl_->world->broadcast(impl_->buffer, 0)->wait();
+}
+
+void InferenceEngine::run(const std::function<void(const TokenEvent&)>& on_event) {
+  while (scheduler().has_work()) {
+    for (const TokenEvent& e : step()) {
+      if (on_event) on_event(e);
+    }
+  }
+  stop();
+}
+
+void InferenceEngine::follow() {
+  KOLOS_CHECK(!is_driver(), "follow() is for the ranks other than 0");
+  while (true) {
+    impl_->world->broadcast(impl_->buffer, 0)->wait();
+    if (impl_->buffer.data_ptr<int64_t>()[0] == kStop) return;
+    impl_->forward(impl_->unpack());
+  }
+}
+
+const ModelConfig& InferenceEngine::model() const { return impl_->run.model; }
+int64_t InferenceEngine::num_blocks() const { return impl_->num_blocks; }
+
+std::string InferenceEngine::describe() const {
+  const ModelConfig& m = impl_->run.model;
+  std::ostringstream out;
+  out << m.name << " (" << m.layers << " layers, hidden " << m.hidden << ", heads " << m.heads;
+  if (m.name == "llama") out << ", kv_heads " << m.kv_heads;
+  out << ", vocab " << m.vocab << ", context " << m.seq_len << ") from " << impl_->source.kind
+      << " " << impl_->source.dir << " | " << impl_->factory->name() << " over "
+      << impl_->world->size() << " rank" << (impl_->world->size() == 1 ? "" : "s") << " | "
+      << impl_->config.precision << " | KV cache " << impl_->num_blocks << " blocks of "
+      << impl_->config.block_size << " tokens";
+  return out.str();
+}
+
+}  // namespace kolos::inference

@@ -1,0 +1,139 @@
+// Finalists, uncertainty and feedback (tune.h, docs/planner.md "Finalists").
+#include "kolos/planner/tune.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "kolos/core/error.h"
+
+namespace kolos::planner {
+
+std::string family_of(const Candidate& c) {
+  std::string out = "tp=";
+  out += c.tp > 1 ? to_string(c.tp_mode) : "none";
+  out += " sp=";
+  out += c.sp_mode == SpMode::kMegatron ? "megatron" : c.sp > 1 ? to_string(c.sp_mode) : "none";
+  out += " zero=" + std::to_string(c.zero);
+  out += " pp=";
+  out += c.pp > 1 ? to_string(c.schedule) : "none";
+  return out;
+}
+
+bool valid_family(const std::string& text, std::string* why) {
+  // Every family family_of can write, enumerated: the file's check and its
+  // error message come from the same table.
+  static const std::vector<std::string> tp = {"none", "1d", "2d", "2.5d", "3d"};
+  static const std::vector<std::string> sp = {"none", "ulysses", "ring", "megatron", "hybrid"};
+  static const std::vector<std::string> pp = {"none", "gpipe", "1f1b", "interleaved", "zb"};
+  std::istringstream in(text);
+  std::string parts[4], extra;
+  in >> parts[0] >> parts[1] >> parts[2] >> parts[3];
+  const auto value = [&](const std::string& part, const std::string& key,
+                         const std::vector<std::string>& valid) {
+    if (part.rfind(key + "=", 0) != 0) return false;
+    const std::string v = part.substr(key.size() + 1);
+    return std::find(valid.begin(), valid.end(), v) != valid.end();
+  };
+  const bool ok = !(in >> extra) && value(parts[0], "tp", tp) && value(parts[1], "sp", sp) &&
+                  value(parts[2], "zero", {"0", "1", "2", "3"}) && value(parts[3], "pp", pp);
+  if (!ok && why != nullptr) {
+    *why = "\"" + text +
+           "\" is not a plan family; expected \"tp=T sp=S zero=Z pp=P\" with T one of none, 1d, "
+           "2d, 2.5d, 3d; S one of none, ulysses, ring, megatron, hybrid; Z 0-3; P one of none, "
+           "gpipe, 1f1b, interleaved, zb";
+  }
+  return ok;
+}
+
+double feedback_factor(const MachineRates& rates, const std::string& family) {
+  const auto it = rates.feedback.find(family);
+  if (it == rates.feedback.end() || it->second.empty()) return 1.0;
+  double sum = 0;
+  for (const double r : it->second) sum += std::log(r);
+  return std::exp(sum / static_cast<double>(it->second.size()));
+}
+
+double uncertainty(const MachineRates& rates, const std::string& family) {
+  const double floor = std::max(kMinSpread, rates.spread);
+  // Per family: the mean of its ln ratios and the squares about it.
+  double within = 0, misses = 0;
+  int64_t within_n = 0, families = 0;
+  for (const auto& [f, ratios] : rates.feedback) {
+    if (ratios.empty()) continue;
+    double mean = 0;
+    for (const double x : ratios) mean += std::log(x);
+    mean /= static_cast<double>(ratios.size());
+    misses += mean * mean, ++families;
+    for (const double x : ratios) within += (std::log(x) - mean) * (std::log(x) - mean);
+    within_n += static_cast<int64_t>(ratios.size()) - 1;
+  }
+  const auto it = rates.feedback.find(family);
+  if (it == rates.feedback.end() || it->second.empty()) {
+    // Uncorrected: how far the model missed the families measured here.
+    return families > 0 ? std::max(floor, std::sqrt(misses / static_cast<double>(families)))
+                        : floor;
+  }
+  // Corrected by its own ratios: what is left is their scatter, this
+  // family's when it has two or more, else every family's pooled.
+  const std::vector<double>& r = it->second;
+  double sigma = floor;
+  if (within_n > 0) sigma = std::max(sigma, std::sqrt(within / static_cast<double>(within_n)));
+  if (r.size() >= 2) {
+    double mean = 0, sq = 0;
+    for (const double x : r) mean += std::log(x);
+    mean /= static_cast<double>(r.size());
+    for (const double x : r) sq += (std::log(x) - mean) * (std::log(x) - mean);
+    sigma = std::max(floor, std::sqrt(sq / static_cast<double>(r.size() - 1)));
+  }
+  return sigma;
+}
+
+void add_feedback(MachineRates& rates, const std::string& family, double ratio) {
+  std::string why;
+  if (!valid_family(family, &why)) throw ConfigError("feedback: " + why);
+  if (!std::isfinite(ratio) || ratio <= 0) {
+    throw ConfigError("feedback for \"" + family + "\": the ratio " + std::to_string(ratio) +
+                      " is not a positive number");
+  }
+  std::vector<double>& r = rates.feedback[family];
+  r.push_back(ratio);
+  if (r.size() > kFeedbackKept) r.erase(r.begin(), r.end() - kFeedbackKept);
+}
+
+double margin_of(const Predicted& best, const Predicted& plan, double sigmas) {
+  return std::exp(sigmas * std::hypot(best.uncertainty, plan.uncertainty)) - 1;
+}
+
+std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_t k,
+                                     double sigmas) {
+  KOLOS_CHECK(k >= 1, "select_finalists: k must be >= 1, got " + std::to_string(k));
+  std::vector<size_t> out;
+  if (plans.empty()) return out;
+  // The best prediction (the search's order may put a plan within 1% first
+  // for fewer node-crossing groups).
+  size_t best = 0;
+  for (size_t i = 1; i < plans.size(); ++i) {
+    if (plans[i].step < plans[best].step) best = i;
+  }
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const bool top = static_cast<int64_t>(i) < k;
+    const bool within =
+        plans[i].step <= plans[best].step * (1 + margin_of(plans[best], plans[i], sigmas));
+    if (top || within) out.push_back(i);
+  }
+  return out;
+}
+
+int64_t fastest(const std::vector<Trial>& trials) {
+  int64_t best = -1;
+  for (size_t i = 0; i < trials.size(); ++i) {
+    if (!trials[i].skipped.empty() || !(trials[i].measured > 0)) continue;
+    if (best < 0 || trials[i].measured < trials[static_cast<size_t>(best)].measured) {
+      best = static_cast<int64_t>(i);
+    }
+  }
+  return best;
+}
+
+}  // namespace kolos::planner
