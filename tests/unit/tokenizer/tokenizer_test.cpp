@@ -472,6 +472,10 @@ TEST_F(TokenizerTest, PrepareTokenFile) {
     EXPECT_NE(std::string(e.what()).find("names no end-of-text token (eos)"), std::string::npos);
   }
   EXPECT_EQ(prepare_token_file({a}, out, *plain).tokens, 2);  // one document needs no eos
+  // A vocabulary entry spelled like an eos, but not a special added token,
+  // is not one.
+  no_eos["model"]["vocab"]["<|endoftext|>"] = 299;
+  EXPECT_FALSE(open_tokenizer(write_json(no_eos, "learned.json"))->eos_id().has_value());
   EXPECT_THROW(prepare_token_file({write("empty.txt", "")}, out, *tok), kolos::DataError);
   for (const auto& entry : fs::directory_iterator(dir_)) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos);

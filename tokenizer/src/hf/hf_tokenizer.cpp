@@ -335,9 +335,13 @@ class HfTokenizer : public Tokenizer {
       bos_ = named("bos_token");
       eos_ = named("eos_token");
     }
+    // Only special added tokens qualify: a BPE vocabulary may hold
+    // "<|endoftext|>" as ordinary text it learned.
     auto first_of = [&](std::initializer_list<const char*> names) -> std::optional<TokenId> {
       for (const char* name : names) {
-        if (const auto id = token_to_id(name)) return id;
+        for (const AddedToken& t : added_) {
+          if (t.special && t.content == name) return t.id;
+        }
       }
       return std::nullopt;
     };
