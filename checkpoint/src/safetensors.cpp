@@ -18,7 +18,7 @@
 
 #include "kolos/checkpoint/checkpoint.h"
 #include "kolos/config.h"
-#include "kolos/core/dtype.h"
+#include "kolos/core/dtype_torch.h"
 #include "kolos/core/mesh_layout.h"
 #include "store_detail.h"
 
@@ -31,16 +31,6 @@ namespace {
 // Headers of real models are a few MB (a tensor entry is ~100 bytes); this
 // bounds what a malformed length makes us allocate.
 constexpr uint64_t kMaxHeaderBytes = 256ull << 20;
-
-// The dtype table's row for a safetensors tag ("F32", "BF16", ...).
-const DtypeInfo* dtype_of_tag(const std::string& tag) {
-  for (const char* name : {"float32", "float64", "bfloat16", "float16", "int64", "int32", "uint8",
-                           "int8", "bool"}) {
-    const DtypeInfo* d = find_dtype(name);
-    if (d != nullptr && tag == d->safetensors) return d;
-  }
-  return nullptr;
-}
 
 struct Entry {
   std::string name;
@@ -59,7 +49,8 @@ NamedTensors read_safetensors(const std::string& file) {
   in.seekg(0);
   uint64_t header_size = 0;
   if (file_size < 8 || !in.read(reinterpret_cast<char*>(&header_size), 8)) {
-    throw CheckpointError(file + ": not a safetensors file (shorter than its 8-byte header length)");
+    throw CheckpointError(file +
+                          ": not a safetensors file (shorter than its 8-byte header length)");
   }
   if (header_size > kMaxHeaderBytes || header_size > file_size - 8) {
     throw CheckpointError(file + ": not a safetensors file (header length " +
@@ -85,8 +76,9 @@ NamedTensors read_safetensors(const std::string& file) {
     e.name = name;
     try {
       const std::string tag = info.at("dtype").get<std::string>();
-      e.dtype = dtype_of_tag(tag);
-      if (e.dtype == nullptr) throw CheckpointError(where + " has dtype " + tag + ", which kolos cannot read");
+      e.dtype = find_dtype_by_safetensors(tag);
+      if (e.dtype == nullptr)
+        throw CheckpointError(where + " has dtype " + tag + ", which kolos cannot read");
       uint64_t numel = 1;
       for (const auto& d : info.at("shape")) {
         const int64_t v = d.get<int64_t>();
@@ -108,9 +100,8 @@ NamedTensors read_safetensors(const std::string& file) {
                               std::to_string(data_size) + " data bytes");
       }
       if (e.end - e.begin != numel * static_cast<uint64_t>(e.dtype->size)) {
-        throw CheckpointError(where + ": " + std::to_string(e.end - e.begin) +
-                              " bytes for shape " + info.at("shape").dump() + " of " +
-                              e.dtype->name);
+        throw CheckpointError(where + ": " + std::to_string(e.end - e.begin) + " bytes for shape " +
+                              info.at("shape").dump() + " of " + e.dtype->name);
       }
     } catch (const json::exception& ex) {
       throw CheckpointError(where + ": malformed entry " + info.dump() + " (" + ex.what() + ")");
@@ -128,7 +119,7 @@ NamedTensors read_safetensors(const std::string& file) {
 
   NamedTensors out;
   for (const Entry& e : entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype->scalar));
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(scalar_type(*e.dtype)));
     in.seekg(static_cast<std::streamoff>(8 + header_size + e.begin));
     if (!in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin))) {
       throw CheckpointError(file + ": tensor `" + e.name + "` is cut short");
@@ -161,7 +152,8 @@ NamedTensors read_safetensors_dir(const std::string& dir) {
   std::set<std::string> shards;
   for (const auto& [name, file] : index["weight_map"].items()) {
     if (!file.is_string()) {
-      throw CheckpointError(index_path.string() + ": weight_map[\"" + name + "\"] is not a file name");
+      throw CheckpointError(index_path.string() + ": weight_map[\"" + name +
+                            "\"] is not a file name");
     }
     const std::string f = file.get<std::string>();
     if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {

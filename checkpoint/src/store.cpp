@@ -36,7 +36,7 @@
 #include "crc32c.h"
 #include "h5.h"
 #include "kolos/config.h"
-#include "kolos/core/dtype.h"
+#include "kolos/core/dtype_torch.h"
 #include "kolos/core/runtime.h"
 #include "store_detail.h"
 

@@ -12,7 +12,7 @@
 
 #include "h5.h"
 #include "kolos/checkpoint/checkpoint.h"
-#include "kolos/core/dtype.h"
+#include "kolos/core/dtype_torch.h"
 #include "store_detail.h"
 
 namespace fs = std::filesystem;
@@ -176,7 +176,7 @@ ModelWeights read_model_weights(const std::string& path) {
   const auto scalar_type = [&](const std::string& dtype, const std::string& where) {
     const DtypeInfo* d = find_dtype(dtype);
     if (d == nullptr) throw CheckpointError(where + ": unknown dtype " + dtype);
-    return d->scalar;
+    return kolos::scalar_type(*d);
   };
   ModelWeights weights;
   weights.meta = index.meta;

@@ -1,21 +1,16 @@
+// The torch-free side of the dtype table (kolos/core/dtype.h), in
+// libkolos_base.
 #include "kolos/core/dtype.h"
 
 namespace kolos {
 namespace {
 
 #define KOLOS_DTYPE_INFO(name, scalar, size, safetensors, mpi, h5_file, h5_memory) \
-  DtypeInfo{name, scalar, size, safetensors},
+  DtypeInfo{name, size, safetensors},
 constexpr DtypeInfo kDtypes[] = {KOLOS_DTYPES(KOLOS_DTYPE_INFO)};
 #undef KOLOS_DTYPE_INFO
 
 }  // namespace
-
-const DtypeInfo* find_dtype(at::ScalarType type) {
-  for (const auto& d : kDtypes) {
-    if (d.scalar == type) return &d;
-  }
-  return nullptr;
-}
 
 const DtypeInfo* find_dtype(const std::string& name) {
   for (const auto& d : kDtypes) {
@@ -24,9 +19,11 @@ const DtypeInfo* find_dtype(const std::string& name) {
   return nullptr;
 }
 
-std::string dtype_name(at::ScalarType type) {
-  const DtypeInfo* d = find_dtype(type);
-  return d ? d->name : c10::toString(type);
+const DtypeInfo* find_dtype_by_safetensors(const std::string& tag) {
+  for (const auto& d : kDtypes) {
+    if (tag == d.safetensors) return &d;
+  }
+  return nullptr;
 }
 
 std::string dtype_names() {

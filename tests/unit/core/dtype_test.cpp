@@ -1,6 +1,7 @@
-// The dtype table (kolos/core/dtype.h): one row per dtype, consistent with
-// LibTorch's own sizes, found by ScalarType and by name.
-#include "kolos/core/dtype.h"
+// The dtype table (kolos/core/dtype.h, and its LibTorch side dtype_torch.h):
+// one row per dtype, consistent with LibTorch's own sizes, found by
+// ScalarType, by name and by safetensors tag.
+#include "kolos/core/dtype_torch.h"
 
 #include <c10/core/ScalarType.h>
 #include <gtest/gtest.h>
@@ -19,7 +20,8 @@ TEST(DtypeTable, EveryHandledTypeHasOneRowWithLibTorchsSize) {
   for (at::ScalarType type : kHandled) {
     const DtypeInfo* d = find_dtype(type);
     ASSERT_NE(d, nullptr) << c10::toString(type);
-    EXPECT_EQ(d->scalar, type);
+    EXPECT_EQ(scalar_type(*d), type);
+    EXPECT_EQ(find_dtype_by_safetensors(d->safetensors), d) << d->name;
     EXPECT_EQ(d->size, static_cast<int64_t>(c10::elementSize(type))) << d->name;
     EXPECT_EQ(find_dtype(std::string(d->name)), d) << d->name;
     EXPECT_EQ(dtype_name(type), d->name);
@@ -46,6 +48,7 @@ TEST(DtypeTable, UnknownTypesAndNamesAreNotFound) {
   EXPECT_EQ(find_dtype(at::kComplexFloat), nullptr);
   EXPECT_EQ(find_dtype(std::string("complex64")), nullptr);
   EXPECT_EQ(find_dtype(std::string("")), nullptr);
+  EXPECT_EQ(find_dtype_by_safetensors("C64"), nullptr);
   EXPECT_EQ(dtype_name(at::kComplexFloat), "ComplexFloat");
   EXPECT_EQ(dtype_names().rfind("float32, ", 0), 0u) << dtype_names();
 }

@@ -59,16 +59,16 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <string>
-#include <future>
 #include <thread>
 #include <utility>
 
 #include "kolos/core/comm/counters.h"
 #include "kolos/core/comm/mpi.h"
 #include "kolos/core/comm/watchdog.h"
-#include "kolos/core/dtype.h"
+#include "kolos/core/dtype_torch.h"
 #include "kolos/core/error.h"
 
 namespace kolos::comm {
@@ -99,7 +99,7 @@ bool mpi_finalized() {
 // MPI_DATATYPE_NULL for the 16-bit floats, which travel as HalfTypes::type().
 MPI_Datatype table_datatype(at::ScalarType type) {
 #define KOLOS_MPI_DATATYPE(name, scalar, size, safetensors, mpi, h5_file, h5_memory) \
-  case scalar:                                                                       \
+  case at::ScalarType::scalar:                                                       \
     return mpi;
   switch (type) {
     KOLOS_DTYPES(KOLOS_MPI_DATATYPE)
@@ -297,7 +297,7 @@ std::string describe_on(const GroupIdentity& id, const std::string& what) {
 struct Op {
   std::shared_ptr<MpiWork> work;
   OpType type = OpType::kBarrier;
-  uint64_t bytes = 0;  // added to the byte counter on success
+  uint64_t bytes = 0;   // added to the byte counter on success
   bool counted = true;  // false: not an operation on tensors (split), not in stats()
   // Collectives: the whole blocking operation; the Work describes it in errors.
   std::function<void(const MpiWork&)> run;
@@ -332,7 +332,8 @@ std::string describe_world_ranks(MPI_Comm comm, int size) {
   constexpr int kShown = 16;
   std::string out;
   for (int i = 0; i < size && i < kShown; ++i) {
-    out += (i ? "," : "") + (global[i] == MPI_UNDEFINED ? std::string("?") : std::to_string(global[i]));
+    out += (i ? "," : "") +
+           (global[i] == MPI_UNDEFINED ? std::string("?") : std::to_string(global[i]));
   }
   if (size > kShown) out += ",... (" + std::to_string(size) + " ranks)";
   return out;
@@ -1094,10 +1095,9 @@ class ProcessGroupMPI final : public ProcessGroup {
     // Plain pointers (16 bytes: std::function stores them without
     // allocating): the watchdog calls this only before watchdog_end below,
     // while op.work and the group are alive.
-    const uint64_t watch = watchdog_begin(
-        [work = op.work.get(), ranks = &world_ranks_] {
-          return work->what() + " (world ranks " + *ranks + ")";
-        });
+    const uint64_t watch = watchdog_begin([work = op.work.get(), ranks = &world_ranks_] {
+      return work->what() + " (world ranks " + *ranks + ")";
+    });
     try {
       op.run(*op.work);
       if (op.counted) counters_.add(op.type, op.bytes);
@@ -1126,8 +1126,9 @@ class ProcessGroupMPI final : public ProcessGroup {
     transfer.type = op.type;
     transfer.bytes = op.bytes;
     transfer.datatype = datatype(op.tensor);
-    transfer.watch = watchdog_begin(
-        [work = op.work, ranks = world_ranks_] { return work->what() + " (world ranks " + ranks + ")"; });
+    transfer.watch = watchdog_begin([work = op.work, ranks = world_ranks_] {
+      return work->what() + " (world ranks " + ranks + ")";
+    });
     char* data = bytes_of(op.tensor);
     const int64_t element = op.tensor.element_size();
     for (const auto& [offset, count] : chunks(op.tensor.numel())) {
