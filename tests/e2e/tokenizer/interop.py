@@ -17,7 +17,8 @@ packages (tests/e2e/tokenizer/CMakeLists.txt, label interop).
    invalid bytes (tokenizer.h).
 4. `kolos data prepare --tokenizer` over three document files must write
    the Python package's ids: doc1 + [eos] + doc2 + [eos] + doc3, as uint16
-   (vocab <= 65536) or uint32.
+   (vocab <= 65536) or uint32 (a GPT-2-style tokenizer widened to 66,001
+   ids, its eos named by a tokenizer_config.json).
 
 Usage: interop.py TOKENIZER_LINES KOLOS WORK
 """
@@ -286,6 +287,28 @@ def main():
                 json.dump({"bos_token": "<|begin_of_text|>", "eos_token": eos_token}, f)
         check_prepare(name, kolos, directory, docs, lambda t: tok.encode(t).ids, eos,
                       tok.get_vocab_size(with_added_tokens=True), work)
+
+    # A vocabulary past 65536 ids: the GPT-2-style tokenizer widened with
+    # unused tokens and an eos at id 66000, so data prepare writes uint32.
+    with open(os.path.join(work, "gpt2", "tokenizer.json")) as f:
+        spec = json.load(f)
+    vocab = spec["model"]["vocab"]
+    for i in range(len(vocab), 66000):
+        vocab[f"<unused{i}>"] = i
+    vocab["<|big|>"] = 66000
+    spec["added_tokens"].append({"id": 66000, "content": "<|big|>", "single_word": False,
+                                 "lstrip": False, "rstrip": False, "normalized": False,
+                                 "special": True})
+    wide = os.path.join(work, "gpt2_wide")
+    os.makedirs(wide, exist_ok=True)
+    with open(os.path.join(wide, "tokenizer.json"), "w") as f:
+        json.dump(spec, f)
+    with open(os.path.join(wide, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|big|>"}, f)
+    tok = Tokenizer.from_file(os.path.join(wide, "tokenizer.json"))
+    assert tok.get_vocab_size(with_added_tokens=True) == 66001
+    check_prepare("gpt2_wide", kolos, wide, docs, lambda t: tok.encode(t).ids,
+                  tok.token_to_id("<|big|>"), tok.get_vocab_size(with_added_tokens=True), work)
 
     for model_type in ("bpe", "unigram"):
         name = f"sentencepiece_{model_type}"
