@@ -8,10 +8,12 @@
 # Builds nothing: it needs build/bin/kolos (ninja -C build kolos) and the
 # virtual environment with `tokenizers` (scripts/install-venv.sh; KOLOS_VENV,
 # default .cache/torch-venv). Writes --documents files of --megabytes in
-# all, trains a GPT-2-style byte-level BPE on them, then runs both --reps
-# times, alternating which goes first. Printed: the corpus, each side's
-# read-and-encode time (median, and every run), tokens/s and MB/s, and
-# kolos/tokenizers (above 1: kolos is faster). The ids must be identical.
+# all, trains a GPT-2-style byte-level BPE on the first, then runs, --reps
+# times each and alternating the order: kolos on the documents, the package
+# on the same documents (the ids must be identical), and the package on the
+# same text split into lines (its fast case; throughput only). Printed: the
+# corpus, each one's read-and-encode time (median, and every run), tokens/s
+# and MB/s, and kolos/tokenizers for both (above 1: kolos is faster).
 # bench/tokenizer/bench.py says what exactly is timed.
 set -euo pipefail
 
@@ -24,7 +26,7 @@ while [[ $# -gt 0 ]]; do
     --documents) documents=$2 ;;
     --reps) reps=$2 ;;
     --build) build=$2 ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_tokenizer_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2

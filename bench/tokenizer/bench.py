@@ -6,10 +6,13 @@ Usage: bench.py KOLOS WORK MEGABYTES DOCUMENTS REPS
 Writes DOCUMENTS files of about MEGABYTES in all (the interop test's corpus
 generator: English, CJK, emoji, whitespace runs, code, invalid bytes),
 trains a GPT-2-style byte-level BPE (vocab 8000) on the first of them, then
-REPS times, alternating which goes first: kolos writes the token file; the
+REPS times, alternating the order: kolos writes the token file; the
 package reads the same files, decodes them with errors="replace",
 encode_batch()es them (its Rust thread pool, as kolos uses one thread per
-document) and joins the ids with eos between documents. Times compared: the
+document) and joins the ids with eos between documents; and, as a
+throughput reference, the package encode_batch()es the same text split into
+lines (many short inputs, its fast case; token boundaries differ at line
+ends). Times compared: the
 read-and-encode time of each (kolos reports its own; the package's is
 measured around its read + encode_batch), medians over REPS. The two token
 streams must be identical.
@@ -65,8 +68,9 @@ def main():
           f"tokenizers {__import__('tokenizers').__version__}")
 
     out = os.path.join(work, "kolos.bin")
-    kolos_times, python_times = [], []
+    kolos_times, python_times, line_times = [], [], []
     python_ids = None
+    line_tokens = 0
 
     def run_kolos():
         run = subprocess.run([kolos, "data", "prepare", *docs, "--tokenizer", tok_path, "-o", out],
@@ -90,8 +94,23 @@ def main():
             ids += e.ids
         python_ids = ids
 
+    def run_python_lines():
+        # The same bytes as many short texts (one per line, its newline kept):
+        # the package's fast case. Token boundaries differ at line ends, so
+        # this is a throughput reference, not an identity check.
+        nonlocal line_tokens
+        start = time.perf_counter()
+        texts = []
+        for p in docs:
+            with open(p, "rb") as f:
+                texts += f.read().decode("utf-8", errors="replace").splitlines(keepends=True)
+        encodings = tok.encode_batch(texts)
+        line_times.append(time.perf_counter() - start)
+        line_tokens = sum(len(e.ids) for e in encodings)
+
     for r in range(reps):
-        for step in ((run_kolos, run_python) if r % 2 == 0 else (run_python, run_kolos)):
+        steps = (run_kolos, run_python, run_python_lines)
+        for step in (steps if r % 2 == 0 else steps[::-1]):
             step()
     got = array.array("H")
     with open(out, "rb") as f:
@@ -105,7 +124,12 @@ def main():
           f"{total / k / 1e6:.1f} MB/s  (runs: {', '.join(f'{t:.3f}' for t in kolos_times)})")
     print(f"tokenizers encode_batch:        {p:.3f} s  {tokens / p / 1e6:.2f} M tokens/s  "
           f"{total / p / 1e6:.1f} MB/s  (runs: {', '.join(f'{t:.3f}' for t in python_times)})")
-    print(f"kolos / tokenizers throughput: {p / k:.2f}")
+    q = statistics.median(line_times)
+    print(f"tokenizers encode_batch, lines: {q:.3f} s  {line_tokens / q / 1e6:.2f} M tokens/s  "
+          f"{total / q / 1e6:.1f} MB/s  (runs: {', '.join(f'{t:.3f}' for t in line_times)}; "
+          f"{line_tokens} tokens)")
+    print(f"kolos / tokenizers throughput (MB/s): {p / k:.2f} on the same documents, "
+          f"{q / k:.2f} against the package on lines")
 
 
 if __name__ == "__main__":
