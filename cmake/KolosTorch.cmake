@@ -30,7 +30,24 @@ set(KOLOS_VENV "${PROJECT_SOURCE_DIR}/.cache/torch-venv" CACHE PATH
     "Virtual environment with the torch wheel (scripts/install-venv.sh; KOLOS_TORCH=wheel)")
 
 if(KOLOS_TORCH STREQUAL "system")
+  # LibTorch's CMake (Caffe2's public/cuda.cmake) changes two variables of
+  # this scope for the .cu files of a torch extension: it sets a defined
+  # CMAKE_CUDA_ARCHITECTURES to OFF ("pytorch is not compatible with
+  # CMAKE_CUDA_ARCHITECTURES"), and appends to CMAKE_CUDA_FLAGS one -gencode
+  # per entry of TORCH_CUDA_ARCH_LIST (by default every architecture the
+  # LibTorch was built for, 11 for the 2.15 wheel) with its nvcc options.
+  # kolos's .cu files include no LibTorch: they are compiled for the
+  # architectures the user (or Spack's cuda_arch) gave, and nothing else.
+  # So both are put back: the value CMakeLists.txt read before this file,
+  # or the cache entry (unset drops the OFF that hides it).
+  set(kolos_cuda_flags "${CMAKE_CUDA_FLAGS}")
   find_package(Torch REQUIRED)
+  set(CMAKE_CUDA_FLAGS "${kolos_cuda_flags}")
+  if(DEFINED KOLOS_CUDA_ARCHITECTURES_GIVEN)
+    set(CMAKE_CUDA_ARCHITECTURES "${KOLOS_CUDA_ARCHITECTURES_GIVEN}")
+  else()
+    unset(CMAKE_CUDA_ARCHITECTURES)
+  endif()
   set(KOLOS_TORCH_VERSION "${Torch_VERSION}")
   # A pip PyTorch finds its CUDA libraries (site-packages/nvidia/*/lib)
   # through its RPATH. The linker resolves libtorch_cuda.so's dependencies
