@@ -8,8 +8,10 @@ packages (tests/e2e/tokenizer/CMakeLists.txt, label interop).
    TemplateProcessing that puts <|begin_of_text|> first), Qwen-style (its
    Split regex, its NFC normalizer, special tokens, added non-special tokens
    with lstrip / rstrip / single_word), a byte-fallback BPE (NFKC, no
-   ByteLevel; <0xXX> tokens) and SentencePiece BPE and unigram models with
-   byte_fallback.
+   ByteLevel; <0xXX> tokens), a LLaMA-2-style one as Hugging Face converts
+   it (Prepend and Replace normalizers for "▁", byte fallback, the
+   Replace/ByteFallback/Fuse/Strip decoders, <s> first) and SentencePiece
+   BPE and unigram models with byte_fallback.
 3. For each, `tokenizer_lines` (kolos) encodes and decodes every line;
    the Python package must give the same ids and the same decoded text.
    Lines are raw bytes split on b"\\n"; the Python side feeds
@@ -191,6 +193,25 @@ def byte_fallback(lines):
     return Tokenizer.from_str(json.dumps(spec)), "</s>"
 
 
+def llama2(lines):
+    # LLaMA-2 / Mistral as Hugging Face converts them: no pre-tokenizer, "▁"
+    # for spaces by normalizers, byte fallback, <s> first.
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                           normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    train_bpe(tok, lines, ["<unk>", "<s>", "</s>"], limit_alphabet=150)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok, "</s>"
+
+
 def sentencepiece_model(lines, work, model_type):
     prefix = os.path.join(work, f"sp_{model_type}")
     spm.SentencePieceTrainer.train(
@@ -266,7 +287,8 @@ def main():
             f.write(b"\n".join(lines[k * third:(k + 1) * third]))
         docs.append(path)
 
-    hf = {"gpt2": gpt2, "llama3": llama3, "qwen2": qwen2, "byte_fallback": byte_fallback}
+    hf = {"gpt2": gpt2, "llama3": llama3, "qwen2": qwen2, "byte_fallback": byte_fallback,
+          "llama2": llama2}
     for name, make in hf.items():
         tok, eos_token = make(lines)
         directory = os.path.join(work, name)

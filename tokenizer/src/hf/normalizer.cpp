@@ -1,11 +1,14 @@
-// Unicode normalizers through ICU's Normalizer2 (normalizer.h).
+// Normalizers (normalizer.h): the Unicode forms through ICU, Prepend, Replace.
 #include "normalizer.h"
 
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/stringpiece.h>
 
+#include <optional>
 #include <vector>
+
+#include "regex.h"
 
 namespace kolos::tokenizer::hf {
 namespace {
@@ -61,6 +64,43 @@ class SequenceNormalizer : public Normalizer {
   std::vector<std::unique_ptr<Normalizer>> steps_;
 };
 
+// Prepend: `prepend` in front of every non-empty piece (LLaMA-2's "▁").
+class PrependNormalizer : public Normalizer {
+ public:
+  explicit PrependNormalizer(std::string prepend) : prepend_(std::move(prepend)) {}
+  std::string apply(const std::string& text) const override {
+    return text.empty() ? text : prepend_ + text;
+  }
+
+ private:
+  std::string prepend_;
+};
+
+// Replace: every match of the pattern by `content`.
+class ReplaceNormalizer : public Normalizer {
+ public:
+  ReplaceNormalizer(Regex regex, std::string content)
+      : regex_(std::move(regex)), content_(std::move(content)) {}
+  std::string apply(const std::string& text) const override {
+    std::vector<std::pair<size_t, size_t>> found;
+    regex_.find_all(text, &found);
+    if (found.empty()) return text;
+    std::string out;
+    size_t last = 0;
+    for (const auto& [s, e] : found) {
+      out.append(text, last, s - last);
+      out += content_;
+      last = e;
+    }
+    out.append(text, last, std::string::npos);
+    return out;
+  }
+
+ private:
+  Regex regex_;
+  std::string content_;
+};
+
 }  // namespace
 
 std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& where) {
@@ -68,6 +108,32 @@ std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& where) 
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     check_keys(j, where, {"type"});
     return std::make_unique<UnicodeNormalizer>(type, where.key("type"));
+  }
+  if (type == "Prepend") {
+    check_keys(j, where, {"type", "prepend"});
+    const auto prepend = get_string(j, "prepend", where);
+    if (!prepend) where.key("prepend").fail("is missing");
+    return std::make_unique<PrependNormalizer>(*prepend);
+  }
+  if (type == "Replace") {
+    check_keys(j, where, {"type", "pattern", "content"});
+    const Where at = where.key("pattern");
+    const auto it = j.find("pattern");
+    if (it == j.end() || !it->is_object() || it->size() != 1) {
+      at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}");
+    }
+    std::string pattern;
+    if (const auto regex = get_string(*it, "Regex", at)) {
+      pattern = *regex;
+    } else if (const auto literal = get_string(*it, "String", at)) {
+      pattern = escape_regex(*literal);
+    } else {
+      at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}, found " + short_dump(*it));
+    }
+    if (pattern.empty()) at.fail("must not be empty");
+    const auto content = get_string(j, "content", where);
+    if (!content) where.key("content").fail("is missing");
+    return std::make_unique<ReplaceNormalizer>(Regex(pattern, at.str()), *content);
   }
   if (type == "Sequence") {
     check_keys(j, where, {"type", "normalizers"});
@@ -81,7 +147,7 @@ std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& where) 
     if (steps.empty()) return nullptr;
     return std::make_unique<SequenceNormalizer>(std::move(steps));
   }
-  unsupported_type(where, type, {"NFC", "NFD", "NFKC", "NFKD", "Sequence"});
+  unsupported_type(where, type, {"NFC", "NFD", "NFKC", "NFKD", "Prepend", "Replace", "Sequence"});
 }
 
 }  // namespace kolos::tokenizer::hf

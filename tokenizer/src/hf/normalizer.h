@@ -1,4 +1,5 @@
-// tokenizer.json "normalizer": the Unicode normalization forms (ICU).
+// tokenizer.json "normalizer": the Unicode normalization forms (ICU),
+// Prepend and Replace (LLaMA-2's "▁" for spaces), Sequence.
 #pragma once
 
 #include <memory>
@@ -14,7 +15,8 @@ class Normalizer {
   virtual std::string apply(const std::string& text) const = 0;
 };
 
-// The normalizer `j` describes (NFC, NFD, NFKC, NFKD, a Sequence of them);
+// The normalizer `j` describes (NFC, NFD, NFKC, NFKD, Prepend, Replace, a
+// Sequence of them);
 // nullptr for the identity (an empty Sequence). Refuses the other types.
 std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& where);
 

@@ -105,17 +105,6 @@ void split_piece(const std::string& piece, const Regex& regex, Behavior behavior
   }
 }
 
-// A regex that matches `literal` exactly.
-std::string escape_literal(const std::string& literal) {
-  std::string out;
-  for (const char c : literal) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x80 && !std::isalnum(u)) out += '\\';
-    out += c;
-  }
-  return out;
-}
-
 constexpr char kGpt2Pattern[] =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -198,7 +187,7 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const Json& j, const Where& wh
     if (const auto regex = get_string(*it, "Regex", at)) {
       pattern = *regex;
     } else if (const auto literal = get_string(*it, "String", at)) {
-      pattern = escape_literal(*literal);
+      pattern = escape_regex(*literal);
     } else {
       at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}, found " + short_dump(*it));
     }

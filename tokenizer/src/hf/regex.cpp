@@ -4,6 +4,7 @@
 
 #include <pcre2.h>
 
+#include <cctype>
 #include <memory>
 
 #include "kolos/core/error.h"
@@ -30,6 +31,17 @@ constexpr char kSpaceClassBody[] =
     "\\x{202F}\\x{205F}\\x{3000}";
 
 }  // namespace
+
+std::string escape_regex(const std::string& literal) {
+  std::string out;
+  for (const char c : literal) {
+    const auto u = static_cast<unsigned char>(c);
+    // A backslash before a non-alphanumeric character always means itself.
+    if (u < 0x80 && !std::isalnum(u)) out += '\\';
+    out += c;
+  }
+  return out;
+}
 
 std::string translate_pattern(const std::string& pattern) {
   std::string out;

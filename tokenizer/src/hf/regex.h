@@ -36,6 +36,10 @@ class Regex {
   pcre2_real_code_8* code_ = nullptr;
 };
 
+// A pattern that matches `literal` exactly (a Split's or Replace's
+// {"String": ...}).
+std::string escape_regex(const std::string& literal);
+
 // The PCRE2 spelling of an Oniguruma pattern: `\s` (and `\S`, and `\s`
 // inside a class) also match U+0085 and leave out U+180E, which Oniguruma's
 // and Rust's Unicode White_Space do and PCRE2 10.42's `\s` does not.

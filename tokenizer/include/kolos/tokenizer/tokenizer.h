@@ -1,11 +1,12 @@
 // Tokenizers: text <-> token ids, one interface for two file formats.
 //
 //   - Hugging Face `tokenizer.json` with a BPE model: byte-level BPE as in
-//     GPT-2 and the LLaMA-3 / Qwen family (Split regex + ByteLevel), merges
+//     GPT-2 and the LLaMA-3 / Qwen family (Split regex + ByteLevel), and
+//     byte-fallback BPE as in LLaMA-2 converted by Hugging Face: merges
 //     applied by rank, added and special tokens matched before
-//     pre-tokenization, the Unicode normalizers (NFC, NFD, NFKC, NFKD), byte
-//     fallback, unknown-token handling, the ByteLevel
-//     / ByteFallback / Fuse / Strip / Replace decoders and the
+//     pre-tokenization, the Unicode normalizers (NFC, NFD, NFKC, NFKD),
+//     Prepend and Replace, byte fallback, unknown-token handling, the
+//     ByteLevel / ByteFallback / Fuse / Strip / Replace decoders and the
 //     TemplateProcessing post-processor (docs/tokenizers.md lists every
 //     supported field). Anything else in the file is refused when it is
 //     loaded, with an error naming its JSON path and what would be valid;
