@@ -280,6 +280,23 @@ TEST_F(TokenizerTest, UnicodeNormalizers) {
   EXPECT_EQ(nfkc->decode(nfkc->encode("\xEF\xAC\x81")), "fi");  // U+FB01, the fi ligature
   // A special token is matched on the raw text, before normalization.
   EXPECT_EQ(nfkc->encode("<|endoftext|>"), (std::vector<TokenId>{300}));
+  // LLaMA-2's: "▁" in front of each piece and for every space.
+  const std::string bar = "\xE2\x96\x81";  // U+2581
+  j["normalizer"] = {
+      {"type", "Sequence"},
+      {"normalizers",
+       Json::array({Json{{"type", "Prepend"}, {"prepend", bar}},
+                    Json{{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", bar}}})}};
+  const auto meta = open_tokenizer(write_json(j, "meta.json"));
+  EXPECT_EQ(meta->decode(meta->encode("a b<|endoftext|>c")), bar + "a" + bar + "b" + bar + "c");
+  j["decoder"] = {
+      {"type", "Sequence"},
+      {"decoders",
+       Json::array({Json{{"type", "ByteLevel"}},
+                    Json{{"type", "Replace"}, {"pattern", {{"String", bar}}}, {"content", " "}},
+                    Json{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  const auto spaced = open_tokenizer(write_json(j, "spaced.json"));
+  EXPECT_EQ(spaced->decode(spaced->encode("a b")), "a b");
 }
 
 TEST_F(TokenizerTest, RefusesUnsupportedFeaturesByJsonPath) {
