@@ -4,17 +4,18 @@
 // sequence:
 //   1. added tokens: the text is split on the added tokens that are not
 //      "normalized" (leftmost-longest matches; lstrip / rstrip / single_word
-//      honoured);
-//      the normalizer (Unicode NFC / NFD / NFKC / NFKD through ICU) runs on
-//      the pieces between, then they are split on the "normalized" ones; a
+//      honoured; added_tokens.cpp); the normalizer (normalizer.cpp) runs on
+//      the pieces between, which are then split on the "normalized" ones; a
 //      matched added token is one id and is not pre-tokenized;
-//   2. the pre-tokenizer splits each remaining piece further (Split with a
-//      regex, ByteLevel's GPT-2 regex, Digits, a Sequence of them); ByteLevel
-//      also maps every byte of a piece to its printable character;
+//   2. the pre-tokenizer (pre_tokenizer.cpp) splits each remaining piece
+//      further (Split with a regex, ByteLevel's GPT-2 regex, Digits, a
+//      Sequence of them); ByteLevel also maps every byte of a piece to its
+//      printable character;
 //   3. the BPE model turns each piece into ids (bpe.cpp);
-//   4. the post-processor (TemplateProcessing) adds its special tokens.
+//   4. the post-processor (TemplateProcessing; post_processor.cpp) adds its
+//      special tokens.
 // Decoding maps ids to token strings (added tokens by content), drops special
-// tokens when asked, and runs the decoder chain.
+// tokens when asked, and runs the decoder chain (decoder.cpp).
 //
 // Loading checks every key: an unknown key or an unsupported type or value
 // is refused with its JSON path ("tokenizer.json: normalizer.type = ...").
