@@ -32,7 +32,10 @@ const SettingsTable<InferenceConfig>& table() {
           .number("presence_penalty", &InferenceConfig::presence_penalty,
                   [](double x) { return std::isfinite(x) ? "" : "a finite number"; })
           .integer("seed", &InferenceConfig::seed, 0)
-          .integers("stop_token_ids", &InferenceConfig::stop_token_ids, 0, "token id");
+          .integers("stop_token_ids", &InferenceConfig::stop_token_ids, 0, "token id")
+          .string("tokenizer", &InferenceConfig::tokenizer)
+          .strings("stop", &InferenceConfig::stop)
+          .boolean("ignore_eos", &InferenceConfig::ignore_eos);
   return t;
 }
 
@@ -57,6 +60,9 @@ InferenceConfig read_inference_config(const RunConfig& config) {
   const ConfigSection section = config.section("inference");
   table().read(section, out, {}, "kolos generate");
   if (out.kv_cache_memory <= 0) section.fail("kv_cache_memory", "must be more than 0 bytes.");
+  for (const auto& s : out.stop) {
+    if (s.empty()) section.fail("stop", "an empty stop string would stop every request at once.");
+  }
   return out;
 }
 

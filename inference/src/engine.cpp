@@ -301,7 +301,7 @@ std::vector<TokenEvent> InferenceEngine::step() {
               " requests waiting and ", s.num_running(), " running");
   if (plan.empty()) return {};
   impl_->pack(kStep, plan);
-  impl_->world->broadcast(impl_->buffer, 0)->wait();
+  if (impl_->world->size() > 1) impl_->world->broadcast(impl_->buffer, 0)->wait();
   const StepBatch batch = impl_->unpack();
   at::Tensor logits = impl_->forward(batch);
   std::vector<int64_t> sampled;
@@ -316,6 +316,7 @@ std::vector<TokenEvent> InferenceEngine::step() {
 }
 
 void InferenceEngine::stop() {
+  if (impl_->world->size() == 1) return;
   impl_->pack(kStop, StepPlan{});
   impl_->world->broadcast(impl_->buffer, 0)->wait();
 }

@@ -30,6 +30,13 @@ struct InferenceConfig {
   double presence_penalty = 0.0;    // subtracted once per distinct generated token
   int64_t seed = 0;
   std::vector<int64_t> stop_token_ids;
+  // Text (rank 0 only): a tokenizer.json or tokenizer.model (empty: the
+  // model directory's own, if it has one); stop strings end a request at
+  // their first occurrence in its text (which then leaves them out);
+  // ignore_eos: do not stop at the tokenizer's end-of-text id.
+  std::string tokenizer;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
 
   SamplingParams sampling() const;
 };

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# `kolos generate` end to end:  cases.sh CASE
+# (environment: KOLOS, MPIEXEC, KOLOS_VENV, KOLOS_SOURCE_DIR)
+# hf_gpt2, hf_llama: a random GPT-2 / LLaMA with grouped-query attention made
+#        by transformers; its greedy generate (eager attention, 64 new
+#        tokens, two prompts) against kolos generate on the model imported
+#        with `kolos ckpt import --format hf`: serial, tp1d over 2 ranks, and
+#        straight from the Hugging Face directory; bf16 runs.
+# zero3: a checkpoint trained by `kolos run` under ZeRO-3 on 2 ranks serves
+#        the same greedy tokens serially and under tp1d on 2 ranks.
+# batching: requests served together, with a pool so small that sequences
+#        are preempted and recomputed and prompts chunked, give each the
+#        tokens it gets alone; greedy and sampled (seeded); every KV block is
+#        free at the end.
+# bad:   an unknown [inference] key, a value out of range, a prompt longer
+#        than the context, a token outside the vocabulary, a pool smaller
+#        than one context, checkpoints it cannot serve: clear errors, exit != 0.
+set -uo pipefail
+case_name=$1
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+here=$KOLOS_SOURCE_DIR/tests/e2e/inference
+PROMPTS="5,17,42,3,88,1,9;1,2,3"
+MPI=(--mpirun "$MPIEXEC")
+
+need_venv() {
+  PY=${KOLOS_VENV:-}/bin/python
+  "$PY" -c "import safetensors, transformers, torch" 2>/dev/null ||
+    fail "no usable Python environment at '${KOLOS_VENV:-}' (safetensors, transformers, torch): run scripts/install-venv.sh (make test does)"
+}
+
+# generate OUT ARGS...: kolos generate, stdout to OUT, stderr shown on failure.
+generate() {
+  local out=$1; shift
+  timeout 120 "$KOLOS" generate "$@" >"$out" 2>"$out.err" ||
+    { cat "$out.err"; fail "kolos generate $* failed"; }
+}
+
+# ids_of OUT: the request lines of a multi-request run, in request order, without "[i] ".
+ids_of() { sort -t']' -k1.2n "$1" | sed 's/^\[[0-9]*\] //'; }
+
+# same FILE FILE WHAT
+same() {
+  if ! diff -u "$1" "$2"; then fail "$3: the token ids differ"; fi
+  echo "ok: $3 ($(wc -l <"$1") sequences of $(head -1 "$1" | wc -w) tokens)"
+}
+
+prompt_args() {
+  local IFS=';'
+  for p in $PROMPTS; do printf -- '--prompt-ids\n%s\n' "$p"; done
+}
+mapfile -t PROMPT_ARGS < <(prompt_args)
+
+hf_case() {
+  local kind=$1
+  need_venv
+  "$PY" "$here/make_hf_model.py" "$kind" "$kind" "$PROMPTS" || fail "making the $kind model failed"
+  "$KOLOS" ckpt import "$kind" --format hf -o "$kind.ckpt" >import.txt 2>&1 ||
+    { cat import.txt; fail "kolos ckpt import of $kind failed"; }
+  generate serial.txt "$kind.ckpt" "${PROMPT_ARGS[@]}" --max-tokens 64
+  ids_of serial.txt >serial.ids
+  same "$kind.expected" serial.ids "$kind: kolos generate (serial) = transformers generate (greedy, eager)"
+  generate tp2.txt "$kind.ckpt" "${PROMPT_ARGS[@]}" --max-tokens 64 -n 2 "${MPI[@]}"
+  ids_of tp2.txt >tp2.ids
+  same "$kind.expected" tp2.ids "$kind: kolos generate -n 2 (tp1d) = transformers generate"
+  grep -q "tp1d over 2 ranks" tp2.txt.err || { cat tp2.txt.err; fail "the -n 2 run did not run tp1d over 2 ranks"; }
+  if [[ $kind == gpt2 ]]; then
+    generate direct.txt "$kind" "${PROMPT_ARGS[@]}" --max-tokens 64 --ids
+    ids_of direct.txt >direct.ids
+    same "$kind.expected" direct.ids "$kind: kolos generate on the Hugging Face directory = transformers generate"
+    # One request streams its tokens on one line.
+    generate one.txt "$kind.ckpt" --prompt-ids "${PROMPTS%%;*}" --max-tokens 64
+    head -1 "$kind.expected" >one.expected
+    same one.expected one.txt "$kind: one streamed request"
+    # Text: the prompt encoded and the continuation decoded by kolos's
+    # tokenizer (tokenizer.json from the model directory, or --tokenizer),
+    # streamed; then cut at a stop string.
+    generate text.txt "$kind" --prompt "$(cat "$kind.text.prompt")" --max-tokens 64
+    printf '%s\n' "$(cat "$kind.text.expected")" >text.expected
+    same text.expected text.txt "$kind: streamed text = transformers' text (its tokenizer)"
+    generate stop.txt "$kind.ckpt" --tokenizer "$kind/tokenizer.json" --prompt "$(cat "$kind.text.prompt")" \
+      --max-tokens 64 --set "inference.stop=[\"$(cat "$kind.text.stop")\"]"
+    printf '%s\n' "$(cat "$kind.text.cut")" >stop.expected
+    same stop.expected stop.txt "$kind: stop string \"$(cat "$kind.text.stop")\""
+  fi
+  generate bf16.txt "$kind.ckpt" "${PROMPT_ARGS[@]}" --max-tokens 64 --set inference.precision=bf16
+  [[ $(ids_of bf16.txt | wc -w) -eq 128 ]] || fail "$kind: bf16 did not generate 2 x 64 tokens"
+  grep -q "| bf16 |" bf16.txt.err || fail "$kind: the bf16 run does not say bf16"
+  echo "ok: $kind in bf16 generates (first tokens: $(ids_of bf16.txt | head -1 | cut -d' ' -f1-8); fp32: $(head -1 "$kind.expected" | cut -d' ' -f1-8))"
+}
+
+# train_tiny DIR MODEL: a 2-rank ZeRO-3 run of a few steps saving to DIR
+# (weights drawn wide, so that greedy tokens vary and have clear margins).
+train_tiny() {
+  cat >tiny.toml <<TOML
+[model]
+name = "$2"
+layers = 2
+hidden = 64
+heads = 4
+seq_len = 96
+vocab = 128
+init_std = 0.3
+[data]
+kind = "synthetic"
+[optim]
+lr = 3e-2
+[train]
+global_batch = 4
+micro_batch = 2
+steps = 4
+[parallel]
+data = 2
+zero = { stage = 3 }
+[checkpoint]
+dir = "$1"
+TOML
+  timeout 120 "$KOLOS" run -n 2 --mpirun "$MPIEXEC" tiny.toml >train.txt 2>&1 ||
+    { cat train.txt; fail "training the checkpoint under zero3 failed"; }
+}
+
+case $case_name in
+  hf_gpt2) hf_case gpt2 ;;
+  hf_llama) hf_case llama ;;
+  zero3)
+    for model in gpt llama; do
+      train_tiny "ck-$model" "$model"
+      generate serial.txt "ck-$model" "${PROMPT_ARGS[@]}" --max-tokens 40
+      generate tp2.txt "ck-$model" "${PROMPT_ARGS[@]}" --max-tokens 40 -n 2 "${MPI[@]}"
+      ids_of serial.txt >serial.ids
+      ids_of tp2.txt >tp2.ids
+      same serial.ids tp2.ids "$model trained under zero3 x 2: served under tp1d x 2 = served serially"
+    done
+    ;;
+  batching)
+    train_tiny ck gpt
+    many=()
+    for i in 1 2 3 4 5 6; do
+      ids=$(for j in $(seq 1 $((5 * i))); do printf '%d,' $(((i * 37 + j * 11) % 128)); done)
+      many+=(--prompt-ids "${ids%,}")
+    done
+    # One block of 4 tokens is 4 KiB for this model; one context (96) needs
+    # 24 blocks: a pool of 30 holds about two sequences of the six.
+    tiny=(--set inference.block_size=4 --set inference.kv_cache_memory=120KiB
+      --set inference.max_step_tokens=16)
+    for sampling in greedy sampled; do
+      extra=()
+      [[ $sampling == sampled ]] && extra=(--set inference.temperature=0.9
+        --set inference.top_k=40 --set inference.top_p=0.95 --set inference.seed=11)
+      generate alone.txt ck "${many[@]}" --max-tokens 40 --set inference.max_seqs=1 "${extra[@]}"
+      generate together.txt ck "${many[@]}" --max-tokens 40 "${tiny[@]}" "${extra[@]}"
+      ids_of alone.txt >alone.ids
+      ids_of together.txt >together.ids
+      same alone.ids together.ids "$sampling: batched with preemption = one at a time"
+      preempted=$(sed -n 's/.*preemptions \([0-9]*\);.*/\1/p' together.txt.err)
+      [[ ${preempted:-0} -gt 0 ]] || { cat together.txt.err; fail "the tiny pool did not preempt"; }
+      grep -q "KV blocks in use at the end: 0 of 30" together.txt.err ||
+        { cat together.txt.err; fail "KV blocks left in use"; }
+      echo "ok: $sampling: $preempted preemptions, every block free at the end"
+    done
+    generate again.txt ck "${many[@]}" --max-tokens 40 "${tiny[@]}" "${extra[@]}"
+    ids_of again.txt >again.ids
+    same together.ids again.ids "sampled: the same seed gives the same tokens"
+    ;;
+  bad)
+    train_tiny ck gpt
+    printf '[inference]\nblock_size = 16\ntemprature = 0.5\n' >typo.toml
+    expect_failure 'typo\.toml:3:1: unknown key `inference\.temprature`; valid keys in \[inference\].*temperature.*Did you mean `temperature`' -- \
+      "$KOLOS" generate ck --prompt-ids 1,2 typo.toml
+    expect_failure 'inference\.top_p.*out of range; it must be in \(0, 1\]' -- \
+      "$KOLOS" generate ck --prompt-ids 1,2 --set inference.top_p=1.5
+    expect_failure 'inference\.temperature.*out of range' -- \
+      "$KOLOS" generate ck --prompt-ids 1,2 --set inference.temperature=-1.0
+    printf '[model]\nlayers = 3\n' >model.toml
+    expect_failure 'model\.toml:1.*\[model\]: kolos generate reads only \[inference\]' -- \
+      "$KOLOS" generate ck --prompt-ids 1,2 model.toml
+    long=$(seq -s, 1 100)
+    expect_failure 'request 0 .*prompt: 100 tokens leave no room in the model.s context of 96 tokens' -- \
+      "$KOLOS" generate ck --prompt-ids "$long"
+    expect_failure 'request 0 .*prompt: 100 tokens leave no room' -- \
+      "$KOLOS" generate ck --prompt-ids "$long" -n 2 "${MPI[@]}"
+    expect_failure 'token id 500 is outside the vocabulary \[0, 128\)' -- \
+      "$KOLOS" generate ck --prompt-ids 1,500
+    expect_failure 'inference\.kv_cache_memory = .* fewer than one sequence of the model.s context \(96 tokens\) needs: 6 blocks' -- \
+      "$KOLOS" generate ck --prompt-ids 1,2 --set inference.kv_cache_memory=1KiB
+    expect_failure 'no-such-dir: no such checkpoint or Hugging Face directory' -- \
+      "$KOLOS" generate no-such-dir --prompt-ids 1,2
+    mkdir empty
+    expect_failure 'empty' -- "$KOLOS" generate empty --prompt-ids 1,2
+    # 4 heads do not split over 3 ranks.
+    expect_failure 'model\.heads' -- "$KOLOS" generate ck --prompt-ids 1,2 -n 3 "${MPI[@]}"
+    expect_failure 'needs a tokenizer' -- "$KOLOS" generate ck --prompt "hello"
+    ;;
+  *) fail "unknown case $case_name" ;;
+esac
+echo "PASS: $case_name"
