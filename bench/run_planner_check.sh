@@ -2,23 +2,28 @@
 # The planner's predictions against measured step times on this machine:
 # at least 12 distinct plans of one GPT at 4 ranks (bench/planner/check.py
 # lists them), Spearman's rank correlation, the median absolute error, and
-# the planner's own choice measured against the best measured plan.
+# the planner's own choice (its finalists tried for a few steps, the
+# fastest measured, as parallel.auto chooses) measured against the best
+# measured plan, and the tuning's time.
 #
 #   bench/run_planner_check.sh [--build build] [--plans all|small]
 #                              [--steps 8] [--warmup 3] [--rounds 1] [--out DIR]
-#                              [--recalibrate] [--set key=value ...]
+#                              [--tune 3] [--tune-seconds S] [--recalibrate]
+#                              [--set key=value ...]
 #
 # Builds nothing: it needs build/bin/kolos and its plugins (ninja -C build
 # runtime) and OpenMPI's mpirun. The first `kolos plan` calibrates this
 # machine for 4 ranks when no calibration is cached (KOLOS_CACHE_DIR, else
 # ~/.cache/kolos); --recalibrate measures it again first. Each plan runs
 # --steps steps; its time is the median step_time_s after --warmup steps,
-# the fastest of --rounds passes over the plans.
+# the fastest of --rounds passes over the plans. --tune K: the finalists
+# `kolos plan --tune K` tries before choosing (0: the best prediction);
+# --tune-seconds: their time bound (default: planner.tune_seconds's).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-build=build plans=all steps=8 warmup=3 rounds=1 out="" recalibrate=0
+build=build plans=all steps=8 warmup=3 rounds=1 out="" recalibrate=0 tune=3 tune_seconds=0
 sets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -27,10 +32,12 @@ while [[ $# -gt 0 ]]; do
     --steps) steps=$2 ;;
     --warmup) warmup=$2 ;;
     --rounds) rounds=$2 ;;
+    --tune) tune=$2 ;;
+    --tune-seconds) tune_seconds=$2 ;;
     --out) out=$2 ;;
     --recalibrate) recalibrate=1; shift; continue ;;
     --set) sets+=(--set "$2") ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_planner_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -45,6 +52,9 @@ if ((recalibrate)); then
   "$kolos" calibrate "$config" -n 4 "${sets[@]}"
 fi
 echo "run_planner_check.sh: $(date -u +%FT%TZ) on $(hostname), $(nproc) cores; results in $out"
-echo "command: bench/run_planner_check.sh --plans $plans --steps $steps --warmup $warmup --rounds $rounds ${sets[*]}"
+echo "command: bench/run_planner_check.sh --plans $plans --steps $steps --warmup $warmup --rounds $rounds --tune $tune --tune-seconds $tune_seconds ${sets[*]}"
+echo "load: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"
 /usr/bin/python3 "$here/planner/check.py" --kolos "$kolos" --config "$config" --ranks 4 \
-  --plans "$plans" --steps "$steps" --warmup "$warmup" --rounds "$rounds" --out "$out" "${sets[@]}"
+  --plans "$plans" --steps "$steps" --warmup "$warmup" --rounds "$rounds" --tune "$tune" \
+  --tune-seconds "$tune_seconds" --out "$out" "${sets[@]}"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"

@@ -51,6 +51,7 @@
 #include "kolos/topology/topology.h"
 #include "launch.h"
 #include "slurm_command.h"
+#include "tune.h"
 
 namespace po = boost::program_options;
 
@@ -64,6 +65,7 @@ commands:
   run -n N CONFIG [--set key=value ...]  launch N local ranks of `kolos train` through mpirun
   check CONFIG [-n N] [--set key=value]  check a config as a run of N ranks would, start nothing
   plan CONFIG -n N [--cluster FILE]      the best parallel layouts for N ranks, predicted
+         [--tune K]                     ... the best K tried for a few steps, the fastest measured
   plan --memory CONFIG -n N              print the per-rank memory estimate and whether it fits
   calibrate CONFIG -n N                  measure this machine for the planner (cached)
   plugins [--path DIR ...]               list the plugins found, their role, versions, refusals
@@ -317,11 +319,14 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
     }
     calibrate_machine(runtime, *planner, path, overrides, config);
   }
+  // The finalists tried for a few steps, the fastest measured kept (tune.h).
+  const Tuned tuned = plan_and_tune(runtime, *planner, config, path, overrides);
   std::string chosen;
   if (runtime.rank() == 0) {
     try {
-      const PlanReport report = planner->plan(config, ranks);
-      const PlannedRun& best = report.plans.front();
+      const PlanReport& report = tuned.report;
+      if (!tuned.trials.empty()) std::fputs(format_trials(tuned, "parallel.auto").c_str(), stderr);
+      const PlannedRun& best = tuned.chosen;
       for (const auto& o : best.overrides) chosen += o + "\n";
       std::string sets;
       for (const auto& o : best.overrides) sets += " --set " + o;
@@ -340,7 +345,9 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
       for (size_t i = 0; i < best.overrides.size(); ++i) {
         h << (i ? "," : "") << json_quote(best.overrides[i]);
       }
-      h << "]}}";
+      h << "]";
+      if (!tuned.trials.empty()) h << ",\"tuning\":" << trials_json(tuned);
+      h << "}}";
       *header = h.str();
     } catch (const Error& e) {
       error = e.what();
@@ -602,15 +609,16 @@ int launch_calibration(const std::string& config_path, const std::vector<std::st
 
 // kolos plan CONFIG -n N: the planner role's best plans for N ranks (the
 // sizes and modes the config sets stay fixed), or with --predict the
-// prediction for the config as it stands; --memory: the memory table.
-int plan_command(const std::vector<std::string>& args) {
+// prediction for the config as it stands; --memory: the memory table;
+// --tune K: the finalists tried on N ranks (tune.h; --worker: one of them).
+int plan_command(const std::vector<std::string>& args, int argc, char** argv) {
   po::options_description options("options");
-  std::string config_path, cluster, calibration, mpirun;
+  std::string config_path, cluster, calibration, mpirun, tune;
   std::vector<std::string> overrides;
   int64_t ranks = 0;
   int64_t per_node = 0;
   int64_t top = 0;
-  bool memory = false, json = false, predict = false, recalibrate = false;
+  bool memory = false, json = false, predict = false, recalibrate = false, worker = false;
   options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
       "np,n", po::value(&ranks)->required(), "ranks of the run")(
       "cluster", po::value(&cluster),
@@ -618,6 +626,9 @@ int plan_command(const std::vector<std::string>& args) {
       "calibration", po::value(&calibration),
       "use this calibration file instead of this host's cache (sets planner.calibration)")(
       "top", po::value(&top), "plans to print (sets planner.top; default 10)")(
+      "tune", po::value(&tune),
+      "try the best K plans (and every plan within the margin) for a few steps on N ranks and "
+      "print the fastest measured (sets planner.tune)")("worker", po::bool_switch(&worker), "")(
       "predict", po::bool_switch(&predict),
       "no search: the prediction for the config's own layout")(
       "recalibrate", po::bool_switch(&recalibrate),
@@ -630,16 +641,28 @@ int plan_command(const std::vector<std::string>& args) {
       "set", po::value(&overrides)->composing(), "override a key: --set train.micro_batch=2");
   po::positional_options_description positional;
   positional.add("config", 1);
-  Parsed parsed = parse("plan", args, options, positional,
-                        "CONFIG -n N [--cluster FILE] [--top K] [--predict] [--json] [--set "
-                        "key=value ...]\n       kolos plan --memory CONFIG -n N [--per-node K] "
-                        "[--json]");
+  Parsed parsed =
+      parse("plan", args, options, positional,
+            "CONFIG -n N [--cluster FILE] [--top K] [--tune K] [--predict] [--json] [--set "
+            "key=value ...]\n       kolos plan --memory CONFIG -n N [--per-node K] "
+            "[--json]");
   if (parsed.help) return 0;
   if (ranks < 1) throw UsageError("kolos plan: -n must be at least 1");
   if (memory) return plan_memory(config_path, overrides, ranks, per_node, json);
   if (!cluster.empty()) overrides.push_back("planner.cluster=" + quote_toml(cluster));
   if (!calibration.empty()) overrides.push_back("planner.calibration=" + quote_toml(calibration));
   if (top > 0) overrides.push_back("planner.top=" + std::to_string(top));
+  if (parsed.vm.count("tune")) {
+    if (tune.empty() || tune.find_first_not_of("0123456789") != std::string::npos ||
+        tune.size() > 3 || std::stoi(tune) < 1 || predict) {
+      throw UsageError("kolos plan: --tune " + quote_toml(tune) +
+                       (predict ? ": --predict has no plans to try"
+                                : ": expected the number of finalists, a whole number >= 1 (e.g. "
+                                  "--tune 3)"));
+    }
+    overrides.push_back("planner.tune=" + tune);
+  }
+  if (worker) return plan_tune_worker(argc, argv, config_path, overrides, json, make_planner);
   modules::register_builtin_models();
   const RunConfig config = load_run_config(config_path, overrides);
   check_model_name(config);
@@ -647,15 +670,24 @@ int plan_command(const std::vector<std::string>& args) {
   planner->check(config);
   if (planner->needs_calibration() &&
       (recalibrate || !std::filesystem::exists(planner->calibration_path(ranks)))) {
-    std::cerr << "kolos plan: calibrating this machine for " << ranks << " ranks (once: "
-              << planner->calibration_path(ranks) << ")\n";
+    std::cerr << "kolos plan: calibrating this machine for " << ranks
+              << " ranks (once: " << planner->calibration_path(ranks) << ")\n";
     const int rc = launch_calibration(config_path, overrides, ranks, mpirun);
     if (rc != 0) {
       throw Error("kolos plan: the calibration failed (exit " + std::to_string(rc) +
                   "); its message is above");
     }
   }
-  const PlanReport report = predict ? planner->predict(config, ranks) : planner->plan(config, ranks);
+  if (parsed.vm.count("tune")) {  // the finalists run on N ranks
+    LaunchOptions launch;
+    launch.ranks = static_cast<int>(ranks), launch.config = config_path, launch.mpirun = mpirun;
+    launch.overrides = overrides, launch.command = "plan";
+    launch.extra = {"-n", std::to_string(ranks), "--worker", "--tune", tune};
+    if (json) launch.extra.push_back("--json");
+    return spawn_mpirun(launch);
+  }
+  const PlanReport report =
+      predict ? planner->predict(config, ranks) : planner->plan(config, ranks);
   if (json) {
     std::cout << report.json << "\n";
   } else {
@@ -682,11 +714,12 @@ int calibrate_command(const std::vector<std::string>& args, int argc, char** arg
   options.add_options()("config", po::value(&config_path)->required(), "the run's TOML file")(
       "np,n", po::value(&ranks), "ranks to measure with (those of the runs to plan)")(
       "mpirun", po::value(&mpirun)->default_value(KOLOS_MPIEXEC), "mpirun to use")(
-      "worker", po::bool_switch(&worker), "")(
-      "set", po::value(&overrides)->composing(), "override a key");
+      "worker", po::bool_switch(&worker), "")("set", po::value(&overrides)->composing(),
+                                              "override a key");
   po::positional_options_description positional;
   positional.add("config", 1);
-  Parsed parsed = parse("calibrate", args, options, positional, "CONFIG -n N [--set key=value ...]");
+  Parsed parsed =
+      parse("calibrate", args, options, positional, "CONFIG -n N [--set key=value ...]");
   if (parsed.help) return 0;
   if (!worker) {
     if (ranks < 1) throw UsageError("kolos calibrate: -n N (at least 1) is required");
@@ -867,7 +900,7 @@ int dispatch(int argc, char** argv) {
   if (command == "train") return train(args, argc, argv);
   if (command == "run") return run(args);
   if (command == "check") return check(args);
-  if (command == "plan") return plan_command(args);
+  if (command == "plan") return plan_command(args, argc, argv);
   if (command == "calibrate") return calibrate_command(args, argc, argv);
   if (command == "plugins") return plugins(args);
   if (command == "data") return data_command(args);

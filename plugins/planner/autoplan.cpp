@@ -4,7 +4,10 @@
 //
 // [planner] keys: cluster (a cluster file: plan for those machines),
 // calibration (a calibration file to use instead of this host's cache),
-// top (plans kept, default 10).
+// top (plans kept, default 10), tune (finalists tried before training:
+// the best K predictions and every plan within the margin, default 3; 0:
+// none), tune_steps (steps per finalist, default 5), tune_seconds (the
+// tuning's time bound, default 45).
 #include <sched.h>
 #include <unistd.h>
 
@@ -31,6 +34,7 @@
 #include "kolos/core/runtime.h"
 #include "kolos/core/sequence.h"
 #include "kolos/planner/search.h"
+#include "kolos/planner/tune.h"
 
 namespace kolos {
 namespace {
@@ -41,6 +45,8 @@ namespace fs = std::filesystem;
 struct Settings {
   std::string cluster, calibration;
   int64_t top = 10;
+  int64_t tune = 3;
+  TuneSettings trials;
 };
 
 std::string host_name() {
@@ -349,10 +355,12 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
     // Sizes 1, 2, 4, ... up to B, each measured twice (the fastest kept:
     // another tenant's burst only slows); a least-squares line.
     const int64_t B = config.train.micro_batch;
-    std::vector<std::pair<double, double>> points;  // (predicted, measured)
+    std::vector<std::pair<double, double>> points;   // (predicted, measured)
+    std::vector<std::pair<double, double>> repeats;  // (first, second) measured
     for (int64_t b = 1;; b = std::min(2 * b, B)) {
       const auto first = block_at(b), second = block_at(b);
       points.emplace_back(first.second, std::min(first.first, second.first));
+      repeats.emplace_back(first.first, second.first);
       if (b == B) break;
     }
     const double n = static_cast<double>(points.size());
@@ -366,6 +374,17 @@ pl::MachineRates measure(const comm::ProcessGroupPtr& world_ptr, const RunConfig
       const double fixed = (sy - slope * sx) / n;
       if (slope > 0 && fixed > 0) r.block_factor = slope, r.block_fixed = fixed;
     }
+    // The spread (tune.h): the repeats' disagreement (each of a pair has
+    // variance sigma^2 in the logarithm, their difference 2 sigma^2) and the
+    // fitted line's misses, in the logarithm; the floor of a prediction's
+    // uncertainty. Every rank computed the same figures (group times).
+    double noise = 0, miss = 0;
+    for (const auto& [a, b] : repeats) noise += std::log(a / b) * std::log(a / b) / 2;
+    for (const auto& [x, y] : points) {
+      const double fitted = r.block_factor * x + r.block_fixed;
+      miss += std::log(y / fitted) * std::log(y / fitted);
+    }
+    r.spread = std::sqrt(noise / static_cast<double>(repeats.size()) + miss / n);
   }
   // The cores the ranks may run on together: the union of their affinities
   // (bound ranks each see their own).
@@ -462,12 +481,38 @@ class Autoplan final : public Planner {
  public:
   void configure(const PluginContext& context) override {
     const ConfigSection& s = context.section;
-    s.check_keys({"cluster", "calibration", "top"}, context.owner);
+    s.check_keys({"cluster", "calibration", "top", "tune", "tune_steps", "tune_seconds"},
+                 context.owner);
     s.read("cluster", settings_.cluster);
     s.read("calibration", settings_.calibration);
     s.read("top", settings_.top);
     if (settings_.top < 1)
       s.fail("top", std::to_string(settings_.top) + " is out of range; it must be >= 1");
+    s.read("tune", settings_.tune);
+    if (settings_.tune < 0 || settings_.tune > settings_.top) {
+      s.fail("tune", std::to_string(settings_.tune) +
+                         " is out of range; it must be 0 (train the best prediction untried) "
+                         "to planner.top = " +
+                         std::to_string(settings_.top) +
+                         " (the finalists come from the plans kept)");
+    }
+    s.read("tune_steps", settings_.trials.steps);
+    if (settings_.trials.steps < settings_.trials.warmup + 1 || settings_.trials.steps > 1000) {
+      s.fail("tune_steps", std::to_string(settings_.trials.steps) +
+                               " is out of range; it must be 3 to 1000 (the first 2 of a "
+                               "finalist's steps are not timed)");
+    }
+    s.read("tune_seconds", settings_.trials.budget_s);
+    if (!(settings_.trials.budget_s > 0) || !std::isfinite(settings_.trials.budget_s)) {
+      s.fail("tune_seconds",
+             std::to_string(settings_.trials.budget_s) + " is out of range; it must be > 0");
+    }
+    for (const char* key : {"tune_steps", "tune_seconds"}) {
+      if (settings_.tune == 0 && s.has(key)) {
+        s.fail(key, std::string("has no effect with planner.tune = 0 (no finalist is tried); "
+                                "remove it or set planner.tune >= 1"));
+      }
+    }
     for (const std::string* path : {&settings_.cluster, &settings_.calibration}) {
       if (!path->empty() && !fs::exists(*path)) {
         s.fail(path == &settings_.cluster ? "cluster" : "calibration",
@@ -562,6 +607,33 @@ class Autoplan final : public Planner {
     out.close();
     if (!out) throw Error(tmp + ": cannot write");
     fs::rename(tmp, path);
+  }
+
+  // Each measured finalist's measured / model ratio joins its family's
+  // [[calibration.feedback]] row in the calibration in use (rank 0 only:
+  // the file is rewritten whole, through a temporary file and a rename).
+  std::string record_trials(int64_t ranks, const std::vector<TrialResult>& trials) override {
+    if (!settings_.cluster.empty()) return "";
+    const std::string path = calibration_path(ranks);
+    pl::MachineRates rates = pl::load_calibration(path, {});
+    int recorded = 0;
+    for (const TrialResult& t : trials) {
+      if (!t.skipped.empty() || !(t.measured_s > 0) || !(t.plan.model_step_s > 0)) continue;
+      pl::add_feedback(rates, t.plan.family, t.measured_s / t.plan.model_step_s);
+      ++recorded;
+    }
+    if (recorded == 0) return "";
+    std::ifstream in(path);
+    std::string first;
+    std::getline(in, first);
+    const std::string tmp = path + ".tmp";
+    std::ofstream out(tmp);
+    if (first.rfind("#", 0) == 0) out << first << "\n";  // calibrate()'s line, and the references'
+    out << pl::format_calibration(host_name(), rates);
+    out.close();
+    if (!out) throw Error(tmp + ": cannot write");
+    fs::rename(tmp, path);
+    return path;
   }
 
   PlanReport plan(const RunConfig& config, int64_t ranks) override {
@@ -686,18 +758,56 @@ class Autoplan final : public Planner {
       pr.step_s = rp.prediction.step;
       pr.memory_bytes = rp.prediction.memory;
       pr.bytes_per_step = rp.prediction.bytes_sent;
+      pr.uncertainty = rp.prediction.uncertainty;
+      pr.family = pl::family_of(rp.candidate);
+      pr.model_step_s = rp.prediction.step / rp.prediction.feedback;
       json << (i ? "," : "") << "{\"describe\":" << json_string(pr.describe)
            << ",\"step_s\":" << pr.step_s << ",\"compute_s\":" << rp.prediction.compute
            << ",\"comm_s\":" << rp.prediction.comm << ",\"bubble_s\":" << rp.prediction.bubble
            << ",\"optimizer_s\":" << rp.prediction.optimizer
            << ",\"memory_bytes\":" << pr.memory_bytes << ",\"bytes_per_step\":" << pr.bytes_per_step
-           << ",\"overrides\":[";
+           << ",\"uncertainty\":" << pr.uncertainty << ",\"model_step_s\":" << pr.model_step_s
+           << ",\"family\":" << json_string(pr.family) << ",\"overrides\":[";
       for (size_t k = 0; k < pr.overrides.size(); ++k) {
         json << (k ? "," : "") << json_string(pr.overrides[k]);
       }
       json << "]}";
       report.plans.push_back(std::move(pr));
     }
+    // The finalists parallel.auto (and kolos plan --tune) tries.
+    report.tune = settings_.trials;
+    if (search && settings_.tune > 0 && !result.plans.empty()) {
+      std::vector<pl::Predicted> predicted;
+      for (const pl::RankedPlan& rp : result.plans)
+        predicted.push_back({rp.prediction.step, rp.prediction.uncertainty});
+      report.finalists = pl::select_finalists(predicted, settings_.tune);
+      const pl::Predicted best = *std::min_element(
+          predicted.begin(), predicted.end(),
+          [](const pl::Predicted& a, const pl::Predicted& b) { return a.step < b.step; });
+      double lo = 1e300, hi = 0;
+      for (const pl::Predicted& p : predicted) {
+        const double m = pl::margin_of(best, p);
+        lo = std::min(lo, m), hi = std::max(hi, m);
+      }
+      char rule[256];
+      std::snprintf(rule, sizeof rule,
+                    "the best %lld prediction(s) and every plan within %.0f combined standard "
+                    "deviations of the best (a margin of %.1f%%%s here)",
+                    static_cast<long long>(settings_.tune), pl::kMarginSigmas, 100 * lo,
+                    hi > lo * 1.001
+                        ? (hi > 10 ? " to over 1000%"
+                                   : (" to " + std::to_string(std::lround(100 * hi)) + "%").c_str())
+                        : "");
+      report.finalist_rule = rule;
+      std::ostringstream line;
+      line << "\nFinalists (parallel.auto and kolos plan --tune try them):";
+      for (const size_t i : report.finalists) line << " #" << i + 1;
+      line << ": " << report.finalist_rule << ".\n";
+      report.text += line.str();
+    }
+    json << "],\"finalists\":[";
+    for (size_t i = 0; i < report.finalists.size(); ++i)
+      json << (i ? "," : "") << report.finalists[i];
     json << "],\"dropped\":{";
     bool first = true;
     for (const auto& [reason, count] : result.dropped) {

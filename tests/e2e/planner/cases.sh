@@ -91,7 +91,10 @@ assert "tp 2(1d)" in p["describe"] and "dp 2" in p["describe"] and "mb 4" in p["
     ;;
 
   auto)
+    # The finalists are tried first (bounded to 20 s here): the trained run
+    # must still be exactly the chosen layout's, untouched by the trials.
     timeout 600 "$KOLOS" run -n 4 gpt.toml --set parallel.auto=true --set train.steps=4 \
+      --set planner.tune_seconds=20 --set planner.tune_steps=3 \
       --set log.metrics=auto.jsonl >auto.txt 2>&1 || { cat auto.txt; fail "the auto run failed"; }
     cat auto.txt
     grep -q "kolos: parallel.auto: .* predicted .* s/step" auto.txt || fail "the plan was not printed"
@@ -99,6 +102,9 @@ assert "tp 2(1d)" in p["describe"] and "dp 2" in p["describe"] and "mb 4" in p["
 import json, sys
 h = json.load(sys.stdin)["header"]["plan"]
 assert h["predicted_step_s"] > 0 and h["overrides"][0] == "parallel.auto=false", h
+t = h["tuning"]
+assert len(t["finalists"]) >= 3 and t["pick"] >= 0, t
+assert t["finalists"][t["pick"]]["describe"] == h["describe"], (t, h["describe"])
 open("sets.txt", "w").write(" ".join(h["overrides"]))
 ' || fail "the metrics file has no plan header"
     # The same layout set by hand trains the same losses.
@@ -118,12 +124,13 @@ PY
 
   predict)
     "$KOLOS_SOURCE_DIR/bench/run_planner_check.sh" --build "$(dirname "$(dirname "$KOLOS")")" \
-      --plans small --steps 5 --warmup 2 --out results >check.txt 2>&1 ||
+      --plans small --steps 5 --warmup 2 --tune 2 --tune-seconds 15 --out results >check.txt 2>&1 ||
       { cat check.txt; fail "the prediction check failed to run"; }
     cat check.txt
     grep -q "^plans measured: 4" check.txt || fail "not every plan was measured"
     grep -q "^Spearman rank correlation: " check.txt || fail "no correlation printed"
     grep -q "^chosen plan: " check.txt || fail "the chosen plan was not measured"
+    grep -q "^tuning time: " check.txt || fail "the tuning time was not printed"
     echo "ok: four plans predicted and measured"
     ;;
 
@@ -147,6 +154,113 @@ PY
     # An engine handed an unresolved plan refuses it (a library user's mistake).
     [[ ! -d cache ]] || fail "a refusal calibrated this machine"
     echo "ok: every refusal clear"
+    ;;
+
+  tune)
+    # Finalists on 2 ranks, from a test-only calibration whose feedback row
+    # is deliberately wrong for one family (tensor 1d: 0.05 of the model),
+    # so the planner predicts a tp 2(1d) plan far ahead. No calibration runs
+    # and no timing is asserted: KOLOS_TEST_TUNE_STEP_S gives each finalist
+    # its "measured" step (tune.h): tensor 1d the slowest (0.2 s), plain
+    # data parallelism the fastest (0.005 s), every other 0.012 s (about
+    # what the model predicts for them).
+    cat >tiny.toml <<'TOML'
+[model]
+layers = 2
+hidden = 64
+heads = 4
+seq_len = 32
+vocab = 128
+[data]
+kind = "synthetic"
+[train]
+global_batch = 8
+micro_batch = 4
+recompute = "none"
+steps = 2
+[parallel.zero]
+stage = 0
+[log]
+progress = "off"
+TOML
+    cal=$KOLOS_SOURCE_DIR/tests/e2e/planner/tune-calibration.toml
+    export KOLOS_TEST_TUNE_STEP_S="tp 2(1d)=0.2;dp 2 sp 1 tp 1=0.005;zero=0.012"
+    cp "$cal" cal.toml
+    timeout 300 "$KOLOS" run -n 2 tiny.toml --set parallel.auto=true --set planner.calibration=\"cal.toml\" \
+      --set planner.top=6 --set log.metrics=auto.jsonl >auto.txt 2>&1 || { cat auto.txt; fail "the auto run failed"; }
+    cat auto.txt
+    grep -q "kolos: parallel.auto: [0-9]* finalists, the best 3 prediction(s) and every plan within 2 combined standard deviations" auto.txt ||
+      fail "the finalists were not announced"
+    grep -Eq "kolos: parallel.auto: picked #[0-9]+, the fastest measured: .* tuning took [0-9.]+ s \(bound 45 s\)" auto.txt ||
+      fail "the pick and the tuning time were not printed"
+    head -1 auto.jsonl | $PY -c '
+import json, sys
+h = json.load(sys.stdin)["header"]["plan"]
+t = h["tuning"]
+f = t["finalists"]
+assert len(f) >= 3, f
+wrong = "tp=1d sp=none zero=0 pp=none"
+assert f[0]["family"] == wrong, f[0]            # the model predicts the wrong family best
+measured = [x for x in f if not x["skipped"]]
+assert len(measured) == len(f), f               # every finalist ran
+fastest = min(measured, key=lambda x: x["measured_step_s"])
+assert f[t["pick"]] is fastest or f[t["pick"]] == fastest, (t["pick"], fastest)
+assert fastest["family"] != wrong and fastest["measured_step_s"] == 0.005, fastest
+assert h["describe"] == fastest["describe"], (h["describe"], fastest)   # and trains it
+assert 0 < t["seconds"] <= t["bound_s"] + 60, t
+open("pick.txt", "w").write(fastest["describe"])
+' || fail "the auto run did not train the fastest measured finalist"
+    # The measured/predicted ratios are in the calibration now, per family,
+    # and the next plan on this host ranks the measured fastest first.
+    grep -A1 'family = "tp=1d sp=none zero=0 pp=none"' cal.toml | grep -q "ratios = \[0.05, " ||
+      { cat cal.toml; fail "the wrong family's measured ratio was not recorded"; }
+    grep -q 'family = "tp=none sp=none zero=0 pp=none"' cal.toml || fail "the pick's ratio was not recorded"
+    timeout 120 "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --json >after.json 2>&1 ||
+      { cat after.json; fail "kolos plan after the feedback failed"; }
+    plan_json after.json | $PY -c '
+import json, sys
+plans = json.load(sys.stdin)["plans"]
+pick = open("pick.txt").read()
+assert plans[0]["describe"] == pick, (plans[0], pick)
+assert plans[0]["family"] != "tp=1d sp=none zero=0 pp=none", plans[0]
+assert plans[0]["model_step_s"] > 0 and plans[0]["uncertainty"] > 0, plans[0]
+' || fail "the feedback did not change the next prediction"
+    # kolos plan --tune: a finalist whose set-up fails on one rank (rank 1)
+    # is skipped on both, with its reason; the others run.
+    cp "$cal" cal.toml
+    KOLOS_TEST_TUNE_FAIL="sp 1 tp 2(1d)" timeout 300 "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml \
+      --set planner.top=4 --tune 3 --json >skip.json 2>skip.err || { cat skip.json skip.err; fail "plan --tune with a failing finalist failed"; }
+    plan_json skip.json | $PY -c '
+import json, sys
+r = json.load(sys.stdin)
+f = r["tuning"]["finalists"]
+assert "injected set-up failure on rank 1" in f[0]["skipped"], f[0]
+assert all(not x["skipped"] for x in f[1:]) and len(f) >= 3, f
+assert r["chosen"]["describe"] == f[r["tuning"]["pick"]]["describe"] != f[0]["describe"], r["chosen"]
+' || fail "the failing finalist was not skipped by every rank"
+    # The time bound: with 1 ms only the best prediction is tried.
+    cp "$cal" cal.toml
+    timeout 300 "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --set planner.top=4 \
+      --set planner.tune_seconds=0.001 --tune 3 >bound.txt 2>&1 || { cat bound.txt; fail "plan --tune with a bound failed"; }
+    cat bound.txt
+    grep -q "not tried: the tuning's time bound (0.001 s, planner.tune_seconds)" bound.txt ||
+      fail "finalists past the bound were not reported"
+    grep -Eq "picked #1, the fastest measured: .*tuning took [0-9.]+ s \(bound 0.001 s\)" bound.txt ||
+      fail "the bound's pick was not the best prediction"
+    # Bad input: clear errors before anything runs.
+    expect_failure 'kolos plan: --tune "0": expected the number of finalists, a whole number >= 1' -- \
+      "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --tune 0
+    expect_failure 'kolos plan: --tune "three": expected the number of finalists' -- \
+      "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --tune three
+    expect_failure 'kolos plan: --tune "3": --predict has no plans to try' -- \
+      "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --tune 3 --predict
+    expect_failure 'planner.tune.*-1 is out of range; it must be 0 \(train the best prediction untried\) to planner.top = 10' -- \
+      "$KOLOS" check tiny.toml -n 2 --set planner.tune=-1
+    expect_failure 'planner.tune_steps.*2 is out of range; it must be 3 to 1000' -- \
+      "$KOLOS" check tiny.toml -n 2 --set planner.tune_steps=2
+    expect_failure 'planner.tune_seconds.*has no effect with planner.tune = 0' -- \
+      "$KOLOS" check tiny.toml -n 2 --set planner.tune=0 --set planner.tune_seconds=10
+    echo "ok: the tuner trains the fastest measured finalist, skips a failing one on every rank, keeps its bound, and feeds back"
     ;;
 
   *) fail "unknown case $case_name" ;;

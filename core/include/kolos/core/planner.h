@@ -25,6 +25,23 @@ struct PlannedRun {
   double step_s = 0;                   // predicted seconds per optimizer step
   double memory_bytes = 0;             // predicted peak per rank
   double bytes_per_step = 0;           // sent by one rank per step
+  double uncertainty = 0;              // of step_s: relative, one standard deviation
+  std::string family;                  // its feedback family: "tp=1d sp=none zero=2 pp=gpipe"
+  double model_step_s = 0;             // step_s before this host's measured feedback
+};
+
+// How the finalists are tried before training (the planner's keys).
+struct TuneSettings {
+  int64_t steps = 5;     // steps each finalist runs
+  int64_t warmup = 2;    // of which the first are not timed
+  double budget_s = 45;  // no finalist starts once the tuning has taken this long
+};
+
+// One finalist tried for a few steps (in the same job, nothing saved).
+struct TrialResult {
+  PlannedRun plan;
+  double measured_s = 0;  // median step after the warm-up, the slowest rank's; 0 when skipped
+  std::string skipped;    // why it was not measured ("" when it was)
 };
 
 struct PlanReport {
@@ -32,6 +49,11 @@ struct PlanReport {
   std::string machine;            // what it planned for: "this machine (calibration FILE)", ...
   std::string text;               // the table and the drop reasons, for people
   std::string json;               // the same as one JSON object
+  // The plans to try before training (indices into plans, best prediction
+  // first); empty: train the best prediction as it is.
+  std::vector<size_t> finalists;
+  std::string finalist_rule;  // how they were chosen, for the log
+  TuneSettings tune;
 };
 
 class Planner : public RolePlugin {
@@ -62,6 +84,11 @@ class Planner : public RolePlugin {
   virtual PlanReport plan(const RunConfig& config, int64_t ranks) = 0;
   // The prediction for the run `config` describes as it stands (no search).
   virtual PlanReport predict(const RunConfig& config, int64_t ranks) = 0;
+  // On rank 0 after the finalists ran: records each measured finalist's
+  // measured / model_step_s under its family in the calibration in use, so
+  // that later predictions on this host use it. Returns the file written,
+  // or "" when nothing is recorded (planning from a cluster file's rates).
+  virtual std::string record_trials(int64_t ranks, const std::vector<TrialResult>& trials) = 0;
 };
 
 }  // namespace kolos

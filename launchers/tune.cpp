@@ -1,0 +1,361 @@
+// The finalists' trial runs (tune.h).
+#include "tune.h"
+
+#include <malloc.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "kolos/core/engine.h"
+#include "kolos/core/error.h"
+#include "kolos/core/run_config.h"
+#include "kolos/core/signals.h"
+#include "kolos/modules/data.h"
+#include "kolos/modules/gpt.h"
+
+namespace kolos::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string broadcast_text(std::string text) {
+  long long size = static_cast<long long>(text.size());
+  MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  text.resize(static_cast<size_t>(size));
+  if (size > 0) MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return text;
+}
+
+double world_max(double x) {
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return x;
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::string part;
+  std::istringstream in(text);
+  while (std::getline(in, part, sep)) out.push_back(part);
+  return out;
+}
+
+// The finalists and the tune settings as lines of tab-separated fields (the
+// overrides joined by \x1f): what rank 0 broadcasts.
+std::string encode(const PlanReport& report) {
+  std::ostringstream out;
+  out.precision(17);
+  out << report.tune.steps << '\t' << report.tune.warmup << '\t' << report.tune.budget_s << '\n';
+  for (const size_t i : report.finalists) {
+    const PlannedRun& p = report.plans[i];
+    std::string overrides;
+    for (const auto& o : p.overrides) overrides += (overrides.empty() ? "" : "\x1f") + o;
+    out << p.describe << '\t' << p.step_s << '\t' << p.uncertainty << '\t' << p.model_step_s << '\t'
+        << p.family << '\t' << p.memory_bytes << '\t' << p.bytes_per_step << '\t' << overrides
+        << '\n';
+  }
+  return out.str();
+}
+
+void decode(const std::string& text, TuneSettings* tune, std::vector<PlannedRun>* plans) {
+  const std::vector<std::string> lines = split(text, '\n');
+  if (lines.empty()) return;
+  const std::vector<std::string> head = split(lines[0], '\t');
+  tune->steps = std::stoll(head.at(0));
+  tune->warmup = std::stoll(head.at(1));
+  tune->budget_s = std::stod(head.at(2));
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const std::vector<std::string> f = split(lines[i], '\t');
+    PlannedRun p;
+    p.describe = f.at(0);
+    p.step_s = std::stod(f.at(1));
+    p.uncertainty = std::stod(f.at(2));
+    p.model_step_s = std::stod(f.at(3));
+    p.family = f.at(4);
+    p.memory_bytes = std::stod(f.at(5));
+    p.bytes_per_step = std::stod(f.at(6));
+    p.overrides = split(f.size() > 7 ? f[7] : "", '\x1f');
+    plans->push_back(std::move(p));
+  }
+}
+
+// KOLOS_TEST_TUNE_STEP_S: the injected time of a finalist, or 0.
+double injected_seconds(const std::string& describe) {
+  const char* env = std::getenv("KOLOS_TEST_TUNE_STEP_S");
+  if (env == nullptr) return 0;
+  for (const std::string& item : split(env, ';')) {
+    const auto eq = item.rfind('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    if (describe.find(item.substr(0, eq)) != std::string::npos)
+      return std::stod(item.substr(eq + 1));
+  }
+  return 0;
+}
+
+std::string first_line(const std::string& s) {
+  std::string line = s.substr(0, s.find('\n'));
+  if (line.size() > 300) line = line.substr(0, 297) + "...";
+  return line;
+}
+
+// Rank 0's estimate of the next finalist's wall time: as long as the
+// earlier ones took on average (set-up and steps, the clock's own time, not
+// a prediction: a family the model misjudges does not skew it).
+double expected_seconds(const std::vector<double>& walls) {
+  double sum = 0;
+  for (const double w : walls) sum += w;
+  return walls.empty() ? 0.0 : sum / static_cast<double>(walls.size());
+}
+
+}  // namespace
+
+Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& config,
+                    const std::string& path, const std::vector<std::string>& overrides) {
+  comm::ProcessGroup& world = *runtime.world();
+  const bool root = runtime.rank() == 0;
+  Tuned out;
+  std::string error, finalists;
+  int kind = 0;
+  if (root) {
+    try {
+      out.report = planner.plan(config, runtime.size());
+      if (out.report.plans.empty()) throw Error("the planner offered no plan");
+      if (out.report.finalists.size() >= 2) finalists = encode(out.report);
+    } catch (const Error& e) {
+      error = e.what();
+      kind = static_cast<int>(e.kind());
+    }
+  }
+  detail::agree_on_error(world, error, kind);
+  TuneSettings tune;
+  std::vector<PlannedRun> plans;
+  decode(broadcast_text(finalists), &tune, &plans);
+
+  const auto start = Clock::now();
+  std::vector<double> walls;  // rank 0's: each tried finalist's wall time
+  for (size_t i = 0; i < plans.size(); ++i) {
+    TrialResult trial;
+    trial.plan = plans[i];
+    // The time bound: rank 0 decides, every rank follows. The best
+    // prediction is always tried.
+    int go = 1;
+    if (root && i > 0) {
+      go = since(start) + expected_seconds(walls) <= tune.budget_s;
+    }
+    MPI_Bcast(&go, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!go) {
+      std::ostringstream why;
+      why.precision(3);
+      why << "not tried: the tuning's time bound (" << tune.budget_s << " s, planner.tune_seconds)";
+      trial.skipped = why.str();
+      out.trials.push_back(trial);
+      continue;
+    }
+    const auto t0 = Clock::now();
+    std::vector<std::string> o = overrides;
+    o.insert(o.end(), plans[i].overrides.begin(), plans[i].overrides.end());
+    for (const std::string& fixed :
+         {"train.steps=" + std::to_string(tune.steps), std::string("log.metrics=\"\""),
+          std::string("log.progress=\"off\""), std::string("checkpoint.dir=\"\"")}) {
+      o.push_back(fixed);
+    }
+    std::vector<double> times;
+    try {
+      std::string load_error;
+      int load_kind = 0;
+      RunConfig run;
+      try {
+        const char* fail = std::getenv("KOLOS_TEST_TUNE_FAIL");
+        if (fail != nullptr && *fail && plans[i].describe.find(fail) != std::string::npos &&
+            runtime.rank() == runtime.size() - 1) {
+          throw ConfigError("injected set-up failure on rank " + std::to_string(runtime.rank()) +
+                            " (KOLOS_TEST_TUNE_FAIL)");
+        }
+        run = load_run_config(path, o);
+      } catch (const Error& e) {
+        load_error = e.what();
+        load_kind = static_cast<int>(e.kind());
+      }
+      detail::agree_on_error(world, load_error, load_kind);
+      Engine engine(run, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
+      engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
+    } catch (const AgreedError& e) {
+      trial.skipped = "skipped: " + first_line(e.what());
+    }
+    malloc_trim(0);  // what the finalist's model held, back before the next one
+    std::vector<double> steady(times.begin() + std::min<size_t>(tune.warmup, times.size()),
+                               times.end());
+    std::sort(steady.begin(), steady.end());
+    const double median = steady.empty() ? 0.0 : steady[steady.size() / 2];
+    // Every rank holds the same figure: the slowest rank's median.
+    trial.measured_s = world_max(trial.skipped.empty() ? median : 0.0);
+    if (trial.skipped.empty() && !(trial.measured_s > 0)) {
+      trial.skipped = "skipped: it ended before a timed step (a stop request?)";
+    }
+    if (trial.skipped.empty()) {
+      if (const double s = injected_seconds(plans[i].describe); s > 0) trial.measured_s = s;
+    }
+    walls.push_back(since(t0));
+    out.trials.push_back(trial);
+  }
+  out.seconds = world_max(root ? since(start) : 0.0);
+  for (size_t i = 0; i < out.trials.size(); ++i) {
+    const TrialResult& t = out.trials[i];
+    if (!t.skipped.empty()) continue;
+    if (out.pick < 0 || t.measured_s < out.trials[static_cast<size_t>(out.pick)].measured_s) {
+      out.pick = static_cast<int64_t>(i);
+    }
+  }
+  if (out.pick >= 0) {
+    out.chosen = out.trials[static_cast<size_t>(out.pick)].plan;
+  } else if (root) {
+    out.chosen = out.report.plans.front();
+  }
+  // The feedback is worth having, not worth ending the run for: a file that
+  // cannot be written is reported and the run goes on.
+  if (root && out.pick >= 0) {
+    try {
+      out.recorded = planner.record_trials(runtime.size(), out.trials);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kolos: warning: the finalists' measurements were not recorded: %s\n",
+                   first_line(e.what()).c_str());
+    }
+  }
+  return out;
+}
+
+std::string format_trials(const Tuned& tuned, const std::string& prefix) {
+  std::ostringstream out;
+  char line[512];
+  const TuneSettings& tune = tuned.report.tune;
+  out << "kolos: " << prefix << ": " << tuned.trials.size() << " finalists, "
+      << tuned.report.finalist_rule << "; each runs " << tune.steps << " steps, timed after "
+      << tune.warmup << " (the median, the slowest rank's):\n";
+  std::snprintf(line, sizeof line, "kolos: %s:   %-2s %-58s %12s %6s %12s %9s\n", prefix.c_str(),
+                "#", "plan", "predicted s", "+-", "measured s", "meas/pred");
+  out << line;
+  for (size_t i = 0; i < tuned.trials.size(); ++i) {
+    const TrialResult& t = tuned.trials[i];
+    const bool pick = static_cast<int64_t>(i) == tuned.pick;
+    if (t.skipped.empty()) {
+      std::snprintf(line, sizeof line, "kolos: %s: %s %-2zu %-58s %12.4f %5.1f%% %12.4f %9.3f\n",
+                    prefix.c_str(), pick ? "*" : " ", i + 1, t.plan.describe.c_str(), t.plan.step_s,
+                    100 * t.plan.uncertainty, t.measured_s, t.measured_s / t.plan.step_s);
+    } else {
+      std::snprintf(line, sizeof line, "kolos: %s:   %-2zu %-58s %12.4f %5.1f%% %s\n",
+                    prefix.c_str(), i + 1, t.plan.describe.c_str(), t.plan.step_s,
+                    100 * t.plan.uncertainty, t.skipped.c_str());
+    }
+    out << line;
+  }
+  if (tuned.pick >= 0) {
+    const TrialResult& p = tuned.trials[static_cast<size_t>(tuned.pick)];
+    std::snprintf(line, sizeof line,
+                  "kolos: %s: picked #%lld, the fastest measured: %s (%.3f s/step measured, %.3f "
+                  "predicted); tuning took %.1f s (bound %.3g s)\n",
+                  prefix.c_str(), static_cast<long long>(tuned.pick + 1), p.plan.describe.c_str(),
+                  p.measured_s, p.plan.step_s, tuned.seconds, tune.budget_s);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "kolos: %s: no finalist was measured; training the best prediction; tuning took "
+                  "%.1f s\n",
+                  prefix.c_str(), tuned.seconds);
+  }
+  out << line;
+  if (!tuned.recorded.empty()) {
+    out << "kolos: " << prefix << ": measured/predicted ratios recorded for later plans on this "
+        << "host: " << tuned.recorded << "\n";
+  }
+  return out.str();
+}
+
+std::string trials_json(const Tuned& tuned) {
+  const auto quote = [](const std::string& s) {
+    std::string q = "\"";
+    for (const char ch : s) {
+      if (ch == '"' || ch == '\\') q += '\\';
+      q += ch;
+    }
+    return q + "\"";
+  };
+  std::ostringstream out;
+  out.precision(9);
+  out << "{\"finalists\":[";
+  for (size_t i = 0; i < tuned.trials.size(); ++i) {
+    const TrialResult& t = tuned.trials[i];
+    out << (i ? "," : "") << "{\"describe\":" << quote(t.plan.describe)
+        << ",\"predicted_step_s\":" << t.plan.step_s << ",\"uncertainty\":" << t.plan.uncertainty
+        << ",\"family\":" << quote(t.plan.family) << ",\"measured_step_s\":" << t.measured_s
+        << ",\"skipped\":" << quote(t.skipped) << ",\"overrides\":[";
+    for (size_t k = 0; k < t.plan.overrides.size(); ++k)
+      out << (k ? "," : "") << quote(t.plan.overrides[k]);
+    out << "]}";
+  }
+  out << "],\"pick\":" << tuned.pick << ",\"seconds\":" << tuned.seconds
+      << ",\"bound_s\":" << tuned.report.tune.budget_s << "}";
+  return out.str();
+}
+
+int plan_tune_worker(int argc, char** argv, const std::string& config_path,
+                     const std::vector<std::string>& overrides, bool json,
+                     const PlannerFactory& make_planner) {
+  install_stop_handlers();
+  Runtime runtime(&argc, &argv);
+  return run_guarded(runtime, [&] {
+    modules::register_builtin_models();
+    std::string error;
+    int kind = 0;
+    RunConfig config;
+    std::shared_ptr<Planner> planner;
+    try {
+      config = load_run_config(config_path, overrides);
+      planner = make_planner(config);
+    } catch (const Error& e) {
+      error = e.what();
+      kind = static_cast<int>(e.kind());
+    }
+    detail::agree_on_error(*runtime.world(), error, kind);
+    const Tuned tuned = plan_and_tune(runtime, *planner, config, config_path, overrides);
+    if (runtime.rank() != 0) return 0;
+    const PlanReport& r = tuned.report;
+    if (json) {
+      std::ostringstream chosen;
+      chosen.precision(9);
+      chosen << "{\"describe\":\"" << tuned.chosen.describe
+             << "\",\"predicted_step_s\":" << tuned.chosen.step_s << ",\"measured_step_s\":"
+             << (tuned.pick >= 0 ? tuned.trials[static_cast<size_t>(tuned.pick)].measured_s : 0.0)
+             << ",\"overrides\":[";
+      for (size_t i = 0; i < tuned.chosen.overrides.size(); ++i) {
+        std::string o;
+        for (const char ch : tuned.chosen.overrides[i]) {
+          if (ch == '"' || ch == '\\') o += '\\';
+          o += ch;
+        }
+        chosen << (i ? "," : "") << '"' << o << '"';
+      }
+      chosen << "]}";
+      std::cout << r.json.substr(0, r.json.size() - 1) << ",\"tuning\":" << trials_json(tuned)
+                << ",\"chosen\":" << chosen.str() << "}\n";
+      return 0;
+    }
+    std::cout << "kolos: " << config_path << " on " << runtime.size() << " ranks, planned for "
+              << r.text << "\n"
+              << (tuned.trials.empty() ? "kolos: plan --tune: fewer than two finalists; nothing "
+                                         "to try\n"
+                                       : format_trials(tuned, "plan --tune"))
+              << "\nthe pick as a run:";
+    for (const auto& o : tuned.chosen.overrides) std::cout << " --set " << o;
+    std::cout << "\n";
+    return 0;
+  });
+}
+
+}  // namespace kolos::cli
