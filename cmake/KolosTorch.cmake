@@ -61,12 +61,21 @@ if(KOLOS_TORCH STREQUAL "system")
   # LibTorch's CMake config appends to CMAKE_CXX_FLAGS (-D_GLIBCXX_USE_CXX11_ABI);
   # keep them so every target, torch-free ones included, shares one ABI.
 elseif(KOLOS_TORCH STREQUAL "wheel")
-  file(GLOB torch_dirs "${KOLOS_VENV}/lib/python3*/site-packages/torch")
+  # KOLOS_TORCH_PACKAGE names the torch package folder itself (the Spack
+  # recipe's ~cuda build: py-torch's <prefix>/lib/python3.X/site-packages/torch),
+  # so that KOLOS_VENV stays free for the tests' Python.
+  set(KOLOS_TORCH_PACKAGE "" CACHE PATH
+      "The torch package folder (site-packages/torch) to import LibTorch's CPU libraries from; default: the one in KOLOS_VENV")
+  if(KOLOS_TORCH_PACKAGE)
+    set(torch_dirs "${KOLOS_TORCH_PACKAGE}")
+  else()
+    file(GLOB torch_dirs "${KOLOS_VENV}/lib/python3*/site-packages/torch")
+  endif()
   list(LENGTH torch_dirs n)
   if(NOT n EQUAL 1)
     message(FATAL_ERROR "KOLOS_TORCH=wheel: expected one torch package in ${KOLOS_VENV}/lib/python3*/site-packages, "
                         "found ${n}. Create the environment with scripts/install-venv.sh "
-                        "(or set -DKOLOS_VENV=DIR to one that has it).")
+                        "(or set -DKOLOS_VENV=DIR to one that has it, or -DKOLOS_TORCH_PACKAGE=DIR to the torch folder).")
   endif()
   set(KOLOS_TORCH_DIR "${torch_dirs}" CACHE INTERNAL "")
   set(lib "${KOLOS_TORCH_DIR}/lib")

@@ -1,19 +1,37 @@
 #!/usr/bin/python3
-"""Checks the Spack recipe and environment in spack/ without Spack.
+"""Checks the Spack recipe and environment in spack/, with a stand-in for
+Spack and, where one is given, with a real Spack.
 
     check_recipe.py REPO_ROOT
+    KOLOS_SPACK=/path/to/spack check_recipe.py REPO_ROOT
 
 Run with Debian's /usr/bin/python3 (python3-yaml, python3-jsonschema). Spack
-is not in Debian and cannot be fetched on the build machines, so a small
-stand-in for `spack.package` records the directives the recipe calls
-(version, variant, depends_on, conflicts, ...) and runs its methods. Checks:
+is not in Debian, so the first part uses a small stand-in for `spack.package`
+that records the directives the recipe calls (version, variant, depends_on,
+conflicts, when, ...) and runs its methods. The stand-in is only that: it
+mimics the parts of Spack's package API the recipe uses (no `build_directory`
+on the package, `self.builder.build_directory`, as in Spack 0.21), and a
+recipe that passes it can still fail in Spack. With KOLOS_SPACK naming a
+Spack checkout (and Spack's own configuration: SPACK_USER_CONFIG_PATH, with
+externals for kolos's dependencies), the second part runs the recipe through
+that Spack: `spack audit packages kolos`, concretizes kolos and
+kolos+tests+interop (and kolos+cuda cuda_arch=90 where the configuration
+allows it), calls cmake_args() and check() on the real package objects (check()
+with its Executable and working_dir recorded, not run) and checks what they
+did. Without KOLOS_SPACK it prints that only the stand-in was used.
+
+Checks of the first part:
   - the recipe compiles and defines a CMakePackage with a description;
-  - source and versions are honest: with no public address (no url, git or
-    homepage) the versions name no tag, branch or commit and the docstring
-    says how to build from a checkout (spack dev-build / spack develop);
-    with one, every version is pinned (sha256 or commit, never a bare tag);
-    maintainers only alongside a public address; the project's own version
-    (CMakeLists.txt) is among the versions;
+  - source and versions are honest: with no url or git the versions name no
+    tag, branch or commit and the docstring says how to build from a
+    checkout (spack dev-build / spack develop); a file:// url points into
+    the releases/ folder of the recipe's own Spack repository (where
+    scripts/release-tarball.sh puts the tarball); with a url or git every
+    version is pinned (sha256 or commit, never a bare tag), except the
+    project's own version while it is unreleased (no checksum, and the
+    docstring says so and how to build from a checkout); maintainers only
+    alongside a public address; the project's own version (CMakeLists.txt)
+    is among the versions;
   - every variant named in a `when=`, a dependency's condition or the
     recipe's code (`satisfies("+x")`, `define_from_variant(..., "x")`) is
     declared;
@@ -27,11 +45,18 @@ stand-in for `spack.package` records the directives the recipe calls
     cuda_arch is passed on to py-torch and nccl;
   - the test hook: KOLOS_BUILD_TESTS follows +tests and `spack install
     --test=...` (self.run_tests); googletest is in the graph in both cases;
-    check() runs ctest without the `launch` label, and without `gpu` unless
-    +cuda on a node with a GPU;
+    check() runs ctest in self.builder.build_directory without the `launch`
+    and `fuzz` labels, without `gpu` unless +cuda on a node with a GPU,
+    without `interop` unless +interop, and without the tests that run
+    Debian's python3 with h5py when that Python cannot import h5py;
   - cmake_args(), run for each combination of the recipe's variants, only
-    sets CMake variables that the project's CMake files read, and none that
-    a plain set() in those files would override;
+    sets CMake variables that the project's CMake files (or LibTorch's, for
+    TORCH_CUDA_ARCH_LIST) read, and none that a plain set() in those files
+    would override; turns ccache off; +cuda: KOLOS_TORCH=system, the
+    cuda_arch values as CMAKE_CUDA_ARCHITECTURES and TORCH_CUDA_ARCH_LIST;
+    ~cuda: KOLOS_TORCH=wheel with py-torch's torch package
+    (KOLOS_TORCH_PACKAGE: libtorch_cpu and libc10 only); +interop with
+    tests: KOLOS_VENV is a folder whose bin/python runs spec["python"];
   - spack.yaml is valid YAML whose `specs` list follows the schema Spack
     documents for an environment (a list of spec strings or matrix entries,
     lib/spack/spack/schema/spec_list.py in Spack), whose specs name known
@@ -39,11 +64,16 @@ stand-in for `spack.package` records the directives the recipe calls
     this checkout; repo.yaml has a namespace.
 Prints each problem; exits 1 when there is any.
 """
+import atexit
 import contextlib
 import itertools
+import json
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import types
 
 import jsonschema
@@ -68,7 +98,16 @@ KNOWN_PACKAGES = {
     "pkgconfig": set(),
     "googletest": {"gmock", "shared", "pthreads", "cxxstd"},
     "hwloc": {"cuda", "nvml"},
+    "python": set(),
+    "py-transformers": set(),
+    "py-safetensors": set(),
+    "py-h5py": {"mpi"},
+    "py-tokenizers": set(),
+    "py-sentencepiece": set(),
+    "py-numpy": set(),
 }
+# CMake variables the recipe may set that LibTorch's CMake reads, not kolos's.
+LIBTORCH_VARIABLES = {"TORCH_CUDA_ARCH_LIST"}
 # What kolos cannot build without (root-level, unconditional).
 REQUIRED = {"mpi", "boost", "toml11", "nlohmann-json", "cmake", "py-torch", "hwloc"}
 # Build tools that are only worth depending on when a CMake file uses them.
@@ -133,13 +172,26 @@ DEVELOP_SCHEMA = {
 
 class Recorder:
     pending = []
+    conditions = []  # the `with when(...)` blocks the directives are inside
 
     @classmethod
     def directive(cls, kind):
         def record(*args, **kwargs):
+            if cls.conditions:
+                kwargs = dict(kwargs)
+                kwargs["when"] = " ".join(cls.conditions + ([kwargs["when"]] if kwargs.get("when") else []))
             cls.pending.append((kind, args, kwargs))
 
         return record
+
+    @classmethod
+    @contextlib.contextmanager
+    def when(cls, condition):
+        cls.conditions.append(condition)
+        try:
+            yield
+        finally:
+            cls.conditions.pop()
 
 
 class PackageMeta(type):
@@ -167,11 +219,25 @@ class Prefix(str):
         return Prefix(os.path.join(self, name))
 
 
+# Fake installation prefixes (py-torch's has the torch package folder the
+# recipe looks for) and build folders, removed at exit.
+SCRATCH = tempfile.mkdtemp(prefix="check_recipe.")
+atexit.register(shutil.rmtree, SCRATCH, True)
+TORCH_PACKAGE = os.path.join(SCRATCH, "opt", "py-torch", "lib", "python3.11", "site-packages", "torch")
+os.makedirs(TORCH_PACKAGE)
+
+
+class FakeCommand:
+    def __init__(self, path):
+        self.path = path
+
+
 class FakeDependency:
     def __init__(self, name):
         self.name = name
-        self.prefix = Prefix(f"/spack/opt/{name}")
+        self.prefix = Prefix(os.path.join(SCRATCH, "opt", name))
         self.libs = [os.path.join(self.prefix, "lib", f"lib{name}.so")]
+        self.command = FakeCommand(os.path.join(self.prefix, "bin", "python3"))
 
 
 class FakeSpec:
@@ -210,11 +276,23 @@ class Calls:
 def make_stub_module():
     package = types.ModuleType("spack.package")
 
+    class Builder:
+        """Spack 0.21's CMakeBuilder, as far as the recipe uses it. The
+        package itself has no build_directory (Spack 0.21: only its builder
+        has)."""
+
+        def __init__(self, build_directory):
+            self.build_directory = build_directory
+
     class PackageBase(metaclass=PackageMeta):
         def __init__(self, spec, run_tests=False):
             self.spec = spec
             self.run_tests = run_tests
-            self.build_directory = "/spack/stage/spack-build"
+            self._builder = Builder(tempfile.mkdtemp(prefix="spack-build-", dir=SCRATCH))
+
+        @property
+        def builder(self):
+            return self._builder
 
         def define(self, name, value):
             if isinstance(value, bool):
@@ -241,9 +319,14 @@ def make_stub_module():
     class Executable:
         def __init__(self, path):
             self.path = str(path)
+            self.returncode = None
 
         def __call__(self, *args, **kwargs):
             Calls.log.append(("run", self.path, [str(a) for a in args]))
+            self.returncode = 0
+
+    class InstallError(Exception):
+        pass
 
     @contextlib.contextmanager
     def working_dir(path):
@@ -254,6 +337,9 @@ def make_stub_module():
     package.CudaPackage = CudaPackage
     package.Executable = Executable
     package.working_dir = working_dir
+    package.InstallError = InstallError
+    package.mkdirp = lambda *paths: [os.makedirs(p, exist_ok=True) for p in paths]
+    package.when = Recorder.when
     package.make_jobs = 2
     for kind in ("version", "variant", "depends_on", "conflicts", "maintainers", "generator",
                  "license", "patch", "provides", "requires", "resource", "extends"):
@@ -264,6 +350,11 @@ def make_stub_module():
     spack.package = package
     sys.modules["spack"] = spack
     sys.modules["spack.package"] = package
+    # llnl.util.tty: Spack's messages (check() says what it leaves out).
+    llnl, util, tty = (types.ModuleType(n) for n in ("llnl", "llnl.util", "llnl.util.tty"))
+    tty.msg = tty.warn = tty.info = lambda *a, **k: Calls.log.append(("msg", " ".join(map(str, a)), []))
+    llnl.util, util.tty = util, tty
+    sys.modules.update({"llnl": llnl, "llnl.util": util, "llnl.util.tty": tty})
     return package
 
 
@@ -308,6 +399,7 @@ def unguarded_sets(cmake_files, name):
     token = re.compile(r"\b(if|elseif|else|endif|set)\s*\(([^)]*)\)", re.IGNORECASE)
     guard = re.compile(r"\bNOT\s+(DEFINED\s+)?" + re.escape(name) + r"\b")
     found = []
+    all_text = "".join(open(path, errors="replace").read() for path in cmake_files)
     for path in cmake_files:
         text = re.sub(r"#[^\n]*", "", open(path, errors="replace").read())
         conditions = []
@@ -325,9 +417,124 @@ def unguarded_sets(cmake_files, name):
                 words = body.split()
                 if not words or words[0] != name or "CACHE" in words or "PARENT_SCOPE" in words:
                     continue
+                # set(NAME "${SAVED}") where SAVED holds NAME's value from
+                # before (set(SAVED "${NAME}")) puts the user's value back.
+                restored = re.fullmatch(r'"?\$\{(\w+)\}"?', " ".join(words[1:]))
+                if restored and re.search(r"set\(\s*" + restored.group(1) + r'\s+"?\$\{' + name + r"\}",
+                                          all_text):
+                    continue
                 if not any(guard.search(c) for c in conditions):
                     found.append((path, " ".join(words[1:])))
     return found
+
+
+# Run by `spack python` in real_spack_checks(): concretizes each spec with
+# the recipe of the tree being checked, calls cmake_args() and check() on the
+# real package object (check()'s Executable and working_dir recorded, not
+# run) and prints what they did as JSON.
+REAL_SPACK_SCRIPT = r"""
+import contextlib, json, os, shutil, sys, tempfile
+import spack.spec
+out = []
+for text in sys.argv[1:]:
+    entry = {"spec": text}
+    out.append(entry)
+    try:
+        spec = spack.spec.Spec(text).concretized()
+    except Exception as e:
+        entry["unsatisfiable"] = str(e).splitlines()[0][:300]
+        continue
+    pkg = spec.package
+    module = pkg.module
+    entry["package_has_build_directory"] = "build_directory" in dir(pkg)
+    entry["build_directory"] = pkg.builder.build_directory
+    # Keep the +interop wrapper out of Spack's stage (cmake_args writes it).
+    scratch = tempfile.mkdtemp()
+    type(pkg)._test_python_dir = lambda self: scratch
+    pkg.run_tests = True
+    entry["cmake_args"] = [str(a) for a in pkg.cmake_args()]
+    calls = []
+    class Recorder:
+        def __init__(self, path):
+            self.path, self.returncode = str(path), 0
+        def __call__(self, *args, **kwargs):
+            calls.append(["run", self.path, [str(a) for a in args]])
+    @contextlib.contextmanager
+    def working_dir(path, **kwargs):
+        calls.append(["cd", str(path), []])
+        yield
+    module.Executable, module.working_dir = Recorder, working_dir
+    # make_jobs is set on the module when a build starts (build_environment).
+    if not hasattr(module, "make_jobs"):
+        module.make_jobs = 2
+    try:
+        pkg.check()
+    except Exception as e:
+        entry["check_error"] = f"{type(e).__name__}: {e}"
+    entry["check_calls"] = calls
+    wrapper = scratch + "/bin/python"
+    entry["test_python"] = open(wrapper).read() if os.access(wrapper, os.X_OK) else None
+    shutil.rmtree(scratch, ignore_errors=True)
+print("KOLOS-JSON" + json.dumps(out))
+"""
+
+
+def real_spack_checks(root, spack_dir, problem, passed):
+    """The recipe through a real Spack: audit, concretization, cmake_args()
+    and check() on Spack's own package objects."""
+    spack = os.path.join(spack_dir, "bin", "spack")
+    with tempfile.TemporaryDirectory() as scope:
+        # This tree's spack/ as the only `kolos` repository (repos:: replaces
+        # the ones of lower scopes), ahead of Spack's builtin one.
+        with open(os.path.join(scope, "repos.yaml"), "w") as f:
+            f.write(f"repos::\n- {os.path.join(root, 'spack')}\n- $spack/var/spack/repos/builtin\n")
+        base = [spack, "-C", scope]
+        for extra in filter(None, os.environ.get("KOLOS_SPACK_SCOPES", "").split(":")):
+            base += ["-C", extra]
+        audit = subprocess.run(base + ["audit", "packages", "kolos"], capture_output=True, text=True)
+        issues = re.findall(r"(\d+) issues? found", audit.stdout)
+        if audit.returncode != 0 or not issues or any(n != "0" for n in issues):
+            problem(f"spack audit packages kolos: exit {audit.returncode}:\n{audit.stdout[-2000:]}{audit.stderr[-2000:]}")
+        else:
+            passed.append(f"real Spack: `spack audit packages kolos`: {audit.stdout.strip().splitlines()[-3:]}")
+        script = os.path.join(scope, "check.py")
+        with open(script, "w") as f:
+            f.write(REAL_SPACK_SCRIPT)
+        specs = ["kolos", "kolos +tests +interop", "kolos +cuda cuda_arch=90"]
+        run = subprocess.run(base + ["python", script] + specs, capture_output=True, text=True)
+        line = [l for l in run.stdout.splitlines() if l.startswith("KOLOS-JSON")]
+        if run.returncode != 0 or not line:
+            problem(f"spack python (the recipe's methods): exit {run.returncode}:\n{run.stdout[-2000:]}{run.stderr[-3000:]}")
+            return
+    for entry in json.loads(line[0][len("KOLOS-JSON"):]):
+        text = entry["spec"]
+        if "unsatisfiable" in entry:
+            if "+cuda" in text:
+                print(f"not checked with the real Spack: {text}: {entry['unsatisfiable']}")
+            else:
+                problem(f"real Spack: {text} does not concretize: {entry['unsatisfiable']}")
+            continue
+        defined = dict(re.match(r"-D(\w+)(?::\w+)?=(.*)", a).groups() for a in entry["cmake_args"] if a.startswith("-D"))
+        if entry.get("check_error"):
+            problem(f"real Spack: {text}: check() raised {entry['check_error']}")
+        cds = [c[1] for c in entry["check_calls"] if c[0] == "cd"]
+        ctest = [c[2] for c in entry["check_calls"] if c[0] == "run" and c[1].endswith("ctest")]
+        if not ctest or cds != [entry["build_directory"]]:
+            problem(f"real Spack: {text}: check() ran {entry['check_calls']}, expected ctest in "
+                    f"{entry['build_directory']}")
+        if defined.get("KOLOS_CCACHE") != "OFF":
+            problem(f"real Spack: {text}: cmake_args() does not turn ccache off")
+        if "+cuda" in text:
+            if defined.get("CMAKE_CUDA_ARCHITECTURES") != "90" or defined.get("TORCH_CUDA_ARCH_LIST") != "9.0":
+                problem(f"real Spack: {text}: cuda_arch=90 not passed on: {entry['cmake_args']}")
+        elif defined.get("KOLOS_TORCH") != "wheel" or not os.path.isfile(
+                os.path.join(defined.get("KOLOS_TORCH_PACKAGE", ""), "lib", "libtorch_cpu.so")):
+            problem(f"real Spack: {text}: ~cuda does not import py-torch's libtorch_cpu.so: {entry['cmake_args']}")
+        if "+interop" in text and not entry.get("test_python"):
+            problem(f"real Spack: {text}: KOLOS_VENV ({defined.get('KOLOS_VENV')}) has no bin/python")
+        passed.append(f"real Spack: {text}: cmake_args {entry['cmake_args']}; check() ran ctest "
+                      f"{' '.join(ctest[0]) if ctest else '-'} in the builder's build directory "
+                      f"(the package itself has build_directory: {entry['package_has_build_directory']})")
 
 
 def main():
@@ -348,7 +555,7 @@ def main():
         print(f"FAIL: {recipe} does not compile: {e}")
         return 1
     make_stub_module()
-    namespace = {"__name__": "kolos_recipe"}
+    namespace = {"__name__": "kolos_recipe", "__file__": recipe}
     exec(code, namespace)
     cls = namespace.get("Kolos")
     if cls is None:
@@ -366,6 +573,15 @@ def main():
     if not doc:
         problem("no docstring (Spack shows it as the description)")
     address = {a: getattr(cls, a, "") for a in ("homepage", "url", "git") if getattr(cls, a, "")}
+    # A file:// url is the releases/ folder of the recipe's own repository
+    # (or a mirror in front of it): a place to fetch from, not a public one.
+    public = {a: v for a, v in address.items() if not v.startswith("file://")}
+    releases = os.path.join(root, "spack", "releases")
+    if address.get("url", "").startswith("file://"):
+        folder = os.path.dirname(address["url"][len("file://"):])
+        if os.path.realpath(folder) != os.path.realpath(releases):
+            problem(f"url {address['url']!r} is a local file outside {releases}, where "
+                    "scripts/release-tarball.sh puts release tarballs")
     versions = [a[0] for a, _ in by_kind("version")]
     if not versions:
         problem("no version()")
@@ -382,21 +598,25 @@ def main():
         if not re.search(r"spack (dev-build|develop)", doc):
             problem("with no public source address, the docstring must say how to build from a "
                     "checkout (spack dev-build / spack develop)")
-        if by_kind("maintainers"):
-            problem("maintainers() without a public source address: maintainers are the GitHub "
-                    "handles of the package's upstream")
     else:
         if "url" not in address and "git" not in address:
             problem(f"{sorted(address)} set but no url or git: nothing to fetch from")
         for args, kwargs in by_kind("version"):
             pinned = {"sha256", "commit"} & set(kwargs) or len(args) > 1
+            unreleased = (project and args[0] == project.group(1) and not kwargs
+                          and re.search(r"spack (dev-build|develop)", doc) and "--no-checksum" in doc)
             if "tag" in kwargs and "commit" not in kwargs:
                 problem(f"version({args[0]!r}) names tag {kwargs['tag']!r} without a commit pin")
-            elif not pinned and "branch" not in kwargs:
-                problem(f"version({args[0]!r}) is pinned by neither sha256 nor commit")
+            elif not pinned and "branch" not in kwargs and not unreleased:
+                problem(f"version({args[0]!r}) is pinned by neither sha256 nor commit (only the "
+                        "project's own, unreleased version may be, with a docstring that says how "
+                        "to build it from a checkout and that fetching it needs --no-checksum)")
             elif "branch" in kwargs and re.fullmatch(r"[0-9.]+", args[0]):
                 problem(f"version({args[0]!r}) is a release number following branch {kwargs['branch']!r}")
-    passed.append(f"source: {sorted(address) or 'checkout only'}, versions {versions}")
+    if by_kind("maintainers") and not public:
+        problem("maintainers() without a public source address: maintainers are the GitHub "
+                "handles of the package's upstream")
+    passed.append(f"source: {address or 'checkout only'}, versions {versions}")
 
     # Variants: declared, and every use of one.
     declared = {}
@@ -425,7 +645,7 @@ def main():
     for name in re.findall(r"variants\[\"([^\"]+)\"\]", source):
         if name not in declared:
             problem(f"spec.variants[{name!r}] is not declared")
-    for variant in ("cuda", "nccl", "ucx", "tests", "hdf5_parallel"):
+    for variant in ("cuda", "nccl", "ucx", "tests", "hdf5_parallel", "interop"):
         if variant not in declared:
             problem(f"variant {variant!r} is not declared")
 
@@ -556,14 +776,40 @@ def main():
         if defined.get("HDF5_PREFER_PARALLEL") != want_parallel:
             combination_problem(f"sets HDF5_PREFER_PARALLEL={defined.get('HDF5_PREFER_PARALLEL')}, "
                                 f"expected {want_parallel}", where)
+        if defined.get("KOLOS_CCACHE") != "OFF":
+            combination_problem("does not set KOLOS_CCACHE=OFF (a Spack build would write the user's "
+                                "ccache)", where)
         if variants.get("cuda"):
             nvcc = FakeDependency("cuda").prefix.bin.nvcc
             if defined.get("CMAKE_CUDA_COMPILER") != nvcc:
                 combination_problem("does not set CMAKE_CUDA_COMPILER to spec['cuda'].prefix.bin.nvcc "
                                     "(CMake would take the first nvcc it finds)", where)
+            if defined.get("KOLOS_TORCH") != "system":
+                combination_problem(f"sets KOLOS_TORCH={defined.get('KOLOS_TORCH')} with +cuda, expected "
+                                    "system (py-torch's TorchConfig.cmake, with its CUDA libraries)", where)
+            if defined.get("CMAKE_CUDA_ARCHITECTURES") != "90" or defined.get("TORCH_CUDA_ARCH_LIST") != "9.0":
+                combination_problem("does not pass cuda_arch=90 as CMAKE_CUDA_ARCHITECTURES=90 and "
+                                    "TORCH_CUDA_ARCH_LIST=9.0 (got "
+                                    f"{defined.get('CMAKE_CUDA_ARCHITECTURES')!r}, "
+                                    f"{defined.get('TORCH_CUDA_ARCH_LIST')!r})", where)
+        else:
+            if defined.get("KOLOS_TORCH") != "wheel" or defined.get("KOLOS_TORCH_PACKAGE") != TORCH_PACKAGE:
+                combination_problem(f"sets KOLOS_TORCH={defined.get('KOLOS_TORCH')}, KOLOS_TORCH_PACKAGE="
+                                    f"{defined.get('KOLOS_TORCH_PACKAGE')} with ~cuda, expected KOLOS_TORCH=wheel "
+                                    "and py-torch's torch package (libtorch_cpu and libc10 only: TorchConfig's "
+                                    "`torch` links libtorch_cuda.so whenever py-torch is a CUDA build)", where)
+        if variants.get("interop") and want_tests == "ON":
+            venv = defined.get("KOLOS_VENV", "")
+            python = os.path.join(venv, "bin", "python")
+            want = FakeDependency("python").command.path
+            if not (os.access(python, os.X_OK) and want in open(python).read()):
+                combination_problem("with +interop does not set KOLOS_VENV to a folder whose bin/python "
+                                    "runs spec['python'] (the interop tests run $KOLOS_VENV/bin/python)", where)
     for message, (first, count) in per_combination.items():
         problem(f"cmake_args() {message}: in {count} of {combinations} combinations, e.g. {first}")
     for name in sorted(seen):
+        if name in LIBTORCH_VARIABLES:
+            continue
         if not name.startswith("CMAKE_") and not re.search(r"\b" + name + r"\b", cmake_source):
             problem(f"cmake_args() sets {name}, which no CMake file of the project reads")
         for path, value in unguarded_sets(cmake_files, name):
@@ -574,19 +820,25 @@ def main():
 
     # check(): ctest without `launch`, and without `gpu` unless +cuda on a
     # node with a GPU.
-    labels_in_tests = set(re.findall(r"LABELS\s+\"?([a-z]+)", cmake_source))
+    labels_in_tests = {label for found in re.findall(r"LABELS\s+\"?([a-z0-9_;]+)", cmake_source)
+                       for label in found.split(";")}
     if "check" not in cls.__dict__:
         problem("no check(): `spack install --test=root` would run CMakePackage's default `ninja test`, "
                 "launch and gpu tests included")
     else:
-        cases = [({"cuda": False}, False, {"launch", "gpu"}), ({"cuda": True}, False, {"launch", "gpu"}),
-                 ({"cuda": True}, True, {"launch"})]
-        for overrides, gpu, want in cases:
+        always = {"launch", "fuzz"}
+        cases = [({"cuda": False}, False, True, always | {"gpu", "interop"}),
+                 ({"cuda": True}, False, True, always | {"gpu", "interop"}),
+                 ({"cuda": True}, True, True, always | {"interop"}),
+                 ({"cuda": False, "interop": True}, False, True, always | {"gpu"}),
+                 ({"cuda": True, "interop": True}, True, False, always)]
+        for overrides, gpu, h5py, want in cases:
             variants = {n: bool(declared[n].get("default", False)) for n in booleans}
             variants.update(overrides)
             variants["cuda_arch"] = ("90",) if variants.get("cuda") else ("none",)
             pkg = cls(FakeSpec(variants), run_tests=True)
             pkg._gpu_visible = lambda: gpu
+            pkg._debian_h5py = lambda: h5py
             Calls.log = []
             try:
                 pkg.check()
@@ -606,12 +858,22 @@ def main():
             if excluded != want:
                 problem(f"check() with {overrides}, GPU={gpu} excludes labels {sorted(excluded)}, "
                         f"expected {sorted(want)}")
-            if not any(kind == "cd" and path == pkg.build_directory for kind, path, _ in Calls.log):
-                problem("check() does not run ctest in self.build_directory")
-        for label in ("launch", "gpu"):
+            names = args[args.index("--exclude-regex") + 1] if "--exclude-regex" in args else ""
+            if h5py == bool(re.search(r"e2e_bad_checkpoints", names)):
+                problem(f"check() with Debian's python3 {'able' if h5py else 'unable'} to import h5py "
+                        f"excludes the tests {names!r}: the tests that need it are left out exactly "
+                        "when it cannot")
+            said = " ".join(path for kind, path, _ in Calls.log if kind == "msg")
+            for label in want:
+                if f"`{label}`" not in said:
+                    problem(f"check() leaves out label {label!r} without saying why (tty.msg)")
+            if not any(kind == "cd" and path == pkg.builder.build_directory for kind, path, _ in Calls.log):
+                problem("check() does not run ctest in self.builder.build_directory")
+        for label in ("launch", "gpu", "fuzz", "interop"):
             if label not in labels_in_tests:
                 problem(f"check() leaves out label {label!r}, which no test of the project has")
-        passed.append("check(): ctest -LE launch|gpu (gpu kept with +cuda on a GPU node)")
+        passed.append("check(): ctest -LE launch|fuzz|gpu|interop (gpu kept with +cuda on a GPU node, "
+                      "interop with +interop), reasons printed")
 
     # The environment and the repository description.
     with open(os.path.join(root, "spack", "repo.yaml")) as f:
@@ -674,6 +936,13 @@ def main():
             if not os.path.exists(os.path.join(path, "CMakeLists.txt")):
                 problem(f"spack.yaml: develop {name} path {dev.get('path')!r} is not the kolos checkout")
         passed.append(f"spack.yaml: specs {strings} valid under Spack's spec-list schema")
+
+    spack_dir = os.environ.get("KOLOS_SPACK")
+    if spack_dir:
+        real_spack_checks(root, spack_dir, problem, passed)
+    else:
+        passed.append("only the stand-in for spack.package was used (no KOLOS_SPACK): a recipe that "
+                      "passes it can still fail in Spack")
 
     if problems:
         print(f"{len(problems)} problem(s)")

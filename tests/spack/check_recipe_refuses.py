@@ -23,8 +23,13 @@ CASES = [
     ("unquoted spec in spack.yaml", ENV,
      '- "openmpi@4.1: fabrics=ucx schedulers=slurm"', "- openmpi@4.1: fabrics=ucx schedulers=slurm",
      "is not valid under Spack's schema for `specs`"),
-    ("tag without a source", RECIPE, 'version("0.1.0")', 'version("0.1.0", tag="v0.1.0")',
-     "names a source"),
+    ("tag without a source", RECIPE,
+     'url = f"file://{_REPO_DIR}/releases/kolos-0.1.0.tar.gz"\n    version("0.1.0")',
+     'version("0.1.0", tag="v0.1.0")', "names a source"),
+    ("a released version without a checksum", RECIPE, '    version("0.1.0")\n',
+     '    version("0.2.0")\n    version("0.1.0")\n', "is pinned by neither sha256 nor commit"),
+    ("a local url outside releases/", RECIPE, '{_REPO_DIR}/releases/kolos-0.1.0.tar.gz',
+     '/tmp/kolos-0.1.0.tar.gz', "is a local file outside"),
     ("placeholder maintainers", RECIPE, 'version("0.1.0")', 'version("0.1.0")\n    maintainers("kolos")',
      "maintainers() without a public source address"),
     ("unpinned tag", RECIPE, 'version("0.1.0")',
@@ -37,8 +42,22 @@ CASES = [
      'depends_on("googletest@1.10: +gmock", type="test", when="+tests")',
      "googletest is not a build/link dependency when +tests"),
     ("no check()", RECIPE, "def check(self):", "def unused_check(self):", "no check()"),
-    ("check() runs launch tests", RECIPE, 'excluded = ["launch"]', "excluded = []",
+    ("check() runs launch tests", RECIPE, '"launch": "needs root', '"nolaunch": "needs root',
      "excludes labels"),
+    ("check() runs the interop tests without their Python", RECIPE,
+     'if not self.spec.satisfies("+interop"):', "if False:", "excludes labels"),
+    ("check() in the package's build_directory (Spack 0.21 has none)", RECIPE,
+     "        with working_dir(self.builder.build_directory):", "        with working_dir(self.build_directory):",
+     "has no attribute 'build_directory'"),
+    ("ccache in Spack builds", RECIPE, 'self.define("KOLOS_CCACHE", False),', "",
+     "does not set KOLOS_CCACHE=OFF"),
+    ("~cuda links TorchConfig's torch", RECIPE, 'args.append(self.define("KOLOS_TORCH", "wheel"))',
+     'args.append(self.define("KOLOS_TORCH", "system"))', "expected KOLOS_TORCH=wheel"),
+    ("cuda_arch not given to LibTorch's CMake", RECIPE,
+     'args.append(self.define("TORCH_CUDA_ARCH_LIST", ";".join(_torch_arch(a) for a in archs)))', "pass",
+     "TORCH_CUDA_ARCH_LIST=9.0"),
+    ("interop tests without Spack's python", RECIPE, 'args.append(self.define("KOLOS_VENV", folder))', "pass",
+     "runs spec['python']"),
     ("toml11 unbounded", RECIPE, 'depends_on("toml11@3.7:3")', 'depends_on("toml11@3.7:")',
      "depends_on('toml11') has no upper bound"),
     ("hdf5 2.x allowed", RECIPE, 'depends_on("hdf5@1.10:1.14")', 'depends_on("hdf5@1.10:2")',
@@ -52,10 +71,16 @@ CASES = [
     ("cuda_arch not passed to nccl", RECIPE,
      'depends_on(f"nccl +cuda cuda_arch={_arch}", when=f"+nccl cuda_arch={_arch}")', "pass",
      "cuda_arch is not passed on to nccl"),
-    ("pkgconfig no longer used", "CMakeLists.txt",
-     "find_package(PkgConfig REQUIRED)\npkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc>=2.0)",
-     "find_library(KOLOS_HWLOC_LIBRARY hwloc REQUIRED)",
-     "no CMake file of the project uses pkgconfig"),
+    # Every CMake file that uses pkg-config changed (a list of edits).
+    ("pkgconfig no longer used",
+     [("CMakeLists.txt",
+       "find_package(PkgConfig REQUIRED)\npkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc>=2.0)",
+       "find_library(KOLOS_HWLOC_LIBRARY hwloc REQUIRED)"),
+      ("tokenizer/CMakeLists.txt", "pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)",
+       "find_library(KOLOS_PCRE2 pcre2-8 REQUIRED)"),
+      ("tokenizer/CMakeLists.txt", "pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)",
+       "")],
+     None, None, "no CMake file of the project uses pkgconfig"),
     ("hwloc unbounded", RECIPE, 'depends_on("hwloc@2.0:2")', 'depends_on("hwloc@2.0:")',
      "depends_on('hwloc') has no upper bound"),
     ("a UCX kolos does not link", RECIPE, 'depends_on("nccl@2", when="+nccl")',
@@ -96,8 +121,11 @@ def make_tree(root, top, copied):
 
 
 def run_check(top):
+    # The stand-in only: each case is a mistake the stand-in must catch (a
+    # real Spack, KOLOS_SPACK, is tried by check_recipe.py on the checkout).
+    env = {k: v for k, v in os.environ.items() if k != "KOLOS_SPACK"}
     result = subprocess.run([sys.executable, os.path.join(HERE, "check_recipe.py"), top],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, env=env)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -111,15 +139,21 @@ def main():
             print(f"FAIL: the unbroken copy does not pass:\n{out}")
             return 1
     for name, path, old, new, expected in CASES:
+        edits = path if isinstance(path, list) else [(path, old, new)]
         with tempfile.TemporaryDirectory() as top:
-            make_tree(root, top, [path])
-            target = os.path.join(top, path)
-            text = open(target).read()
-            if old not in text:
-                print(f"FAIL: {name}: {path} no longer contains {old!r}; update this case")
+            make_tree(root, top, sorted({p for p, _, _ in edits}))
+            missing = False
+            for edit_path, edit_old, edit_new in edits:
+                target = os.path.join(top, edit_path)
+                text = open(target).read()
+                if edit_old not in text:
+                    print(f"FAIL: {name}: {edit_path} no longer contains {edit_old!r}; update this case")
+                    missing = True
+                    break
+                open(target, "w").write(text.replace(edit_old, edit_new, 1))
+            if missing:
                 failures += 1
                 continue
-            open(target, "w").write(text.replace(old, new, 1))
             rc, out = run_check(top)
             if rc == 1 and expected in out:
                 print(f"ok: {name}: refused ({expected})")
