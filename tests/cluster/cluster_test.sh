@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Tests on the namespace cluster of cluster.sh. One case per CTest test:
+#   cluster_test.sh CASE
+# Environment: KOLOS, KOLOS_SOURCE_DIR, KOLOS_CLUSTER_STATE (the fixture's
+# cluster), KOLOS_CLUSTER_PREFIX (its namespace prefix, at most 7 characters).
+# `up` and `down` are the fixture's set-up and clean-up; the cluster lives
+# between them, torn down by `down` or, should CTest be killed, by the
+# watchdog `up` leaves behind. Every other case uses the cluster, and writes
+# only under a temporary directory it removes on exit.
+# shellcheck disable=SC2016  # single-quoted scripts expand in their own shell
+set -uo pipefail
+case_name=$1
+here=$(cd "$(dirname "$0")" && pwd)
+src=${KOLOS_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
+cluster=$here/cluster.sh
+state=${KOLOS_CLUSTER_STATE:?}
+prefix=${KOLOS_CLUSTER_PREFIX:?}
+tiny=$src/examples/gpt-tiny.toml
+PY=/usr/bin/python3
+work=$(mktemp -d /tmp/kolos-cluster-test.XXXXXX)
+cleanup() {
+  local rc=$?
+  rm -rf "$work"
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cd "$work" || exit 1
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# mpirun across the cluster, with the flags of kolos's own tests (ranks
+# outnumber cores) and the run's environment passed to every node.
+mpi() {
+  timeout 240 "$cluster" mpirun "$state" --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 \
+    -x KOLOS_PLUGIN_PATH -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -x KOLOS_COMM_TIMEOUT_S "$@"
+}
+
+# tbf_sent NODE: the bytes node NODE's shaped link has sent.
+tbf_sent() {
+  "$cluster" exec "$state" "$1" tc -s qdisc show dev eth0 | awk '/^ Sent/ {print $2; exit}'
+}
+
+# same_run A.jsonl B.jsonl: losses and gradient norms of every step agree
+# (relative 1e-4, as the e2e tests compare runs).
+same_run() {
+  $PY - "$1" "$2" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert [r["step"] for r in a] == [r["step"] for r in b], "steps differ"
+worst = 0.0
+for ra, rb in zip(a, b):
+    for key in ("loss", "grad_norm"):
+        worst = max(worst, abs(ra[key] - rb[key]) / abs(ra[key]))
+print(f"{len(a)} steps, losses {a[0]['loss']:.4f} -> {a[-1]['loss']:.4f}; "
+      f"largest relative difference in loss and gradient norm: {worst:.2e}")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
+}
+
+case "$case_name" in
+  up)
+    # The fixture's set-up: anything a killed run left, then a fresh cluster
+    # owned by CTest (this script's parent).
+    "$cluster" down "$state" 2>/dev/null
+    "$cluster" sweep "$prefix"
+    "$cluster" up "$state" --prefix "$prefix" --nodes 2 --rate 1gbit --owner "$PPID" ||
+      fail "the cluster did not come up"
+    ;;
+  down)
+    # The fixture's clean-up, and the proof that nothing is left.
+    "$cluster" down "$state" || fail "cluster.sh down"
+    "$cluster" leftovers "$prefix" || fail "the cluster left things behind"
+    [[ ! -e $state ]] || fail "$state is left"
+    echo "nothing left of $prefix"
+    ;;
+  link)
+    # Each node has its own hostname and address; its link is the shaped one;
+    # a TCP stream between the nodes runs at no more than the stated rate.
+    for i in 0 1; do
+      [[ $("$cluster" exec "$state" node$i hostname) == node$i ]] || fail "node$i has another hostname"
+      "$cluster" exec "$state" node$i ip -br addr show eth0 | grep -q "10.213.40.$((i + 1))/24" ||
+        fail "node$i has not its address"
+      "$cluster" exec "$state" node$i tc qdisc show dev eth0 | grep -q "tbf .* rate 1Gbit" ||
+        fail "node$i's link is not shaped"
+    done
+    "$cluster" exec "$state" node1 $PY "$here/link_rate.py" recv 5201 >rate.txt &
+    recv=$!
+    timeout 150 "$cluster" exec "$state" node0 $PY "$here/link_rate.py" send node1 5201 64 ||
+      fail "sending 64 MiB from node0 to node1"
+    timeout 150 tail --pid=$recv -f /dev/null || fail "the receiver did not finish"
+    read -r bytes seconds <rate.txt || fail "no measurement"
+    [[ $bytes == $((64 << 20)) ]] || fail "received $bytes bytes, sent $((64 << 20))"
+    # An upper bound only: a loaded machine makes the stream slower, never faster
+    # than the shaper lets it (its 1 MiB burst adds under 2% to 64 MiB).
+    $PY -c "import sys; r = $bytes * 8 / $seconds / 1e9
+print(f'node0 -> node1: {r:.3f} Gbit/s measured, 1 Gbit/s stated')
+sys.exit(0 if r <= 1.1 else 1)" || fail "the link ran faster than its shaper allows"
+    ;;
+  ranks)
+    # mpirun on node0 starts node1's daemon through the rsh agent; the
+    # hostfile's block mapping puts ranks 0-1 on node0 and 2-3 on node1, and
+    # each node numbers its own ranks (node-local rank and size).
+    mpi -np 4 bash -c 'echo "$(hostname) $OMPI_COMM_WORLD_RANK $OMPI_COMM_WORLD_LOCAL_RANK $OMPI_COMM_WORLD_LOCAL_SIZE"' \
+      >map.txt 2>err.txt || { cat err.txt; fail "mpirun across the nodes"; }
+    sort -k2n map.txt | tee sorted.txt
+    diff <(printf 'node0 0 0 2\nnode0 1 1 2\nnode1 2 0 2\nnode1 3 1 2\n') sorted.txt ||
+      fail "ranks, nodes or node-local ranks are not as the hostfile says"
+    # Shared memory inside a node: with only the self and vader transports
+    # (no TCP), two ranks on node0 train; the same across nodes cannot connect.
+    OMPI_MCA_btl=self,vader mpi -np 2 --host node0:2 "$KOLOS" train "$tiny" --set train.steps=3 \
+      --set log.progress=off >shm.txt 2>&1 || { cat shm.txt; fail "2 ranks on node0 over shared memory"; }
+    grep -q "kolos: done: 3 steps" shm.txt || fail "no run over shared memory"
+    OMPI_MCA_btl=self,vader mpi -np 2 --host node0:1,node1:1 "$KOLOS" train "$tiny" --set train.steps=3 \
+      --set log.progress=off >noshm.txt 2>&1 && fail "ranks on two nodes talked without TCP"
+    echo "node0 and node1 each run their ranks 0 and 1 locally; vader joins ranks of one node only"
+    ;;
+  kolos_dp_tp)
+    # 2 nodes x 2 ranks, dp 2 x tp1d 2: each tp group on one node, dp across
+    # the shaped link; the same losses and gradient norms as the serial run.
+    steps=(--set train.steps=12 --set log.progress=off)
+    mpi -np 1 --host node0:1 "$KOLOS" train "$tiny" --set parallel.data=1 "${steps[@]}" \
+      --set log.metrics="$work/serial.jsonl" >serial.txt 2>&1 || { cat serial.txt; fail "serial run"; }
+    before=$(tbf_sent node1)
+    mpi -np 4 "$KOLOS" train "$tiny" --set parallel.data=2 --set parallel.tensor.mode=1d \
+      --set parallel.tensor.size=2 "${steps[@]}" --set log.metrics="$work/dp_tp.jsonl" \
+      >dp_tp.txt 2>&1 || { cat dp_tp.txt; fail "the 2-node run"; }
+    cat dp_tp.txt
+    grep -q "mesh pp=1 dp=2 sp=1 tp=2 | layers tp1d" dp_tp.txt || fail "not dp 2 x tp1d 2"
+    grep -q "crosses nodes" dp_tp.txt && fail "a tp group crossed nodes"
+    same_run serial.jsonl dp_tp.jsonl || fail "the 2-node run differs from the serial run"
+    after=$(tbf_sent node1)
+    echo "node1's shaped link sent $((after - before)) bytes during the run"
+    ((after - before > 100000)) || fail "the dp traffic did not cross the shaped link"
+    # Each node's own view: kolos topo names the node it runs on.
+    for i in 0 1; do
+      "$cluster" exec "$state" node$i "$KOLOS" topo >topo$i.txt || fail "kolos topo on node$i"
+      grep -q "^host node$i" topo$i.txt || fail "kolos topo on node$i: $(head -1 topo$i.txt)"
+    done
+    head -2 topo1.txt
+    ;;
+  kolos_tp_across)
+    # tp 4 over 2 nodes x 2 ranks: the tp group would span both nodes; kolos
+    # warns, naming the nodes by their own host names, and still trains.
+    mpi -np 4 "$KOLOS" train "$tiny" --set parallel.data=1 --set parallel.tensor.mode=1d \
+      --set parallel.tensor.size=4 --set train.global_batch=8 --set train.steps=2 \
+      --set log.progress=off >across.txt 2>&1 || { cat across.txt; fail "the tp 4 run"; }
+    cat across.txt
+    grep -q "kolos: warning: tp group of ranks 0-3 crosses nodes: node0 (ranks 0-1), node1 (ranks 2-3)" \
+      across.txt || fail "no warning for a tp group across nodes"
+    ;;
+  teardown)
+    # A cluster whose owner is killed with SIGKILL (as CTest ends a test past
+    # its timeout) while a job runs on both nodes: the watchdog ends the job
+    # and removes everything. Then a set-up that fails half-way (a rate tc
+    # refuses) removes what it built.
+    kp=${prefix}k
+    "$cluster" sweep "$kp"
+    setsid bash -c '"$1" up "$2" --prefix "$3" --owner $$ && exec "$1" mpirun "$2" -np 4 --oversubscribe sleep 300' \
+      owner "$cluster" "$work/kill-state" "$kp" >owner.txt 2>&1 &
+    owner=$!
+    # until a rank (sleep) runs on node1
+    sleeping() {
+      local p
+      for p in $(ip netns pids "$kp-n1" 2>/dev/null); do
+        [[ $(cat "/proc/$p/comm" 2>/dev/null) == sleep ]] && return 0
+      done
+      return 1
+    }
+    for _ in $(seq 1 600); do
+      sleeping && break
+      sleep 0.1
+    done
+    sleeping || { cat owner.txt; kill -9 $owner; "$cluster" sweep "$kp"; fail "the job did not start on node1"; }
+    echo "processes on node1: $(ip netns pids "$kp-n1" | wc -l)"
+    kill -9 $owner
+    for _ in $(seq 1 120); do
+      "$cluster" leftovers "$kp" 2>/dev/null && [[ ! -e $work/kill-state ]] && break
+      sleep 0.5
+    done
+    "$cluster" leftovers "$kp" || { "$cluster" sweep "$kp"; fail "left behind 60 s after the owner was killed"; }
+    [[ ! -e $work/kill-state ]] || fail "the killed cluster's state directory is left"
+    echo "owner killed: the watchdog removed the cluster and its job"
+    "$cluster" up "$work/bad-state" --prefix "$kp" --rate nonsense --owner $$ 2>bad.txt &&
+      fail "a cluster with rate 'nonsense' came up"
+    grep -q "set-up failed; tearing down" bad.txt || { cat bad.txt; fail "no teardown message"; }
+    "$cluster" leftovers "$kp" || fail "a failed set-up left things behind"
+    [[ ! -e $work/bad-state ]] || fail "a failed set-up left its state directory"
+    echo "a failed set-up removed what it had built"
+    ;;
+  *)
+    fail "unknown case $case_name"
+    ;;
+esac
