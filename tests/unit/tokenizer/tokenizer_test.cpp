@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -187,6 +188,29 @@ TEST_F(TokenizerTest, InvalidUtf8IsReplacedNotFatal) {
   const auto cjk = tok->encode("語");
   ASSERT_EQ(cjk.size(), 3u);
   EXPECT_EQ(tok->decode({cjk[0], cjk[1]}), "\xEF\xBF\xBD");
+}
+
+TEST_F(TokenizerTest, ConcurrentEncodeGivesTheSameIds) {
+  const auto tok = open_tokenizer(write_json(byte_level_bpe()));
+  std::vector<std::string> texts;
+  for (int i = 0; i < 64; ++i) {
+    texts.push_back("hello world " + std::to_string(i * 7919) + " 日本語 😀<|endoftext|>\xFF");
+  }
+  std::vector<std::vector<TokenId>> expected;
+  for (const auto& t : texts) expected.push_back(tok->encode(t));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int rep = 0; rep < 20; ++rep) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          if (tok->encode(texts[i]) != expected[i]) ++mismatches[static_cast<size_t>(k)];
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST_F(TokenizerTest, SpecialTokensMatchedBeforePreTokenization) {
