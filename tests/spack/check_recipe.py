@@ -29,7 +29,8 @@ Checks of the first part:
     scripts/release-tarball.sh puts the tarball); with a url or git every
     version is pinned (sha256 or commit, never a bare tag), except the
     project's own version while it is unreleased (no checksum, and the
-    docstring says so and how to build from a checkout); maintainers only
+    docstring says so and how to build from a checkout: Spack fetches a
+    declared version without a checksum with a warning); maintainers only
     alongside a public address; the project's own version (CMakeLists.txt)
     is among the versions;
   - every variant named in a `when=`, a dependency's condition or the
@@ -604,13 +605,14 @@ def main():
         for args, kwargs in by_kind("version"):
             pinned = {"sha256", "commit"} & set(kwargs) or len(args) > 1
             unreleased = (project and args[0] == project.group(1) and not kwargs
-                          and re.search(r"spack (dev-build|develop)", doc) and "--no-checksum" in doc)
+                          and re.search(r"spack (dev-build|develop)", doc)
+                          and re.search(r"not\s+been\s+released|unreleased", doc))
             if "tag" in kwargs and "commit" not in kwargs:
                 problem(f"version({args[0]!r}) names tag {kwargs['tag']!r} without a commit pin")
             elif not pinned and "branch" not in kwargs and not unreleased:
                 problem(f"version({args[0]!r}) is pinned by neither sha256 nor commit (only the "
                         "project's own, unreleased version may be, with a docstring that says how "
-                        "to build it from a checkout and that fetching it needs --no-checksum)")
+                        "to build it from a checkout and that it is not released)")
             elif "branch" in kwargs and re.fullmatch(r"[0-9.]+", args[0]):
                 problem(f"version({args[0]!r}) is a release number following branch {kwargs['branch']!r}")
     if by_kind("maintainers") and not public:

@@ -42,7 +42,8 @@ class Kolos(CMakePackage, CudaPackage):
     kolos-<version>.tar.gz (scripts/release-tarball.sh) placed in this
     repository's releases/ folder or in a site mirror (`spack mirror add`).
     A version is checksummed once its release tarball exists: 0.1.0 has not
-    been released yet, so fetching it needs `--no-checksum`.
+    been released yet, so it has no checksum and Spack fetches its tarball
+    with a warning, unverified.
     """
 
     # Where a release tarball (scripts/release-tarball.sh) is fetched from
