@@ -217,7 +217,9 @@ def sentencepiece_model(lines, work, model_type):
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(t for t in texts(lines) if t.strip()), model_prefix=prefix,
         vocab_size=VOCAB, model_type=model_type, byte_fallback=True, character_coverage=0.995,
-        minloglevel=2, num_threads=2)
+        minloglevel=2, num_threads=2,
+        # Fewer unigram seeds and EM sub-iterations: half the training time.
+        seed_sentencepiece_size=20000, num_sub_iterations=1)
     return prefix + ".model"
 
 
