@@ -36,7 +36,7 @@
 namespace kolos {
 namespace {
 
-const std::vector<std::string> kDataKinds = {"synthetic", "tokens"};
+const std::vector<std::string> kDataKinds = {"synthetic", "tokens", "images"};
 const std::vector<std::string> kTokenDtypes = {"uint16", "uint32"};
 // Kept to what the engine implements, so a config that parses can run.
 const std::vector<std::string> kOptimizers = {"adamw"};
@@ -95,6 +95,47 @@ const SettingsTable<ModelConfig>& llama_written_table() {
                                 .number("rope_theta", &ModelConfig::rope_theta, positive)
                                 .integer("ffn_hidden", &ModelConfig::ffn_hidden, 0)
                                 .number("norm_eps", &ModelConfig::norm_eps, positive);
+  return table;
+}
+
+// The keys only model.name = "vit" has; seq_len and vocab are derived for it.
+const std::vector<std::string> kVitKeys = {"image_size", "patch_size", "channels", "classes"};
+
+const SettingsTable<ModelConfig>& vit_table() {
+  static const auto table = SettingsTable<ModelConfig>("model")
+                                .integer("image_size", &ModelConfig::image_size, 1)
+                                .integer("patch_size", &ModelConfig::patch_size, 1)
+                                .integer("channels", &ModelConfig::channels, 1)
+                                .integer("classes", &ModelConfig::classes, 2);
+  return table;
+}
+
+// What to_toml writes for "vit": model_table() less seq_len and vocab, then its keys.
+const SettingsTable<ModelConfig>& vit_written_table() {
+  static const auto table = SettingsTable<ModelConfig>("model")
+                                .string("name", &ModelConfig::name)
+                                .integer("layers", &ModelConfig::layers, 1)
+                                .integer("hidden", &ModelConfig::hidden, 1)
+                                .integer("heads", &ModelConfig::heads, 1)
+                                .integer("mlp_ratio", &ModelConfig::mlp_ratio, 1)
+                                .number("init_std", &ModelConfig::init_std, positive)
+                                .integer("image_size", &ModelConfig::image_size, 1)
+                                .integer("patch_size", &ModelConfig::patch_size, 1)
+                                .integer("channels", &ModelConfig::channels, 1)
+                                .integer("classes", &ModelConfig::classes, 2);
+  return table;
+}
+
+// The keys only data.kind = "images" has.
+const std::vector<std::string> kImageDataKeys = {"mean", "std", "crop_pad", "flip"};
+
+const SettingsTable<DataConfig>& image_data_table() {
+  static const auto table = SettingsTable<DataConfig>("data")
+                                .number("mean", &DataConfig::mean,
+                                        [](double x) { return std::isfinite(x) ? "" : "finite"; })
+                                .number("std", &DataConfig::std, positive)
+                                .integer("crop_pad", &DataConfig::crop_pad, 0)
+                                .boolean("flip", &DataConfig::flip);
   return table;
 }
 
@@ -281,7 +322,32 @@ class Reader {
       valid.insert(valid.end(), kLlamaKeys.begin(), kLlamaKeys.end());
       s.check_keys(valid);
       model_table().read_rows(s, m);
+    } else if (name == "vit") {
+      for (const std::string& key : {"seq_len", "vocab"}) {
+        if (s.has(key)) {
+          s.fail(key, "does not apply to model.name = \"vit\": its sequence is the image's "
+                      "patches (model.image_size, model.patch_size) and its outputs are "
+                      "model.classes; remove " + std::string(key) + ".");
+        }
+      }
+      for (const std::string& key : kLlamaKeys) {
+        if (s.has(key)) {
+          s.fail(key, "applies to model.name = \"llama\" only, not to model.name = \"vit\"; "
+                      "remove it.");
+        }
+      }
+      std::vector<std::string> valid = {"name", "layers", "hidden", "heads", "mlp_ratio",
+                                        "init_std"};
+      valid.insert(valid.end(), kVitKeys.begin(), kVitKeys.end());
+      s.check_keys(valid);
+      model_table().read_rows(s, m);
     } else {
+      for (const std::string& key : kVitKeys) {
+        if (s.has(key)) {
+          s.fail(key, "applies to model.name = \"vit\" only, not to model.name = " +
+                          quote_toml(name) + "; remove it (or set name = \"vit\").");
+        }
+      }
       for (const std::string& key : kLlamaKeys) {
         if (s.has(key)) {
           s.fail(key, "applies to model.name = \"llama\" only, not to model.name = " +
@@ -305,6 +371,32 @@ class Reader {
                         "; hidden must be a multiple of heads (" + hint + ").");
     }
     if (m.name == "llama") read_llama(s, m);
+    if (m.name == "vit") read_vit(s, m);
+  }
+
+  // The keys of model.name = "vit": all required; seq_len and vocab derived.
+  void read_vit(const ConfigSection& s, ModelConfig& m) const {
+    for (const std::string& key : kVitKeys) {
+      if (!s.has(key)) {
+        s.fail_here("model." + key + ": required when model.name = \"vit\" (set image_size, "
+                    "patch_size, channels and classes).");
+      }
+    }
+    vit_table().read_rows(s, m);
+    if (m.image_size % m.patch_size != 0) {
+      s.fail_at_any({"patch_size", "image_size"},
+                    "model.image_size = " + std::to_string(m.image_size) +
+                        " is not divisible by model.patch_size = " +
+                        std::to_string(m.patch_size) +
+                        "; images are cut into whole square patches, so patch_size must divide "
+                        "image_size.");
+    }
+    if (m.image_size > 4096 || m.channels > 64) {
+      s.fail_at_any({"image_size", "channels"},
+                    "model.image_size (<= 4096) or model.channels (<= 64) is out of range.");
+    }
+    m.seq_len = m.image_size * m.image_size * m.channels;
+    m.vocab = m.classes;
   }
 
   // The keys of model.name = "llama", checked and resolved (0 = default).
@@ -349,7 +441,41 @@ class Reader {
   void read_data(RunConfig& c) const {
     const ConfigSection s = section("data");
     DataConfig& d = c.data;
-    data_table().read(s, d);
+    std::vector<std::string> valid = data_table().keys();
+    valid.insert(valid.end(), kImageDataKeys.begin(), kImageDataKeys.end());
+    s.check_keys(valid, "");
+    data_table().read_rows(s, d);
+    if (d.kind != "images") {
+      for (const std::string& key : kImageDataKeys) {
+        if (s.has(key)) {
+          s.fail(key, "applies to data.kind = \"images\" only, not to data.kind = " +
+                          quote_toml(d.kind) + "; remove it.");
+        }
+      }
+    }
+    if (d.kind == "images") {
+      if (s.has("dtype")) {
+        s.fail("dtype", "applies to data.kind = \"tokens\"; an images file holds uint8 pixels; "
+                        "remove it.");
+      }
+      image_data_table().read_rows(s, d);
+      if (c.model.name != "vit") {
+        s.fail_at_any({"kind"}, "data.kind = \"images\" feeds an image classifier "
+                                "(model.name = \"vit\"), not model.name = " +
+                                    quote_toml(c.model.name) + ".");
+      }
+      if (d.path.empty()) {
+        s.fail_at_any({"path", "kind"},
+                      "data.path: required when data.kind = \"images\"; set it to an HDF5 file "
+                      "with datasets `images` (N x H x W x C uint8) and `labels` (N) (see "
+                      "scripts/digits-to-h5.py).");
+      }
+      return;
+    }
+    if (c.model.name == "vit" && d.kind == "tokens") {
+      s.fail_at_any({"kind"}, "model.name = \"vit\" reads images: set data.kind = \"images\" "
+                              "(or \"synthetic\" for generated labelled images), not \"tokens\".");
+    }
     if (d.kind != "tokens") return;
     if (d.path.empty()) {
       s.fail_at_any({"path", "kind"},
@@ -507,6 +633,13 @@ class Reader {
   void check_roles(const RunConfig& c) const {
     const ConfigSection root(doc_, "");
     const auto& by_role = c.plugins.by_role;
+    if (c.model.name == "vit" && c.parallel.sequence.size > 1) {
+      root.fail_at_any({"parallel.sequence", "model.name"},
+                       "parallel.sequence.size = " + std::to_string(c.parallel.sequence.size) +
+                           ": model.name = \"vit\" attends bidirectionally and the sequence "
+                           "strategies (ulysses, ring, megatron, hybrid) attend causally only; "
+                           "set parallel.sequence.size = 1.");
+    }
     // A [plugins] override and the settings that select a plugin of the
     // same role must agree.
     const int64_t stage = c.parallel.zero.stage;
@@ -984,9 +1117,17 @@ std::string to_toml(const RunConfig& c) {
     out << " (read from " << source << ")";
   }
   out << "\n\n[model]\n";
-  (c.model.name == "llama" ? llama_written_table() : model_table()).write(c.model, out);
+  (c.model.name == "llama" ? llama_written_table()
+   : c.model.name == "vit" ? vit_written_table()
+                            : model_table())
+      .write(c.model, out);
   out << "\n[data]\n";
-  data_table().write(c.data, out);
+  if (c.data.kind == "images") {  // data.dtype does not apply to it
+    out << "kind = " << quote_toml(c.data.kind) << "\npath = " << quote_toml(c.data.path) << "\n";
+    image_data_table().write(c.data, out);
+  } else {
+    data_table().write(c.data, out);
+  }
   out << "\n[optim]\n";
   optim_table().write(c.optim, out);
   out << "\n[train]\n";

@@ -105,6 +105,14 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return x * cos + rotated * sin;
 }
 
+// softmax(QK^T / sqrt(d)) V without a mask, over [B, h, T, d] q, k, v
+// (AttentionSpec::causal = false).
+at::Tensor bidirectional_attention(const std::vector<at::Tensor>& qkv) {
+  const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
+  at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+  return torch::matmul(torch::softmax(scores, -1), v);
+}
+
 // Causal self-attention with separate q/k/v projections (column) and an
 // output projection (row), so tensor-parallel factories split heads simply.
 class CausalSelfAttention : public Layer {
@@ -113,7 +121,8 @@ class CausalSelfAttention : public Layer {
       : factory_(&factory),
         heads_(factory.local_heads(spec.heads)),
         head_dim_(spec.hidden / spec.heads),
-        rope_theta_(spec.rope_theta) {
+        rope_theta_(spec.rope_theta),
+        causal_(spec.causal) {
     KOLOS_CHECK_KIND(kConfig, spec.hidden % spec.heads == 0, "hidden size ", spec.hidden,
                      " is not divisible by the ", spec.heads, " attention heads");
     const int64_t kv_heads = spec.kv_heads > 0 ? spec.kv_heads : spec.heads;
@@ -169,6 +178,15 @@ class CausalSelfAttention : public Layer {
       k = k.repeat_interleave(groups_, 1);
       v = v.repeat_interleave(groups_, 1);
     }
+    if (!causal_) {
+      // The sequence strategies and the inference cache attend causally.
+      KOLOS_CHECK_KIND(kConfig, sequence == nullptr && current_attention_cache() == nullptr,
+                       "bidirectional (non-causal) attention, as model.name = \"vit\" uses, "
+                       "runs without sequence parallelism only: the sequence strategies attend "
+                       "causally; set parallel.sequence.size = 1");
+      at::Tensor y = recompute_if_selected(&bidirectional_attention, {q, k, v});
+      return o_->forward(y.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_}));
+    }
     at::Tensor y = sequence != nullptr
                        ? sequence->attention(q, k, v, positions)
                        : recompute_if_selected(&causal_attention, {q, k, v});  // [B, h, T, d]
@@ -180,6 +198,7 @@ class CausalSelfAttention : public Layer {
   LayerFactory* factory_;
   int64_t heads_, head_dim_;
   double rope_theta_;
+  bool causal_ = true;
   int64_t groups_ = 1;
   LayerPtr q_, k_, v_, o_;
 };

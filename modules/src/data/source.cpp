@@ -7,6 +7,16 @@ namespace kolos::data {
 std::unique_ptr<TokenSource> make_source(const RunConfig& config) {
   const DataConfig& data = config.data;
   const std::string where = config.source.empty() ? std::string("the run config") : config.source;
+  const ModelConfig& m = config.model;
+  if (data.kind == "images") {
+    if (data.path.empty()) throw DataError(where + ": data.kind = \"images\" needs data.path");
+    return make_image_file_source(data.path, m.image_size, m.channels, m.classes,
+                                  ImageTransform{data.mean, data.std, data.crop_pad, data.flip},
+                                  config.train.seed);
+  }
+  if (data.kind == "synthetic" && m.name == "vit") {
+    return make_synthetic_image_source(m.image_size, m.channels, m.classes, config.train.seed);
+  }
   if (data.kind == "synthetic") {
     return make_synthetic_source(config.model.seq_len, config.model.vocab, config.train.seed);
   }
@@ -20,7 +30,7 @@ std::unique_ptr<TokenSource> make_source(const RunConfig& config) {
                                   config.train.seed);
   }
   throw DataError(where + ": unknown data.kind \"" + data.kind +
-                  "\"; valid: \"synthetic\", \"tokens\"");
+                  "\"; valid: \"synthetic\", \"tokens\", \"images\"");
 }
 
 }  // namespace kolos::data

@@ -6,6 +6,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/modules/llama.h"
+#include "kolos/modules/vit.h"
 
 namespace kolos::modules {
 namespace {
@@ -90,6 +91,7 @@ std::shared_ptr<Model> build_gpt(const ModelConfig& c, LayerFactory& factory) {
 void register_builtin_models() {
   register_model("gpt", &build_gpt);
   register_model("llama", &build_llama);
+  register_model("vit", &build_vit);
 }
 
 }  // namespace kolos::modules

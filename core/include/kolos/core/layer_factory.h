@@ -73,6 +73,9 @@ struct AttentionSpec {
   // > 0: rotary position embedding of q and k with this base (LLaMA), in
   // Hugging Face's rotate_half layout (see CausalSelfAttention).
   double rope_theta = 0.0;
+  // false: bidirectional attention (every token sees every token; ViT). The
+  // sequence role refuses it (its strategies run causal attention only).
+  bool causal = true;
 };
 
 struct MlpSpec {

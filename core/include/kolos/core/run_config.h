@@ -38,6 +38,13 @@ struct ModelConfig {
   double rope_theta = 10000;  // rotary position embedding base
   int64_t ffn_hidden = 0;     // SwiGLU width; 0: default_ffn_hidden(hidden)
   double norm_eps = 1e-5;     // RMSNorm epsilon
+  // name = "vit" only (refused for the others). seq_len and vocab are
+  // derived for it: seq_len = image_size^2 * channels (the pixels of one
+  // sample), vocab = classes.
+  int64_t image_size = 0;  // square images of image_size x image_size pixels
+  int64_t patch_size = 0;  // square patches; must divide image_size
+  int64_t channels = 0;
+  int64_t classes = 0;
 };
 
 // LLaMA's SwiGLU width for `hidden`: 2/3 * 4 * hidden rounded up to a
@@ -50,6 +57,14 @@ struct DataConfig {
   std::string kind = "synthetic";  // "synthetic" | "tokens"
   std::string path;                // tokens: file of little-endian token ids
   std::string dtype = "uint16";    // tokens: "uint16" | "uint32"
+  // kind = "images" only (refused for the others): pixels / 255 are
+  // normalised as (x - mean) / std; crop_pad > 0 pads each side with that
+  // many zero pixels and crops a random image_size window back; flip
+  // mirrors half the samples left-right (both drawn from (seed, index)).
+  double mean = 0.0;
+  double std = 1.0;
+  int64_t crop_pad = 0;
+  bool flip = false;
 };
 
 struct OptimConfig {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,48 @@ std::unique_ptr<TokenSource> make_synthetic_source(int64_t seq_len, int64_t voca
 std::unique_ptr<TokenSource> make_token_file_source(const std::string& path,
                                                     const std::string& dtype, int64_t seq_len,
                                                     int64_t vocab, uint64_t seed);
+
+// ---- images (model.name = "vit") -----------------------------------------
+// An image sample is seq_len + 1 values too: seq_len = H * W * C float32
+// pixels, normalised, in H x W x C order, each as its int32 bit pattern
+// sign-extended to int64 (pack_pixel), then the label (0 <= label < classes).
+inline int64_t pack_pixel(float value) {
+  int32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  return static_cast<int64_t>(bits);
+}
+inline float unpack_pixel(int64_t packed) {
+  const int32_t bits = static_cast<int32_t>(packed);
+  float value = 0;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+// How an image source turns stored uint8 pixels into samples
+// ([data] mean, std, crop_pad, flip).
+struct ImageTransform {
+  double mean = 0.0;  // on pixel / 255
+  double std = 1.0;
+  int64_t crop_pad = 0;  // > 0: zero-pad each side, crop a random window back
+  bool flip = false;     // mirror left-right with probability 1/2
+};
+
+// Synthetic labelled images for data.kind = "synthetic" with model.name =
+// "vit": each class is a fixed random pattern (from `seed`), each sample
+// its class's pattern plus noise, both drawn from (seed, index).
+std::unique_ptr<TokenSource> make_synthetic_image_source(int64_t image_size, int64_t channels,
+                                                         int64_t classes, uint64_t seed);
+
+// An HDF5 file with datasets `images` (N x H x W x C uint8, H = W =
+// image_size, C = channels) and `labels` (N integers in [0, classes)),
+// visited in a per-epoch permutation drawn from `seed`; crop and flip drawn
+// from (seed, index). Throws DataError naming the file and the dataset or
+// key when the file is missing or not HDF5, a dataset is missing or of
+// another shape or type, or a label is outside [0, classes).
+std::unique_ptr<TokenSource> make_image_file_source(const std::string& path, int64_t image_size,
+                                                    int64_t channels, int64_t classes,
+                                                    const ImageTransform& transform,
+                                                    uint64_t seed);
 
 // From a run's [data] and [model] sections.
 std::unique_ptr<TokenSource> make_source(const RunConfig& config);

@@ -1,0 +1,113 @@
+#include "kolos/modules/vit.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "kolos/core/error.h"
+
+namespace kolos::modules {
+namespace {
+
+// Patches of the unpacked pixels -> linear projection, with the class token
+// in front and learned positions added. The class token and the positions
+// are plain parameters (whole and replicated under every factory), drawn
+// from the default generator in creation order like every weight.
+class VitEmbedding : public Layer {
+ public:
+  explicit VitEmbedding(LayerFactory& factory, const ModelConfig& c)
+      : image_(c.image_size), patch_(c.patch_size), channels_(c.channels) {
+    const int64_t patch_dim = patch_ * patch_ * channels_;
+    const int64_t tokens = (image_ / patch_) * (image_ / patch_) + 1;
+    proj_ = register_module(
+        "patch_proj",
+        factory.linear(LinearSpec{patch_dim, c.hidden, true, LinearRole::kReplicated, c.init_std}));
+    cls_ = register_parameter("cls_token", torch::randn({c.hidden}) * c.init_std);
+    pos_ = register_parameter("pos_embed", torch::randn({tokens, c.hidden}) * c.init_std);
+  }
+  at::Tensor forward(const at::Tensor& samples) override {
+    // [B, H*W*C] int64 -> the float32 pixels whose bits they carry.
+    // (cls_token [hidden] and pos_embed [tokens, hidden] have no leading
+    // dimension of 1: ZeRO-3 shards dimension 0.)
+    const int64_t batch = samples.size(0);
+    KOLOS_CHECK_EQ(samples.size(1), image_ * image_ * channels_,
+                   "vit: values per sample (image_size^2 * channels)");
+    at::Tensor pixels = samples.to(at::kInt).view(at::kFloat);
+    const int64_t side = image_ / patch_;
+    at::Tensor patches = pixels.reshape({batch, side, patch_, side, patch_, channels_})
+                             .permute({0, 1, 3, 2, 4, 5})
+                             .reshape({batch, side * side, patch_ * patch_ * channels_})
+                             .to(pos_.scalar_type());
+    at::Tensor x = proj_->forward(patches);
+    x = torch::cat({cls_.view({1, 1, -1}).expand({batch, 1, x.size(2)}), x}, 1);
+    return x + pos_.unsqueeze(0);
+  }
+
+ private:
+  int64_t image_, patch_, channels_;
+  LayerPtr proj_;
+  at::Tensor cls_, pos_;
+};
+
+class VitBlock : public Layer {
+ public:
+  VitBlock(LayerFactory& factory, const ModelConfig& c) {
+    const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+    AttentionSpec attention{c.hidden, c.heads, c.init_std, out_std};
+    attention.causal = false;
+    ln_1_ = register_module("ln_1", factory.layer_norm(c.hidden));
+    attn_ = register_module("attn", factory.attention(attention));
+    ln_2_ = register_module("ln_2", factory.layer_norm(c.hidden));
+    mlp_ = register_module(
+        "mlp", factory.mlp(MlpSpec{c.hidden, c.mlp_ratio * c.hidden, c.init_std, out_std}));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor h = x + attn_->forward(ln_1_->forward(x));
+    return h + mlp_->forward(ln_2_->forward(h));
+  }
+
+ private:
+  LayerPtr ln_1_, attn_, ln_2_, mlp_;
+};
+
+// Final norm, then the class token's logits [B, classes(local)]. The head is
+// the factory's lm_head over `classes` outputs, so it is cut (column-parallel
+// over the classes) and read by loss() as an LM head is.
+class VitHead : public Layer {
+ public:
+  VitHead(LayerFactory& factory, const ModelConfig& c) {
+    ln_f_ = register_module("ln_f", factory.layer_norm(c.hidden));
+    head_ = register_module("classifier", factory.lm_head(c.hidden, c.classes, c.init_std));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    return head_->forward(ln_f_->forward(x).select(1, 0).contiguous());
+  }
+
+ private:
+  LayerPtr ln_f_, head_;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> build_vit(const ModelConfig& c, LayerFactory& factory) {
+  KOLOS_CHECK_KIND(kConfig, c.hidden % c.heads == 0, "model.hidden = ", c.hidden,
+                   " is not divisible by model.heads = ", c.heads);
+  KOLOS_CHECK_KIND(kConfig, c.image_size > 0 && c.patch_size > 0 && c.channels > 0 && c.classes > 1,
+                   "model.name = \"vit\" needs model.image_size, patch_size, channels and classes");
+  KOLOS_CHECK_KIND(kConfig, c.image_size % c.patch_size == 0, "model.image_size = ", c.image_size,
+                   " is not divisible by model.patch_size = ", c.patch_size);
+  auto model = std::make_shared<Model>();
+  model->add_block("embed", std::make_shared<VitEmbedding>(factory, c));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    model->add_block("h." + std::to_string(i), std::make_shared<VitBlock>(factory, c),
+                     /*repeated=*/true);
+  }
+  model->add_block("head", std::make_shared<VitHead>(factory, c));
+  // The label is the last value of a sample: the targets' last column.
+  model->set_loss([&factory](const at::Tensor& logits, const at::Tensor& targets) {
+    return factory.loss(logits, targets.select(1, targets.size(1) - 1).contiguous());
+  });
+  return model;
+}
+
+}  // namespace kolos::modules

@@ -1,0 +1,173 @@
+// ViT against the serial run of the same model on 2 ranks: the parallel
+// plugins run it unchanged (patch projection, class token and positions,
+// bidirectional attention, the classification head and its loss are all
+// built through the LayerFactory). Synthetic labelled images
+// (data.kind = "synthetic" with model.name = "vit"), 8x8 pixels in 2
+// channels cut into 4 patches of 4x4 (5 tokens with the class token), 5
+// classes; tolerances are the harness's (testing::Tolerance).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "equivalence.h"
+#include "kolos/core/error.h"
+#include "kolos/modules/data.h"
+#include "kolos/modules/gpt.h"
+
+namespace kolos {
+namespace {
+
+using testing::world_size;
+
+RunConfig tiny_vit(const std::vector<std::string>& overrides = {}) {
+  static const char* kText = R"(
+[model]
+name = "vit"
+layers = 2
+hidden = 32
+heads = 4
+image_size = 8
+patch_size = 4
+channels = 2
+classes = 5
+
+[data]
+kind = "synthetic"
+
+[optim]
+lr = 3e-3
+warmup_steps = 3
+min_lr = 3e-4
+weight_decay = 0.01
+grad_clip = 1.0
+
+[train]
+global_batch = 16
+micro_batch = 4
+steps = 12
+seed = 7
+
+[log]
+progress = "off"
+)";
+  return parse_run_config(kText, "<tiny-vit>", overrides);
+}
+
+RunConfig serial(std::vector<std::string> overrides = {}) {
+  overrides.push_back("parallel.data=1");
+  return tiny_vit(overrides);
+}
+
+std::string config_error(const std::vector<std::string>& overrides) {
+  try {
+    tiny_vit(overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(VitConfig, DerivesItsSequenceAndOutputs) {
+  const RunConfig c = tiny_vit();
+  EXPECT_EQ(c.model.seq_len, 8 * 8 * 2);
+  EXPECT_EQ(c.model.vocab, 5);
+  // The effective configuration reads back as the same run.
+  const RunConfig again = parse_run_config(to_toml(c), "<to_toml>");
+  EXPECT_EQ(again.model.image_size, 8);
+  EXPECT_EQ(again.model.classes, 5);
+  EXPECT_EQ(again.model.seq_len, c.model.seq_len);
+}
+
+TEST(VitConfig, RefusesWhatDoesNotApply) {
+  EXPECT_NE(config_error({"model.patch_size=3"}).find("not divisible by model.patch_size = 3"),
+            std::string::npos);
+  EXPECT_NE(config_error({"model.seq_len=16"}).find("does not apply to model.name = \"vit\""),
+            std::string::npos);
+  EXPECT_NE(config_error({"model.vocab=16"}).find("vocab"), std::string::npos);
+  EXPECT_NE(config_error({"model.rope_theta=1.0"}).find("llama"), std::string::npos);
+  EXPECT_NE(config_error({"data.kind=\"tokens\"", "data.path=\"x.bin\""}).find("reads images"),
+            std::string::npos);
+  EXPECT_NE(config_error({"data.flip=true"}).find("data.kind = \"images\" only"),
+            std::string::npos);
+  // The sequence strategies attend causally: refused, naming the key.
+  const std::string sequence = config_error({"parallel.sequence.size=2"});
+  EXPECT_NE(sequence.find("parallel.sequence"), std::string::npos) << sequence;
+  EXPECT_NE(sequence.find("causally"), std::string::npos) << sequence;
+  // A GPT refuses the ViT's keys.
+  try {
+    testing::tiny_gpt_config({"model.classes=10"});
+    ADD_FAILURE() << "model.classes accepted for gpt";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("applies to model.name = \"vit\" only"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(VitSerial, Learns) {
+  const testing::RunRecord r =
+      testing::run_and_record(serial({"train.steps=40"}), testing::self_group());
+  ASSERT_EQ(r.losses.size(), 40u);
+  EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
+}
+
+TEST(VitDataParallel, MatchesSerial) {
+  testing::expect_equivalent(serial(), tiny_vit({"parallel.data=2"}));
+}
+
+TEST(VitZero, Stage1MatchesSerial) {
+  testing::expect_equivalent(serial(), tiny_vit({"parallel.zero.stage=1"}));
+}
+TEST(VitZero, Stage2MatchesSerial) {
+  testing::expect_equivalent(serial(), tiny_vit({"parallel.zero.stage=2"}));
+}
+TEST(VitZero, Stage3MatchesSerial) {
+  testing::expect_equivalent(serial(), tiny_vit({"parallel.zero.stage=3"}));
+}
+
+TEST(VitTp1d, MatchesSerial) {
+  // 5 classes over 2 ranks: the head's class slice is padded.
+  testing::expect_equivalent(serial(), tiny_vit({"parallel.tensor.size=2"}));
+}
+
+TEST(VitPipeline, OneFOneBMatchesSerial) {
+  const std::vector<std::string> shape = {"train.micro_batch=2", "train.global_batch=8"};
+  std::vector<std::string> mix = shape;
+  mix.insert(mix.end(), {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""});
+  testing::expect_equivalent(serial(shape), tiny_vit(mix));
+}
+
+TEST(VitRecompute, FullAndSelectiveMatchSerial) {
+  testing::expect_equivalent(serial(), tiny_vit({"parallel.data=2", "train.recompute=\"full\""}));
+  testing::expect_equivalent(serial(),
+                             tiny_vit({"parallel.data=2", "train.recompute=\"selective\""}));
+}
+
+// bf16 against fp32, as tests/mpi/precision does for GPT: the runs do not
+// follow one trajectory, so what is bounded is how well each trains. On a
+// classifier the final loss is small and its relative error large, so the
+// bound is absolute: within 0.05 nats of fp32's final loss (2^-9 per
+// rounding, ~10 roundings in series per forward, on losses of order 1).
+TEST(VitBf16, TrainsLikeFp32) {
+  modules::register_builtin_models();
+  const std::vector<std::string> base = {"parallel.data=2", "train.steps=60"};
+  std::vector<std::string> low = base;
+  low.push_back("train.precision=\"bf16\"");
+  const testing::RunRecord a = testing::run_and_record(tiny_vit(base), testing::world_group());
+  const testing::RunRecord b = testing::run_and_record(tiny_vit(low), testing::world_group());
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  EXPECT_LT(a.losses.back(), 0.5 * a.losses.front());
+  EXPECT_NE(a.losses[5], b.losses[5]);
+  EXPECT_NEAR(b.losses.back(), a.losses.back(), 0.05);
+  if (testing::world_rank() == 0) {
+    std::printf("[vit bf16] step 6 loss fp32 %.9f bf16 %.9f; final loss fp32 %.9f bf16 %.9f\n",
+                a.losses[5], b.losses[5], a.losses.back(), b.losses.back());
+  }
+}
+
+}  // namespace
+}  // namespace kolos
