@@ -679,6 +679,10 @@ int plan_command(const std::vector<std::string>& args, int argc, char** argv) {
     }
   }
   if (parsed.vm.count("tune")) {  // the finalists run on N ranks
+    if (!planner->needs_calibration()) {
+      throw UsageError("kolos plan: --tune runs the finalists on this machine; a cluster file's "
+                       "plans are for other machines (parallel.auto tries them in a job there)");
+    }
     LaunchOptions launch;
     launch.ranks = static_cast<int>(ranks), launch.config = config_path, launch.mpirun = mpirun;
     launch.overrides = overrides, launch.command = "plan";

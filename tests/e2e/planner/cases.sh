@@ -254,6 +254,9 @@ assert r["chosen"]["describe"] == f[r["tuning"]["pick"]]["describe"] != f[0]["de
       "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --tune three
     expect_failure 'kolos plan: --tune "3": --predict has no plans to try' -- \
       "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --tune 3 --predict
+    expect_failure 'kolos plan: --tune runs the finalists on this machine; a cluster file' -- \
+      "$KOLOS" plan tiny.toml -n 1024 --set train.global_batch=1024 --tune 3 \
+      --cluster "$KOLOS_SOURCE_DIR/examples/clusters/a100-80gb-ib.toml"
     expect_failure 'planner.tune.*-1 is out of range; it must be 0 \(train the best prediction untried\) to planner.top = 10' -- \
       "$KOLOS" check tiny.toml -n 2 --set planner.tune=-1
     expect_failure 'planner.tune_steps.*2 is out of range; it must be 3 to 1000' -- \
