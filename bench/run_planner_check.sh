@@ -37,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2 ;;
     --recalibrate) recalibrate=1; shift; continue ;;
     --set) sets+=(--set "$2") ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_planner_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
