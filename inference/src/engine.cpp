@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "kolos/checkpoint/checkpoint.h"
@@ -65,18 +66,33 @@ Source open_source(const std::string& path) {
 }
 
 // The run an inference mesh of `ranks` ranks is: the checkpoint's model,
-// tensor parallel over every rank (tp1d), nothing else.
-RunConfig inference_run(const ModelConfig& model, int64_t ranks,
+// `stages` pipeline stages of tensor-parallel (tp1d) groups, nothing else.
+// (The pipeline plugin is only checked, with one micro-batch per stage; the
+// engine runs the stages itself.)
+RunConfig inference_run(const ModelConfig& model, int64_t ranks, int64_t stages,
                         std::vector<std::string> plugin_path) {
   RunConfig config;
   config.source = "<inference>";
   config.model = model;
-  config.parallel.tensor.size = ranks;
+  config.parallel.tensor.size = ranks / stages;
   config.parallel.tensor.mode = "1d";
+  config.parallel.pipeline.size = stages;
   config.train.micro_batch = 1;
-  config.train.global_batch = 1;
+  config.train.global_batch = stages;
   config.plugins.path = std::move(plugin_path);
   return config;
+}
+
+// Stage of each block: the embedding on the first stage, the head on the
+// last, the transformer blocks in contiguous runs as even as they divide.
+std::vector<int> stage_of_blocks(size_t blocks, int64_t stages) {
+  const int64_t layers = static_cast<int64_t>(blocks) - 2;
+  std::vector<int> out(blocks, 0);
+  for (int64_t i = 0; i < layers; ++i) {
+    out[static_cast<size_t>(i + 1)] = static_cast<int>(i * stages / layers);
+  }
+  out.back() = static_cast<int>(stages - 1);
+  return out;
 }
 
 }  // namespace
@@ -112,17 +128,31 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
   try {
     modules::register_builtin_models();
     source = open_source(path);
-    run = inference_run(source.model, ranks, std::move(plugin_path));
+    const int64_t stages = config.pipeline_stages;
+    if (ranks % stages != 0 || stages > source.model.layers) {
+      throw ConfigError("inference.pipeline_stages = " + std::to_string(stages) +
+                        ": the stages must divide the " + std::to_string(ranks) +
+                        " ranks and be at most the model's " + std::to_string(source.model.layers) +
+                        " layers (model.layers)");
+    }
+    run = inference_run(source.model, ranks, stages, std::move(plugin_path));
     check_model_name(run.model);
     RunPlan plan = plan_run(run, ranks);
     shape = plan.shape;
     factory = std::move(plan.layers);
     dtype = config.precision == "bf16" ? at::kBFloat16 : at::kFloat;
     const ModelConfig& m = run.model;
-    const int64_t kv_heads = (m.name == "llama" && m.kv_heads > 0 ? m.kv_heads : m.heads) / ranks;
+    const int64_t tp = ranks / stages;
+    const int64_t kv_heads = (m.name == "llama" && m.kv_heads > 0 ? m.kv_heads : m.heads) / tp;
+    // The stage's attention layers (every rank computes every stage's split).
+    const int64_t stage = world->rank() / tp;
+    const std::vector<int> split = stage_of_blocks(static_cast<size_t>(m.layers + 2), stages);
+    int64_t local_layers = 0;
+    for (int64_t i = 0; i < m.layers; ++i)
+      local_layers += split[static_cast<size_t>(i + 1)] == stage;
     const int64_t head_dim = m.hidden / m.heads;
     const int64_t block =
-        PagedKvCache::block_bytes(m.layers, config.block_size, kv_heads, head_dim, dtype);
+        PagedKvCache::block_bytes(local_layers, config.block_size, kv_heads, head_dim, dtype);
     num_blocks = config.kv_cache_memory / block;
     max_blocks = blocks_for(m.seq_len, config.block_size);
     if (num_blocks < max_blocks) {
@@ -134,7 +164,7 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
           std::to_string(m.seq_len) + " tokens) needs: " + std::to_string(max_blocks) +
           " blocks; set it to at least " + std::to_string(max_blocks * block) + " bytes");
     }
-    cache = std::make_unique<PagedKvCache>(m.layers, num_blocks, config.block_size, kv_heads,
+    cache = std::make_unique<PagedKvCache>(local_layers, num_blocks, config.block_size, kv_heads,
                                            head_dim, dtype);
     if (world->rank() == 0) {
       scheduler = std::make_unique<Scheduler>(
@@ -159,14 +189,30 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
     try {
       factory->setup(*mesh, run);
       torch::manual_seed(0);
-      torch::NoGradGuard no_grad;
       model = build_model(run.model, *factory);
+      if (mesh->size(Axis::kPP) > 1) {
+        // Which parameters each stage's blocks read (the tied head reads
+        // the embedding), then the stage assignment: placed_parameters()
+        // names this stage's.
+        model->find_block_reads(torch::zeros({1, 2}, torch::kInt64));
+        model->set_stages(stage_of_blocks(model->blocks().size(), mesh->size(Axis::kPP)),
+                          static_cast<int>(mesh->coord(Axis::kPP)));
+      }
     } catch (const Error& e) {
       error = e.what();
       kind = static_cast<int>(e.kind());
     }
     detail::agree_on_error(*world, error, kind);
     load_weights();
+    if (model->pipelined()) {
+      // Other stages' parameters are not this rank's: release their memory.
+      std::set<const void*> mine;
+      for (const auto& p : model->placed_parameters()) mine.insert(p.tensor.unsafeGetTensorImpl());
+      torch::NoGradGuard no_grad;
+      for (const auto& p : model->all_parameters()) {
+        if (!mine.count(p.tensor.unsafeGetTensorImpl())) p.tensor.set_data(torch::empty({0}));
+      }
+    }
     if (dtype != at::kFloat) cast_parameters(*model, dtype);
     for (auto& p : model->parameters()) p.set_requires_grad(false);
     model->eval();
@@ -245,36 +291,69 @@ StepBatch InferenceEngine::Impl::unpack() const {
 at::Tensor InferenceEngine::Impl::forward(const StepBatch& batch) {
   torch::NoGradGuard no_grad;
   cache->begin_step(batch);
-  const size_t last = model->blocks().size() - 1;  // the head
-  at::Tensor hidden;
-  {
-    AttentionCacheScope scope(cache.get());
-    at::Tensor tokens = torch::tensor(batch.tokens, torch::kInt64).unsqueeze(0);  // [1, T]
-    hidden = model->forward(tokens, 0, last);                                     // [1, T, H]
+  const int64_t stages = mesh->size(Axis::kPP), stage = mesh->coord(Axis::kPP);
+  // This stage's blocks [first, last); the head is the model's last block.
+  const size_t blocks = model->blocks().size();
+  size_t first = 0, last = blocks;
+  if (model->pipelined()) {
+    while (!model->is_local(first)) ++first;
+    last = first;
+    while (last < blocks && model->is_local(last)) ++last;
   }
+  const bool has_head = last == blocks;
+  const auto step_tokens = static_cast<int64_t>(batch.tokens.size());
   std::vector<int64_t> rows;
   int64_t row = 0;
   for (const StepChunk& c : batch.chunks) {
     row += c.length;
     if (c.sample) rows.push_back(row - 1);
   }
-  if (rows.empty()) return at::Tensor();
-  hidden = hidden.index_select(1, torch::tensor(rows, torch::kInt64));
-  at::Tensor logits = model->forward(hidden, last, last + 1)[0].to(at::kFloat);  // [R, V(local)]
-  const int64_t tp = world->size();
-  const int64_t vocab = run.model.vocab;
-  if (tp > 1) {
-    // Vocabulary-parallel head: rank r holds rows [r * chunk, ...) of the
-    // vocabulary, the last rank fewer (the placement's padding).
-    const int64_t chunk = (vocab + tp - 1) / tp;
-    at::Tensor local = torch::zeros({logits.size(0), chunk}, logits.options());
-    local.narrow(1, 0, logits.size(1)).copy_(logits);
-    at::Tensor all = torch::empty({tp, logits.size(0), chunk}, logits.options());
-    mesh->group(Axis::kTP)->all_gather_flat(all, local)->wait();
-    logits = all.permute({1, 0, 2}).reshape({logits.size(0), tp * chunk}).narrow(1, 0, vocab);
+  at::Tensor hidden;
+  {
+    AttentionCacheScope scope(cache.get());
+    at::Tensor input;
+    if (stage == 0) {
+      input = torch::tensor(batch.tokens, torch::kInt64).unsqueeze(0);  // [1, T]
+    } else {
+      // The previous stage's output, from its rank of the same tp coordinate.
+      input = torch::empty({1, step_tokens, run.model.hidden}, torch::TensorOptions().dtype(dtype));
+      mesh->group(Axis::kPP)->recv(input, static_cast<int>(stage - 1))->wait();
+    }
+    hidden = model->forward(input, first, has_head ? blocks - 1 : last);  // [1, T, H]
   }
-  KOLOS_CHECK_EQ(logits.size(1), vocab, "the head's logits per token");
-  return logits.contiguous();
+  if (!has_head) {
+    mesh->group(Axis::kPP)->send(hidden.contiguous(), static_cast<int>(stage + 1))->wait();
+  }
+  if (rows.empty()) return at::Tensor();
+  const int64_t vocab = run.model.vocab;
+  at::Tensor logits;
+  if (has_head) {
+    hidden = hidden.index_select(1, torch::tensor(rows, torch::kInt64));
+    logits = model->forward(hidden, blocks - 1, blocks)[0].to(at::kFloat);  // [R, V(local)]
+    const int64_t tp = mesh->size(Axis::kTP);
+    if (tp > 1) {
+      // Vocabulary-parallel head: rank r holds rows [r * chunk, ...) of the
+      // vocabulary, the last rank fewer (the placement's padding).
+      const int64_t chunk = (vocab + tp - 1) / tp;
+      at::Tensor local = torch::zeros({logits.size(0), chunk}, logits.options());
+      local.narrow(1, 0, logits.size(1)).copy_(logits);
+      at::Tensor all = torch::empty({tp, logits.size(0), chunk}, logits.options());
+      mesh->group(Axis::kTP)->all_gather_flat(all, local)->wait();
+      logits = all.permute({1, 0, 2}).reshape({logits.size(0), tp * chunk}).narrow(1, 0, vocab);
+    }
+    KOLOS_CHECK_EQ(logits.size(1), vocab, "the head's logits per token");
+    logits = logits.contiguous();
+  }
+  if (stages > 1 && mesh->coord(Axis::kTP) == 0) {
+    // The last stage hands the logits to rank 0 (stage 0, tp 0).
+    if (has_head) {
+      mesh->group(Axis::kPP)->send(logits, 0)->wait();
+    } else if (stage == 0) {
+      logits = torch::empty({static_cast<int64_t>(rows.size()), vocab}, torch::kFloat);
+      mesh->group(Axis::kPP)->recv(logits, static_cast<int>(stages - 1))->wait();
+    }
+  }
+  return logits;
 }
 
 InferenceEngine::InferenceEngine(const std::string& path, const InferenceConfig& config,
@@ -349,8 +428,11 @@ std::string InferenceEngine::describe() const {
   if (m.name == "llama") out << ", kv_heads " << m.kv_heads;
   out << ", vocab " << m.vocab << ", context " << m.seq_len << ") from " << impl_->source.kind
       << " " << impl_->source.dir << " | " << impl_->factory->name() << " over "
-      << impl_->world->size() << " rank" << (impl_->world->size() == 1 ? "" : "s") << " | "
-      << impl_->config.precision << " | KV cache " << impl_->num_blocks << " blocks of "
+      << impl_->mesh->size(Axis::kTP) << " rank" << (impl_->mesh->size(Axis::kTP) == 1 ? "" : "s");
+  if (impl_->mesh->size(Axis::kPP) > 1) {
+    out << " x " << impl_->mesh->size(Axis::kPP) << " pipeline stages";
+  }
+  out << " | " << impl_->config.precision << " | KV cache " << impl_->num_blocks << " blocks of "
       << impl_->config.block_size << " tokens";
   return out.str();
 }

@@ -20,6 +20,9 @@ struct InferenceConfig {
   int64_t max_seqs = 32;           // sequences in one step at most
   int64_t max_step_tokens = 256;   // tokens computed in one step at most (chunked prefill)
   std::string precision = "fp32";  // "fp32" | "bf16": the dtype weights and cache are held in
+  // Pipeline stages: the ranks form pipeline_stages stages of
+  // ranks / pipeline_stages tensor-parallel ranks each.
+  int64_t pipeline_stages = 1;
   // Sampling defaults of every request.
   int64_t max_tokens = 64;          // new tokens per request at most
   double temperature = 0.0;         // 0: greedy
