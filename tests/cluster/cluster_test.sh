@@ -18,8 +18,11 @@ prefix=${KOLOS_CLUSTER_PREFIX:?}
 tiny=$src/examples/gpt-tiny.toml
 PY=/usr/bin/python3
 work=$(mktemp -d /tmp/kolos-cluster-test.XXXXXX)
+# shellcheck source-path=SCRIPTDIR source=slurm.sh
+source "$here/slurm.sh"
 cleanup() {
   local rc=$?
+  cslurm_down
   rm -rf "$work"
   exit $rc
 }
@@ -190,6 +193,65 @@ sys.exit(0 if r <= 1.1 else 1)" || fail "the link ran faster than its shaper all
     "$cluster" leftovers "$kp" || fail "a failed set-up left things behind"
     [[ ! -e $work/bad-state ]] || fail "a failed set-up left its state directory"
     echo "a failed set-up removed what it had built"
+    ;;
+  slurm_2_nodes)
+    # Slurm on the cluster (slurmctld beside node0's slurmd, a slurmd per
+    # node): a script from `kolos slurm gen --nodes 2` and the template with
+    # `-N 2` run 2 tasks on each node; dp 2 x tp1d 2 keeps each tp group on
+    # one node and equals the serial run.
+    chmod 755 "$work"  # munged runs as user munge and needs to reach its directory
+    # On failure: the daemons' logs and the jobs' output.
+    sfail() {
+      tail -n 40 "$work"/slurm/log/*.log >&2
+      for f in kolos-*.out; do [[ -f $f ]] && { echo "--- $f" >&2; cat "$f" >&2; }; done
+      fail "$@"
+    }
+    cslurm_up "$state" "$work/slurm" || fail "could not start Slurm on the cluster"
+    export OMPI_MCA_btl_tcp_if_include=10.213.40.0/24 OMPI_MCA_oob_tcp_if_include=10.213.40.0/24
+    export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_orte_tmpdir_base=$work/slurm/tmp
+    steps=(--set train.steps=12 --set log.progress=off)
+    mpi -np 1 --host node0:1 "$KOLOS" train "$tiny" --set parallel.data=1 "${steps[@]}" \
+      --set log.metrics="$work/serial.jsonl" >serial.txt 2>&1 || { cat serial.txt; sfail "serial run"; }
+    "$KOLOS" slurm gen "$tiny" --nodes 2 --tasks-per-node 2 --job-name gen2 \
+      --set parallel.data=2 --set parallel.tensor.mode=1d --set parallel.tensor.size=2 "${steps[@]}" \
+      --set "log.metrics=$work/gen.jsonl" -o gen.sbatch || sfail "kolos slurm gen --nodes 2"
+    grep -q "^#SBATCH --nodes=2" gen.sbatch || sfail "gen wrote no --nodes=2"
+    out=$(timeout 120 "$cluster" exec "$state" node0 env SLURM_CONF="$SLURM_CONF" \
+      sbatch --parsable --wait gen.sbatch) || { sfail "the gen job failed"; }
+    jid=${out##*$'\n'}
+    cat "kolos-gen2-$jid.out"
+    grep -q "2 node(s), 4 ranks, .* on node\[0-1\]" "kolos-gen2-$jid.out" || sfail "the gen job did not run 4 ranks on node0 and node1"
+    grep -q "mesh pp=1 dp=2 sp=1 tp=2" "kolos-gen2-$jid.out" || sfail "not dp 2 x tp 2"
+    grep -q "crosses nodes" "kolos-gen2-$jid.out" && sfail "a tp group crossed nodes"
+    same_run serial.jsonl gen.jsonl || sfail "the 2-node Slurm job differs from the serial run"
+    # The template itself, -N 2 on the sbatch command line, dp 4 over 2 x 2.
+    out=$(timeout 120 "$cluster" exec "$state" node0 env SLURM_CONF="$SLURM_CONF" KOLOS="$KOLOS" \
+      sbatch --parsable --wait -N 2 --ntasks=4 --job-name=tmpl \
+      "$src/launchers/slurm/kolos.sbatch" "$tiny" --set parallel.data=4 --set train.micro_batch=4 \
+      "${steps[@]}" --set "log.metrics=$work/tmpl.jsonl") || { sfail "the template job failed"; }
+    jid=${out##*$'\n'}
+    cat "kolos-tmpl-$jid.out"
+    grep -q "2 node(s), 4 ranks, .* on node\[0-1\]" "kolos-tmpl-$jid.out" || sfail "the template job did not run 4 ranks on node0 and node1"
+    grep -q "mesh pp=1 dp=4" "kolos-tmpl-$jid.out" || sfail "not dp 4"
+    same_run serial.jsonl tmpl.jsonl || sfail "the template's 2-node job differs from the serial run"
+    ;;
+  bench_allreduce)
+    # The link's rate (one TCP stream each way), then flat against
+    # hierarchical all-reduce of 1, 16 and 64 MiB over 2 nodes x 2 ranks.
+    for dir in "node0 node1 10.213.40.2" "node1 node0 10.213.40.1"; do
+      read -r from to addr <<<"$dir"
+      "$cluster" exec "$state" "$to" $PY "$here/link_rate.py" recv 5202 >rate.txt &
+      recv=$!
+      timeout 150 "$cluster" exec "$state" "$from" $PY "$here/link_rate.py" send "$addr" 5202 64 ||
+        fail "sending 64 MiB from $from to $to"
+      timeout 150 tail --pid=$recv -f /dev/null || fail "the receiver did not finish"
+      read -r bytes seconds <rate.txt || fail "no measurement"
+      $PY -c "print(f'link $from -> $to: {$bytes * 8 / $seconds / 1e9:.3f} Gbit/s measured (64 MiB, one TCP stream); stated 1 Gbit/s')"
+    done
+    mpi -np 4 "${KOLOS_HIER_BENCH:?}" 1 16 64 --rounds 3 >bench.txt 2>&1 || { cat bench.txt; fail "the benchmark"; }
+    cat bench.txt
+    grep -q "4 ranks on 2 node(s), 2 on node 0" bench.txt || fail "not 2 ranks on each of 2 nodes"
+    grep -q "results: both paths exact" bench.txt || fail "a path's sum is wrong"
     ;;
   *)
     fail "unknown case $case_name"
