@@ -166,24 +166,13 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 }
 
 // The command's configuration: [inference] from CONFIG.toml, --max-tokens,
-// --tokenizer and --set; every other section is refused at its line.
+// --tokenizer and --set.
 RunConfig command_config(const Options& o) {
   std::vector<std::string> overrides;
   if (!o.max_tokens.empty()) overrides.push_back("inference.max_tokens=" + o.max_tokens);
   if (!o.tokenizer.empty()) overrides.push_back("inference.tokenizer=" + quote_toml(o.tokenizer));
   overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
-  RunConfig config = o.config.empty() ? parse_run_config("", "kolos generate", overrides)
-                                      : load_run_config(o.config, overrides);
-  for (const char* name : {"model", "data", "optim", "train", "parallel", "log", "checkpoint",
-                           "runtime", "memory", "planner"}) {
-    const ConfigSection section = config.section(name);
-    if (section.present()) {
-      section.fail_here(std::string("[") + name +
-                        "]: kolos generate reads only [inference] and [plugins]; the model and "
-                        "its shape come from the checkpoint");
-    }
-  }
-  return config;
+  return inference_cli::command_config(o.config, overrides, "kolos generate");
 }
 
 int launch(const Options& o) {
@@ -204,6 +193,34 @@ std::string join_ids(const std::vector<int64_t>& ids) {
   return out;
 }
 
+// One request's text output: the decoded tokens, what is printed of it, and
+// a stop string's end of it.
+struct TextOutput {
+  std::string text;
+  size_t printed = 0;
+  bool stopped = false;
+};
+
+}  // namespace
+
+namespace inference_cli {
+
+RunConfig command_config(const std::string& config_path, const std::vector<std::string>& overrides,
+                         const std::string& command) {
+  RunConfig config = config_path.empty() ? parse_run_config("", command, overrides)
+                                         : load_run_config(config_path, overrides);
+  for (const char* name : {"model", "data", "optim", "train", "parallel", "log", "checkpoint",
+                           "runtime", "memory", "planner"}) {
+    const ConfigSection section = config.section(name);
+    if (section.present()) {
+      section.fail_here(std::string("[") + name + "]: " + command +
+                        " reads only [inference] and [plugins]; the model and its shape come "
+                        "from the checkpoint");
+    }
+  }
+  return config;
+}
+
 // inference.tokenizer, or the model directory's own tokenizer file.
 std::unique_ptr<tokenizer::Tokenizer> open_tokenizer(const inference::InferenceConfig& settings,
                                                      const std::string& model_dir) {
@@ -221,14 +238,6 @@ std::unique_ptr<tokenizer::Tokenizer> open_tokenizer(const inference::InferenceC
   return tokenizer::open_tokenizer(path);
 }
 
-// One request's text output: the decoded tokens, what is printed of it, and
-// a stop string's end of it.
-struct TextOutput {
-  std::string text;
-  size_t printed = 0;
-  bool stopped = false;
-};
-
 // The prefix of `text` that is safe to print while more tokens may come:
 // not a trailing U+FFFD (a character cut between tokens decodes as one
 // until its next token arrives) nor the last `hold` bytes (a stop string
@@ -244,7 +253,7 @@ size_t stable_prefix(const std::string& text, size_t hold) {
   return end;
 }
 
-}  // namespace
+}  // namespace inference_cli
 
 int generate_command(const std::vector<std::string>& args, int argc, char** argv) {
   for (const auto& a : args) {
@@ -281,7 +290,7 @@ int generate_command(const std::vector<std::string>& args, int argc, char** argv
     if (engine.is_driver()) {
       std::fprintf(stderr, "kolos: %s\n", engine.describe().c_str());
       try {
-        tok = open_tokenizer(settings, o.checkpoint);
+        tok = inference_cli::open_tokenizer(settings, o.checkpoint);
         if (tok && tok->vocab_size() > engine.model().vocab) {
           throw ConfigError("inference.tokenizer: " + tok->path() + " has " +
                             std::to_string(tok->vocab_size()) + " ids, more than the model's " +
@@ -366,7 +375,8 @@ int generate_command(const std::vector<std::string>& args, int argc, char** argv
         finished = true;
       }
       if (streaming) {
-        const size_t end = finished ? out.text.size() : stable_prefix(out.text, hold);
+        const size_t end =
+            finished ? out.text.size() : inference_cli::stable_prefix(out.text, hold);
         if (end > out.printed) {
           std::fwrite(out.text.data() + out.printed, 1, end - out.printed, stdout);
           out.printed = end;

@@ -30,6 +30,7 @@
 
 #include "ckpt_command.h"
 #include "generate_command.h"
+#include "serve_command.h"
 #include "kolos/checkpoint/checkpoint.h"
 #include "kolos/config.h"
 #include "kolos/core/config_located.h"
@@ -73,6 +74,7 @@ commands:
          [--tokenizer PATH]             ... or the ids of a tokenizer.json / tokenizer.model
   ckpt inspect|verify|export DIR         look into, check or export a checkpoint
   generate CKPT --prompt-ids IDS [-n N]  continue prompts from a checkpoint or HF model (paged KV cache)
+  serve CKPT [--port P] [-n N]           an OpenAI-style /v1/completions server over the same engine
   slurm gen [CONFIG] [options]           write an sbatch script (srun, requeue on time limit)
   topo [--json]                          this node's cores, NUMA nodes, GPUs, NICs, NVLink domains
   version                                versions of kolos and what it was built with
@@ -910,11 +912,12 @@ int dispatch(int argc, char** argv) {
   if (command == "data") return data_command(args);
   if (command == "ckpt") return ckpt_command(args);
   if (command == "generate") return generate_command(args, argc, argv);
+  if (command == "serve") return serve_command(args, argc, argv);
   if (command == "slurm") return slurm_command(args);
   if (command == "topo") return topo(args);
   if (command == "version") return version(args);
   std::string hint = closest_match(command, {"train", "run", "check", "plan", "calibrate", "plugins", "data",
-                                             "ckpt", "generate", "slurm", "topo", "version"});
+                                             "ckpt", "generate", "serve", "slurm", "topo", "version"});
   throw UsageError("unknown command `" + command + "`" +
                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
                    "; see `kolos --help`");

@@ -24,7 +24,7 @@
 namespace kolos::inference {
 namespace {
 
-enum Command : int64_t { kStop = 0, kStep = 1 };
+enum Command : int64_t { kStop = 0, kStep = 1, kIdle = 2 };
 
 // Where the weights come from, read on every rank before any communication.
 struct Source {
@@ -400,6 +400,12 @@ void InferenceEngine::stop() {
   impl_->world->broadcast(impl_->buffer, 0)->wait();
 }
 
+void InferenceEngine::idle() {
+  if (impl_->world->size() == 1) return;
+  impl_->pack(kIdle, StepPlan{});
+  impl_->world->broadcast(impl_->buffer, 0)->wait();
+}
+
 void InferenceEngine::run(const std::function<void(const TokenEvent&)>& on_event) {
   while (scheduler().has_work()) {
     for (const TokenEvent& e : step()) {
@@ -413,7 +419,9 @@ void InferenceEngine::follow() {
   KOLOS_CHECK(!is_driver(), "follow() is for the ranks other than 0");
   while (true) {
     impl_->world->broadcast(impl_->buffer, 0)->wait();
-    if (impl_->buffer.data_ptr<int64_t>()[0] == kStop) return;
+    const int64_t command = impl_->buffer.data_ptr<int64_t>()[0];
+    if (command == kStop) return;
+    if (command == kIdle) continue;
     impl_->forward(impl_->unpack());
   }
 }

@@ -16,6 +16,10 @@
 #        tokens it gets alone; greedy and sampled (seeded); every KV block is
 #        free at the end. (Two sampled runs with the same seed giving the
 #        same tokens is part of that: "alone" and "together" are two runs.)
+# serve: kolos serve on 127.0.0.1 (any free port) driven by serve_client.py:
+#        completions equal kolos generate, streamed equals not streamed,
+#        4xx errors, disconnects and concurrent requests free every block,
+#        SIGTERM exits 0.
 # bad:   an unknown [inference] key, a value out of range, a prompt longer
 #        than the context, a token outside the vocabulary, a pool smaller
 #        than one context, checkpoints it cannot serve: clear errors, exit != 0.
@@ -201,6 +205,32 @@ case $case_name in
     expect_failure 'needs a tokenizer' -- "$KOLOS" generate ck --prompt "hello"
     expect_failure 'inference\.pipeline_stages = 3: the stages must divide the 2 ranks' -- \
       "$KOLOS" generate ck --prompt-ids 1,2 -n 2 "${MPI[@]}" --set inference.pipeline_stages=3
+    ;;
+  serve)
+    need_venv
+    "$PY" "$here/make_hf_model.py" gpt2 gpt2 "1,2,3" || fail "making the gpt2 model failed"
+    generate text.txt gpt2 --prompt "$(cat gpt2.text.prompt)" --max-tokens 64
+    "$KOLOS" serve gpt2 --port 0 --set inference.block_size=4 --set inference.kv_cache_memory=256KiB \
+      >serve.out 2>serve.err &
+    server=$!
+    port=""
+    for _ in $(seq 1 300); do
+      port=$(sed -n 's/.*serving on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' serve.err)
+      [[ -n $port ]] && break
+      kill -0 $server 2>/dev/null || break
+      sleep 0.1
+    done
+    [[ -n $port ]] || { cat serve.err; kill $server 2>/dev/null; fail "kolos serve did not start"; }
+    timeout 240 python3 "$here/serve_client.py" "$port" text.txt "$(cat gpt2.text.prompt)" ||
+      { cat serve.err; kill $server 2>/dev/null; fail "the client's checks failed"; }
+    kill -TERM $server
+    rc=0
+    for _ in $(seq 1 100); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
+    kill -0 $server 2>/dev/null && { kill -KILL $server; fail "kolos serve did not stop on SIGTERM"; }
+    wait $server || rc=$?
+    [[ $rc -eq 0 ]] || { cat serve.err; fail "kolos serve exited $rc on SIGTERM"; }
+    grep -q "stopped" serve.err || fail "no orderly stop"
+    echo "ok: SIGTERM: kolos serve stopped, exit 0"
     ;;
   *) fail "unknown case $case_name" ;;
 esac

@@ -55,6 +55,10 @@ class InferenceEngine {
   std::vector<TokenEvent> step();
   // Rank 0: ends the other ranks' follow().
   void stop();
+  // Rank 0: a step without work, so that the other ranks, waiting in
+  // follow(), are not left in one broadcast longer than the communication
+  // timeout while rank 0 has nothing to do (a server between requests).
+  void idle();
   // Every rank but 0: runs the steps rank 0 broadcasts until it stops.
   void follow();
 

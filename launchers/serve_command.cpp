@@ -1,0 +1,625 @@
+// `kolos serve`: /v1/completions (plain and server-sent events), /health and
+// /metrics over the inference engine, on rank 0.
+//
+// Threads on rank 0: cpp-httplib's handler threads parse and check a
+// request, hand it to the engine loop through an inbox and wait on the
+// request's own channel; the main thread runs the engine loop (it alone
+// touches the scheduler and the engine): it admits queued requests, runs a
+// step, and delivers each sampled token to its request's channel. A client
+// that goes away mid-stream cancels its request (its blocks are freed at
+// once). With several ranks the others follow the steps; between requests
+// rank 0 sends an idle step every half second, so that none waits in one
+// broadcast past the communication timeout. SIGTERM or SIGINT: stop
+// accepting, finish what is in flight, release the other ranks, exit 0.
+#include "serve_command.h"
+
+#if !defined(KOLOS_WITH_HTTPLIB)
+#include "kolos/core/error.h"
+
+namespace kolos::cli {
+int serve_command(const std::vector<std::string>&, int, char**) {
+  throw UsageError(
+      "kolos serve: this kolos was built without cpp-httplib; install libcpp-httplib-dev "
+      "(scripts/install-deps.sh) and configure again");
+}
+}  // namespace kolos::cli
+#else
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "generate_command.h"
+#include "kolos/config.h"
+#include "kolos/core/error.h"
+#include "kolos/core/runtime.h"
+#include "kolos/core/settings.h"
+#include "kolos/inference/engine.h"
+#include "launch.h"
+
+namespace kolos::cli {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kServeUsage =
+    R"(usage: kolos serve CKPT [--host HOST] [--port PORT] [options] [CONFIG.toml]
+
+  CKPT                     a kolos checkpoint or a Hugging Face directory (as kolos generate)
+  --host HOST              address to listen on (default 127.0.0.1)
+  --port PORT              port (default 8000; 0: any free port, printed on stderr)
+  --model NAME             the model name requests may give (default: CKPT's directory name)
+  --max-queue N            requests waiting at most; more are refused with 429 (default 256)
+  --tokenizer PATH         tokenizer.json or tokenizer.model (inference.tokenizer)
+  -n, --np RANKS           run on RANKS ranks through mpirun (tensor parallel, pipeline stages)
+  --mpirun PATH            the mpirun to use with -n
+  --set inference.KEY=V    override a key of [inference]
+  CONFIG.toml              a file with an [inference] section (and [plugins] path)
+
+Endpoints: POST /v1/completions (OpenAI's fields: prompt, max_tokens, temperature, top_p, top_k,
+min_p, presence_penalty, repetition_penalty, seed, stop, stream), GET /health, GET /metrics.
+SIGTERM stops accepting, finishes the requests in flight and exits 0.
+)";
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_stop_signal(int) { g_stop.store(true); }
+
+// A 4xx answer in OpenAI's shape.
+struct ApiError {
+  int status = 400;
+  std::string message, param, type = "invalid_request_error";
+};
+std::string error_body(const ApiError& e) {
+  json j = {{"error",
+             {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", nullptr}}}};
+  return j.dump();
+}
+
+// One request between its handler thread and the engine loop.
+struct Job {
+  std::vector<int64_t> prompt;
+  inference::SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool stream = false;
+  // Filled by the engine loop.
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool admitted = false, done = false;
+  ApiError rejected;  // status 0: accepted
+  std::vector<int64_t> tokens;
+  std::string text;  // decoded (with a tokenizer), cut at a stop string
+  std::string finish_reason;
+  std::atomic<bool> cancel{false};  // the client went away
+};
+using JobPtr = std::shared_ptr<Job>;
+
+struct Metrics {
+  std::atomic<int64_t> requests{0}, rejected{0}, prompt_tokens{0}, generated_tokens{0};
+  std::atomic<int64_t> running{0}, waiting{0}, blocks_used{0}, blocks_total{0}, preemptions{0};
+};
+
+double number(const json& body, const char* key, double fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_number()) {
+    throw ApiError{400, std::string("`") + key + "` must be a number", key};
+  }
+  const double v = body[key].get<double>();
+  if (!std::isfinite(v)) throw ApiError{400, std::string("`") + key + "` must be finite", key};
+  return v;
+}
+int64_t integer(const json& body, const char* key, int64_t fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_number_integer()) {
+    throw ApiError{400, std::string("`") + key + "` must be an integer", key};
+  }
+  return body[key].get<int64_t>();
+}
+
+struct Server {
+  inference::InferenceEngine& engine;
+  inference::InferenceConfig settings;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::string model_name;
+  int64_t max_queue = 256;
+  Metrics metrics;
+  std::mutex inbox_mutex;
+  std::condition_variable inbox_changed;
+  std::deque<JobPtr> inbox;
+  std::atomic<int64_t> queued{0};
+
+  // Parses and checks a request body; the request's token ids and sampling.
+  JobPtr parse(const std::string& text) {
+    json body;
+    try {
+      body = json::parse(text);
+    } catch (const json::exception& e) {
+      throw ApiError{400, std::string("the body is not valid JSON: ") + e.what(), ""};
+    }
+    if (!body.is_object()) throw ApiError{400, "the body must be a JSON object", ""};
+    if (body.contains("model") && !body["model"].is_null()) {
+      if (!body["model"].is_string()) throw ApiError{400, "`model` must be a string", "model"};
+      if (body["model"].get<std::string>() != model_name) {
+        throw ApiError{404,
+                       "the model `" + body["model"].get<std::string>() +
+                           "` does not exist; this server serves `" + model_name + "`",
+                       "model", "model_not_found"};
+      }
+    }
+    auto job = std::make_shared<Job>();
+    if (!body.contains("prompt")) throw ApiError{400, "`prompt` is required", "prompt"};
+    const json& prompt = body["prompt"];
+    if (prompt.is_string()) {
+      if (!tok) {
+        throw ApiError{400, "this server has no tokenizer: give `prompt` as an array of token ids",
+                       "prompt"};
+      }
+      const std::string s = prompt.get<std::string>();
+      if (tokenizer::to_valid_utf8(s) != s) {
+        throw ApiError{400, "`prompt` is not valid UTF-8", "prompt"};
+      }
+      for (const auto id : tok->encode(s)) job->prompt.push_back(id);
+    } else if (prompt.is_array()) {
+      for (const auto& t : prompt) {
+        if (!t.is_number_integer()) {
+          throw ApiError{400, "`prompt` must be a string or an array of token ids", "prompt"};
+        }
+        job->prompt.push_back(t.get<int64_t>());
+      }
+    } else {
+      throw ApiError{400, "`prompt` must be a string or an array of token ids", "prompt"};
+    }
+    if (job->prompt.empty()) throw ApiError{400, "`prompt` is empty", "prompt"};
+    inference::SamplingParams& p = job->sampling;
+    p = settings.sampling();
+    p.max_tokens = integer(body, "max_tokens", p.max_tokens);
+    p.temperature = number(body, "temperature", p.temperature);
+    p.top_p = number(body, "top_p", p.top_p);
+    p.top_k = integer(body, "top_k", p.top_k);
+    p.min_p = number(body, "min_p", p.min_p);
+    p.presence_penalty = number(body, "presence_penalty", p.presence_penalty);
+    p.repetition_penalty = number(body, "repetition_penalty", p.repetition_penalty);
+    p.seed = static_cast<uint64_t>(integer(body, "seed", static_cast<int64_t>(p.seed)));
+    const int64_t context = engine.model().seq_len;
+    if (static_cast<int64_t>(job->prompt.size()) >= context) {
+      throw ApiError{400,
+                     "the prompt has " + std::to_string(job->prompt.size()) +
+                         " tokens; the model's context is " + std::to_string(context),
+                     "prompt"};
+    }
+    if (p.max_tokens > context - static_cast<int64_t>(job->prompt.size())) {
+      throw ApiError{400,
+                     "`max_tokens` = " + std::to_string(p.max_tokens) +
+                         " runs past the context: " + std::to_string(job->prompt.size()) +
+                         " prompt tokens + max_tokens > " + std::to_string(context),
+                     "max_tokens"};
+    }
+    try {
+      inference::check_sampling(p);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      throw ApiError{400, what, what.substr(0, what.find(':'))};
+    }
+    if (body.contains("stop") && !body["stop"].is_null()) {
+      const json& stop = body["stop"];
+      if (stop.is_string()) {
+        job->stop.push_back(stop.get<std::string>());
+      } else if (stop.is_array()) {
+        for (const auto& s : stop) {
+          if (!s.is_string()) throw ApiError{400, "`stop` must be strings", "stop"};
+          job->stop.push_back(s.get<std::string>());
+        }
+      } else {
+        throw ApiError{400, "`stop` must be a string or an array of strings", "stop"};
+      }
+      for (const auto& s : job->stop) {
+        if (s.empty()) throw ApiError{400, "`stop` holds an empty string", "stop"};
+      }
+      if (!job->stop.empty() && !tok) {
+        throw ApiError{400, "stop strings need a tokenizer, which this server has not", "stop"};
+      }
+    }
+    if (body.contains("stream") && !body["stream"].is_null()) {
+      if (!body["stream"].is_boolean()) throw ApiError{400, "`stream` must be a boolean", "stream"};
+      job->stream = body["stream"].get<bool>();
+    }
+    if (tok && !settings.ignore_eos && tok->eos_id()) p.stop_token_ids.push_back(*tok->eos_id());
+    return job;
+  }
+
+  // Handler thread: queue the job, wait until the loop admitted or refused it.
+  void submit(const JobPtr& job) {
+    {
+      std::lock_guard<std::mutex> lock(inbox_mutex);
+      if (g_stop.load()) throw ApiError{503, "the server is stopping", "", "server_error"};
+      if (queued.load() >= max_queue) {
+        throw ApiError{429, "too many requests queued (" + std::to_string(max_queue) + ")", "",
+                       "rate_limit_error"};
+      }
+      ++queued;
+      inbox.push_back(job);
+    }
+    inbox_changed.notify_one();
+    std::unique_lock<std::mutex> lock(job->mutex);
+    job->changed.wait(lock, [&] { return job->admitted; });
+    if (job->rejected.status != 0) throw job->rejected;
+  }
+
+  // The engine loop (main thread). Returns when stopped and drained.
+  void loop() {
+    inference::Scheduler& scheduler = engine.scheduler();
+    std::map<int64_t, JobPtr> live;
+    metrics.blocks_total = scheduler.allocator().num_blocks();
+    auto last_step = std::chrono::steady_clock::now();
+    while (true) {
+      std::deque<JobPtr> arrived;
+      {
+        std::unique_lock<std::mutex> lock(inbox_mutex);
+        if (inbox.empty() && !scheduler.has_work()) {
+          if (g_stop.load()) break;
+          inbox_changed.wait_for(lock, std::chrono::milliseconds(100));
+        }
+        arrived.swap(inbox);
+      }
+      for (const JobPtr& job : arrived) {
+        --queued;
+        int64_t id = -1;
+        ApiError refused;
+        refused.status = 0;
+        try {
+          id = scheduler.add_request(inference::Request{job->prompt, job->sampling});
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          refused = ApiError{400, what, what.substr(0, what.find(':'))};
+        }
+        {
+          std::lock_guard<std::mutex> lock(job->mutex);
+          job->admitted = true;
+          job->rejected = refused;
+        }
+        job->changed.notify_all();
+        if (refused.status == 0) {
+          live[id] = job;
+          ++metrics.requests;
+          metrics.prompt_tokens += static_cast<int64_t>(job->prompt.size());
+        } else {
+          ++metrics.rejected;
+        }
+      }
+      // Clients that went away.
+      for (auto it = live.begin(); it != live.end();) {
+        if (it->second->cancel.load()) {
+          scheduler.cancel(it->first);
+          finish(*it->second, "cancelled");
+          scheduler.forget(it->first);
+          it = live.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (scheduler.has_work()) {
+        for (const inference::TokenEvent& e : engine.step()) deliver(scheduler, live, e);
+        last_step = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - last_step > std::chrono::milliseconds(500)) {
+        engine.idle();
+        last_step = std::chrono::steady_clock::now();
+      }
+      metrics.running = scheduler.num_running();
+      metrics.waiting = scheduler.num_waiting() + queued.load();
+      metrics.blocks_used = scheduler.allocator().num_used();
+      metrics.preemptions = scheduler.preemptions();
+    }
+  }
+
+  void finish(Job& job, const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(job.mutex);
+      job.done = true;
+      job.finish_reason = reason;
+    }
+    job.changed.notify_all();
+  }
+
+  void deliver(inference::Scheduler& scheduler, std::map<int64_t, JobPtr>& live,
+               const inference::TokenEvent& e) {
+    auto it = live.find(e.request);
+    if (it == live.end()) return;
+    Job& job = *it->second;
+    ++metrics.generated_tokens;
+    std::string reason = e.finish_reason;
+    bool finished = e.finished;
+    {
+      std::lock_guard<std::mutex> lock(job.mutex);
+      job.tokens = scheduler.generated(e.request);
+      if (tok) {
+        std::vector<tokenizer::TokenId> ids(job.tokens.begin(), job.tokens.end());
+        job.text = tok->decode(ids);
+        size_t cut = std::string::npos;
+        for (const auto& s : job.stop) cut = std::min(cut, job.text.find(s));
+        if (cut != std::string::npos) {
+          job.text.resize(cut);
+          if (!finished) scheduler.cancel(e.request);
+          finished = true;
+          reason = "stop";
+        }
+      }
+    }
+    job.changed.notify_all();
+    if (finished) {
+      finish(job, reason);
+      scheduler.forget(e.request);
+      live.erase(it);
+    }
+  }
+
+  std::string metrics_text() const {
+    std::ostringstream out;
+    auto gauge = [&](const char* name, const char* help, const char* type, int64_t v) {
+      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+          << name << " " << v << "\n";
+    };
+    gauge("kolos_requests_total", "Requests admitted.", "counter", metrics.requests);
+    gauge("kolos_requests_rejected_total", "Requests refused after parsing.", "counter",
+          metrics.rejected);
+    gauge("kolos_prompt_tokens_total", "Prompt tokens of admitted requests.", "counter",
+          metrics.prompt_tokens);
+    gauge("kolos_generation_tokens_total", "Tokens generated.", "counter",
+          metrics.generated_tokens);
+    gauge("kolos_requests_running", "Sequences with blocks in the KV cache.", "gauge",
+          metrics.running);
+    gauge("kolos_requests_waiting", "Requests queued or preempted.", "gauge", metrics.waiting);
+    gauge("kolos_kv_blocks_in_use", "KV cache blocks in use.", "gauge", metrics.blocks_used);
+    gauge("kolos_kv_blocks_total", "KV cache blocks in the pool.", "gauge", metrics.blocks_total);
+    gauge("kolos_preemptions_total", "Sequences preempted (recomputed later).", "counter",
+          metrics.preemptions);
+    return out.str();
+  }
+};
+
+json completion_chunk(const std::string& id, const std::string& model, const std::string& text,
+                      const std::vector<int64_t>& tokens, const std::string& reason) {
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", static_cast<int64_t>(std::time(nullptr))},
+          {"model", model},
+          {"choices",
+           {{{"index", 0},
+             {"text", text},
+             {"token_ids", tokens},
+             {"logprobs", nullptr},
+             {"finish_reason", reason.empty() ? json(nullptr) : json(reason)}}}}};
+}
+
+}  // namespace
+
+int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
+  std::string checkpoint, config_path, host = "127.0.0.1", model_name, tokenizer_path;
+  std::string mpirun = KOLOS_MPIEXEC;
+  int port = 8000, ranks = 0;
+  int64_t max_queue = 256;
+  std::vector<std::string> overrides, forwarded;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw UsageError("kolos serve: " + a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::cout << kServeUsage;
+      return 0;
+    } else if (a == "--host") {
+      host = value();
+      forwarded.insert(forwarded.end(), {"--host", host});
+    } else if (a == "--port") {
+      const std::string v = value();
+      port = std::atoi(v.c_str());
+      if (port < 0 || port > 65535 || (port == 0 && v != "0")) {
+        throw UsageError("kolos serve: --port `" + v + "`: expected 0..65535");
+      }
+      forwarded.insert(forwarded.end(), {"--port", v});
+    } else if (a == "--model") {
+      model_name = value();
+      forwarded.insert(forwarded.end(), {"--model", model_name});
+    } else if (a == "--max-queue") {
+      const std::string v = value();
+      max_queue = std::atoll(v.c_str());
+      if (max_queue < 1) throw UsageError("kolos serve: --max-queue `" + v + "`: expected >= 1");
+      forwarded.insert(forwarded.end(), {"--max-queue", v});
+    } else if (a == "--tokenizer") {
+      tokenizer_path = value();
+      forwarded.insert(forwarded.end(), {"--tokenizer", tokenizer_path});
+    } else if (a == "--set") {
+      overrides.push_back(value());
+    } else if (a == "-n" || a == "--np") {
+      ranks = std::atoi(value().c_str());
+      if (ranks < 1) throw UsageError("kolos serve: -n expects a number of ranks >= 1");
+    } else if (a == "--mpirun") {
+      mpirun = value();
+    } else if (!a.empty() && a[0] == '-') {
+      throw UsageError("kolos serve: unknown option `" + a + "` (see `kolos serve --help`)");
+    } else if (checkpoint.empty()) {
+      checkpoint = a;
+    } else if (config_path.empty()) {
+      config_path = a;
+      forwarded.push_back(a);
+    } else {
+      throw UsageError("kolos serve: unexpected argument `" + a + "`");
+    }
+  }
+  if (checkpoint.empty()) throw UsageError("kolos serve: missing CKPT (see `kolos serve --help`)");
+  if (model_name.empty()) {
+    std::string trimmed = checkpoint;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+    model_name = trimmed.substr(trimmed.find_last_of('/') + 1);
+  }
+  std::vector<std::string> all_overrides;
+  if (!tokenizer_path.empty())
+    all_overrides.push_back("inference.tokenizer=" + quote_toml(tokenizer_path));
+  all_overrides.insert(all_overrides.end(), overrides.begin(), overrides.end());
+  if (ranks > 1) {
+    inference::read_inference_config(
+        inference_cli::command_config(config_path, all_overrides, "kolos serve"));
+    LaunchOptions launch;
+    launch.ranks = ranks;
+    launch.config = checkpoint;
+    launch.command = "serve";
+    launch.extra = forwarded;
+    launch.overrides = overrides;
+    launch.mpirun = mpirun;
+    return exec_mpirun(launch);
+  }
+
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  Runtime runtime(&argc, &argv);
+  return run_guarded(runtime, [&] {
+    std::string error;
+    int kind = 0;
+    RunConfig config;
+    inference::InferenceConfig settings;
+    try {
+      config = inference_cli::command_config(config_path, all_overrides, "kolos serve");
+      settings = inference::read_inference_config(config);
+    } catch (const Error& e) {
+      error = e.what();
+      kind = static_cast<int>(e.kind());
+    }
+    detail::agree_on_error(*runtime.world(), error, kind);
+    inference::InferenceEngine engine(checkpoint, settings, runtime.world(), config.plugins.path);
+    Server server{engine, settings, nullptr, model_name, max_queue};
+    httplib::Server http;
+    error.clear();
+    int bound = -1;
+    if (engine.is_driver()) {
+      try {
+        server.tok = inference_cli::open_tokenizer(settings, checkpoint);
+        bound =
+            port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
+        if (bound < 0) {
+          throw UsageError("kolos serve: cannot listen on " + host + ":" + std::to_string(port));
+        }
+      } catch (const Error& e) {
+        error = e.what();
+        kind = static_cast<int>(e.kind());
+      }
+    }
+    detail::agree_on_error(*runtime.world(), error, kind);
+    if (!engine.is_driver()) {
+      engine.follow();
+      return 0;
+    }
+
+    auto reply_error = [](httplib::Response& res, const ApiError& e) {
+      res.status = e.status;
+      res.set_content(error_body(e), "application/json");
+    };
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("{\"status\":\"ok\"}", "application/json");
+    });
+    http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_content(server.metrics_text(), "text/plain; version=0.0.4");
+    });
+    std::atomic<int64_t> next_id{0};
+    http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+      JobPtr job;
+      try {
+        job = server.parse(req.body);
+        server.submit(job);
+      } catch (const ApiError& e) {
+        reply_error(res, e);
+        return;
+      }
+      const std::string id = "cmpl-" + std::to_string(next_id++);
+      if (!job->stream) {
+        std::unique_lock<std::mutex> lock(job->mutex);
+        job->changed.wait(lock, [&] { return job->done; });
+        json body = completion_chunk(id, model_name, job->text, job->tokens, job->finish_reason);
+        const auto completion = static_cast<int64_t>(job->tokens.size());
+        body["usage"] = {{"prompt_tokens", job->prompt.size()},
+                         {"completion_tokens", completion},
+                         {"total_tokens", static_cast<int64_t>(job->prompt.size()) + completion}};
+        res.set_content(body.dump(), "application/json");
+        return;
+      }
+      // Server-sent events: one event per new piece of text (or token).
+      auto sent_text = std::make_shared<size_t>(0);
+      auto sent_tokens = std::make_shared<size_t>(0);
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [job, id, sent_text, sent_tokens, &model_name, &server](size_t, httplib::DataSink& sink) {
+            std::unique_lock<std::mutex> lock(job->mutex);
+            job->changed.wait_for(lock, std::chrono::milliseconds(200),
+                                  [&] { return job->done || job->tokens.size() > *sent_tokens; });
+            size_t hold = 0;
+            for (const auto& s : job->stop) hold = std::max(hold, s.size() - 1);
+            const size_t end =
+                job->done ? job->text.size() : inference_cli::stable_prefix(job->text, hold);
+            std::vector<int64_t> new_tokens(job->tokens.begin() + static_cast<long>(*sent_tokens),
+                                            job->tokens.end());
+            const std::string piece =
+                end > *sent_text ? job->text.substr(*sent_text, end - *sent_text) : "";
+            if (!new_tokens.empty() || !piece.empty() || job->done) {
+              const std::string event = "data: " +
+                                        completion_chunk(id, model_name, piece, new_tokens,
+                                                         job->done ? job->finish_reason : "")
+                                            .dump() +
+                                        "\n\n";
+              *sent_text = std::max(*sent_text, end);
+              *sent_tokens = job->tokens.size();
+              if (!sink.write(event.data(), event.size())) {
+                job->cancel.store(true);
+                return false;
+              }
+            }
+            if (job->done) {
+              static const std::string kDone = "data: [DONE]\n\n";
+              sink.write(kDone.data(), kDone.size());
+              sink.done();
+            }
+            return true;
+          },
+          [job](bool success) {
+            if (!success) job->cancel.store(true);  // the client went away
+          });
+    });
+    http.set_error_handler([&](const httplib::Request&, httplib::Response& res) {
+      if (res.body.empty()) {
+        reply_error(res, ApiError{res.status, "no route " + std::to_string(res.status), "",
+                                  "invalid_request_error"});
+      }
+    });
+    std::fprintf(stderr, "kolos: %s\nkolos: serving on http://%s:%d (model `%s`)\n",
+                 engine.describe().c_str(), host.c_str(), bound, model_name.c_str());
+    std::thread listener([&] { http.listen_after_bind(); });
+    std::thread watcher([&] {
+      while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      http.stop();  // no new connections; the loop finishes what is in flight
+      server.inbox_changed.notify_all();
+    });
+    server.loop();
+    watcher.join();
+    listener.join();
+    engine.stop();
+    std::fprintf(stderr, "kolos: served %lld requests (%lld tokens); stopped\n",
+                 static_cast<long long>(server.metrics.requests.load()),
+                 static_cast<long long>(server.metrics.generated_tokens.load()));
+    return 0;
+  });
+}
+
+}  // namespace kolos::cli
+#endif  // KOLOS_WITH_HTTPLIB
