@@ -1,5 +1,6 @@
-// `kolos serve`: /v1/completions (plain and server-sent events), /health and
-// /metrics over the inference engine, on rank 0.
+// `kolos serve`: /v1/completions (plain and server-sent events), /v1/models,
+// /tokenize, /detokenize, /health and /metrics over the inference engine, on
+// rank 0.
 //
 // Threads on rank 0: cpp-httplib's handler threads parse and check a
 // request, hand it to the engine loop through an inbox and wait on the
@@ -69,7 +70,8 @@ constexpr const char* kServeUsage =
   CONFIG.toml              a file with an [inference] section (and [plugins] path)
 
 Endpoints: POST /v1/completions (OpenAI's fields: prompt, max_tokens, temperature, top_p, top_k,
-min_p, presence_penalty, repetition_penalty, seed, stop, stream), GET /health, GET /metrics.
+min_p, presence_penalty, repetition_penalty, seed, stop, stream), GET /v1/models, POST /tokenize
+{"prompt"}, POST /detokenize {"tokens"}, GET /health, GET /metrics.
 SIGTERM stops accepting, finishes the requests in flight and exits 0.
 )";
 
@@ -532,6 +534,64 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
     });
     http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
       res.set_content(server.metrics_text(), "text/plain; version=0.0.4");
+    });
+    http.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+      const json body = {{"object", "list"},
+                         {"data",
+                          {{{"id", model_name},
+                            {"object", "model"},
+                            {"owned_by", "kolos"},
+                            {"max_model_len", engine.model().seq_len}}}}};
+      res.set_content(body.dump(), "application/json");
+    });
+    // Text <-> ids with the server's tokenizer (immutable: safe from any thread).
+    auto parse_object = [](const std::string& text) {
+      json body;
+      try {
+        body = json::parse(text);
+      } catch (const json::exception& e) {
+        throw ApiError{400, std::string("the body is not valid JSON: ") + e.what(), ""};
+      }
+      if (!body.is_object()) throw ApiError{400, "the body must be a JSON object", ""};
+      return body;
+    };
+    http.Post("/tokenize", [&](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const json body = parse_object(req.body);
+        if (!server.tok) throw ApiError{400, "this server has no tokenizer", "prompt"};
+        if (!body.contains("prompt") || !body["prompt"].is_string()) {
+          throw ApiError{400, "`prompt` must be a string", "prompt"};
+        }
+        std::vector<int64_t> ids;
+        for (const auto id : server.tok->encode(body["prompt"].get<std::string>()))
+          ids.push_back(id);
+        res.set_content(json{{"tokens", ids}, {"count", ids.size()}}.dump(), "application/json");
+      } catch (const ApiError& e) {
+        reply_error(res, e);
+      }
+    });
+    http.Post("/detokenize", [&](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const json body = parse_object(req.body);
+        if (!server.tok) throw ApiError{400, "this server has no tokenizer", "tokens"};
+        if (!body.contains("tokens") || !body["tokens"].is_array()) {
+          throw ApiError{400, "`tokens` must be an array of token ids", "tokens"};
+        }
+        std::vector<tokenizer::TokenId> ids;
+        for (const auto& t : body["tokens"]) {
+          if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+              t.get<int64_t>() >= server.tok->vocab_size()) {
+            throw ApiError{
+                400,
+                "`tokens` must hold ids in [0, " + std::to_string(server.tok->vocab_size()) + ")",
+                "tokens"};
+          }
+          ids.push_back(static_cast<tokenizer::TokenId>(t.get<int64_t>()));
+        }
+        res.set_content(json{{"prompt", server.tok->decode(ids)}}.dump(), "application/json");
+      } catch (const ApiError& e) {
+        reply_error(res, e);
+      }
     });
     std::atomic<int64_t> next_id{0};
     http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {

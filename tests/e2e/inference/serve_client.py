@@ -1,6 +1,6 @@
 # Drives a running `kolos serve` on 127.0.0.1 (bounded: every request has a
 # timeout, every loop a count):  serve_client.py PORT EXPECTED_TEXT_FILE PROMPT
-# Checks: /health; a greedy completion equals `kolos generate`'s text;
+# Checks: /health, /v1/models, /tokenize and /detokenize; a greedy completion equals `kolos generate`'s text;
 # streamed (server-sent events) equals non-streamed; OpenAI-style 4xx
 # errors naming the field, with the server still serving; clients that
 # disconnect mid-stream and 48 concurrent requests of random lengths, after
@@ -60,6 +60,17 @@ def metrics():
 
 status, text = call("GET", "/health")
 assert status == 200 and json.loads(text)["status"] == "ok", (status, text)
+
+status, text = call("GET", "/v1/models")
+assert status == 200 and json.loads(text)["data"][0]["id"] == "gpt2", (status, text)
+status, text = call("POST", "/tokenize", {"prompt": prompt})
+ids = json.loads(text)["tokens"]
+assert status == 200 and ids and json.loads(text)["count"] == len(ids), (status, text)
+status, text = call("POST", "/detokenize", {"tokens": ids})
+assert status == 200 and json.loads(text)["prompt"] == prompt, (status, text)
+status, text = call("POST", "/detokenize", {"tokens": [10 ** 6]})
+assert status == 400 and json.loads(text)["error"]["param"] == "tokens", (status, text)
+print("ok: /v1/models, /tokenize, /detokenize")
 
 status, text = call("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 64})
 assert status == 200, (status, text)
