@@ -27,6 +27,7 @@ int serve_command(const std::vector<std::string>&, int, char**) {
 #else
 #include <httplib.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -106,13 +107,45 @@ struct Job {
   std::vector<int64_t> tokens;
   std::string text;  // decoded (with a tokenizer), cut at a stop string
   std::string finish_reason;
-  std::atomic<bool> cancel{false};  // the client went away
+  std::atomic<bool> cancel{false};                            // the client went away
+  std::chrono::steady_clock::time_point arrived, last_token;  // the engine loop's
 };
 using JobPtr = std::shared_ptr<Job>;
+
+// A Prometheus histogram of seconds (cumulative buckets, sum, count).
+class Histogram {
+ public:
+  void observe(double seconds) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < kBounds.size(); ++i) counts_[i] += seconds <= kBounds[i] ? 1 : 0;
+    sum_ += seconds;
+    ++count_;
+  }
+  void write(std::ostream& out, const char* name, const char* help) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
+    for (size_t i = 0; i < kBounds.size(); ++i) {
+      out << name << "_bucket{le=\"" << kBounds[i] << "\"} " << counts_[i] << "\n";
+    }
+    out << name << "_bucket{le=\"+Inf\"} " << count_ << "\n"
+        << name << "_sum " << sum_ << "\n"
+        << name << "_count " << count_ << "\n";
+  }
+
+ private:
+  static constexpr std::array<double, 12> kBounds = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                     0.25,  0.5,   1,    2.5,   5,    10};
+  mutable std::mutex mutex_;
+  std::array<int64_t, 12> counts_{};
+  double sum_ = 0;
+  int64_t count_ = 0;
+};
 
 struct Metrics {
   std::atomic<int64_t> requests{0}, rejected{0}, prompt_tokens{0}, generated_tokens{0};
   std::atomic<int64_t> running{0}, waiting{0}, blocks_used{0}, blocks_total{0}, preemptions{0};
+  Histogram ttft;         // arrival to first token
+  Histogram inter_token;  // between consecutive tokens of a request
 };
 
 double number(const json& body, const char* key, double fallback) {
@@ -297,6 +330,7 @@ struct Server {
         if (refused.status == 0) {
           live[id] = job;
           ++metrics.requests;
+          job->arrived = std::chrono::steady_clock::now();
           metrics.prompt_tokens += static_cast<int64_t>(job->prompt.size());
         } else {
           ++metrics.rejected;
@@ -342,6 +376,12 @@ struct Server {
     if (it == live.end()) return;
     Job& job = *it->second;
     ++metrics.generated_tokens;
+    const auto now = std::chrono::steady_clock::now();
+    const bool first = scheduler.generated(e.request).size() == 1;
+    (first ? metrics.ttft : metrics.inter_token)
+        .observe(
+            std::chrono::duration<double>(now - (first ? job.arrived : job.last_token)).count());
+    job.last_token = now;
     std::string reason = e.finish_reason;
     bool finished = e.finished;
     {
@@ -388,6 +428,10 @@ struct Server {
     gauge("kolos_kv_blocks_total", "KV cache blocks in the pool.", "gauge", metrics.blocks_total);
     gauge("kolos_preemptions_total", "Sequences preempted (recomputed later).", "counter",
           metrics.preemptions);
+    metrics.ttft.write(out, "kolos_time_to_first_token_seconds",
+                       "From admission to a request's first token.");
+    metrics.inter_token.write(out, "kolos_inter_token_latency_seconds",
+                              "Between consecutive tokens of a request.");
     return out.str();
   }
 };

@@ -54,7 +54,7 @@ def stream(body, close_after=None):
 def metrics():
     status, text = call("GET", "/metrics")
     assert status == 200
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
             if line and not line.startswith("#")}
 
 
@@ -148,6 +148,10 @@ for _ in range(100):  # the cancelled streams' blocks come back within a step or
     time.sleep(0.1)
 assert m["kolos_kv_blocks_in_use"] == 0 and m["kolos_requests_running"] == 0, m
 assert m["kolos_requests_total"] >= 50 and m["kolos_kv_blocks_total"] > 0, m
+assert m["kolos_time_to_first_token_seconds_count"] >= 50, m
+assert m["kolos_inter_token_latency_seconds_count"] + m["kolos_time_to_first_token_seconds_count"] \
+    == m["kolos_generation_tokens_total"], m
+assert m['kolos_time_to_first_token_seconds_bucket{le="+Inf"}'] == m["kolos_time_to_first_token_seconds_count"], m
 print(f"ok: 48 concurrent requests and 3+ disconnects: every KV block free "
       f"({int(m['kolos_kv_blocks_total'])} blocks, {int(m['kolos_requests_total'])} requests, "
       f"{int(m['kolos_generation_tokens_total'])} tokens)")
