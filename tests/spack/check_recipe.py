@@ -106,11 +106,15 @@ KNOWN_PACKAGES = {
     "py-tokenizers": set(),
     "py-sentencepiece": set(),
     "py-numpy": set(),
+    "pcre2": {"jit", "multibyte"},
+    "icu4c": {"cxxstd"},
+    "sentencepiece": set(),
 }
 # CMake variables the recipe may set that LibTorch's CMake reads, not kolos's.
 LIBTORCH_VARIABLES = {"TORCH_CUDA_ARCH_LIST"}
 # What kolos cannot build without (root-level, unconditional).
-REQUIRED = {"mpi", "boost", "toml11", "nlohmann-json", "cmake", "py-torch", "hwloc"}
+REQUIRED = {"mpi", "boost", "toml11", "nlohmann-json", "cmake", "py-torch", "hwloc", "pcre2", "icu4c",
+            "sentencepiece"}
 # Build tools that are only worth depending on when a CMake file uses them.
 TOOL_USE = {"pkgconfig": r"find_package\(\s*PkgConfig|pkg_check_modules|pkg_search_module"}
 # Dependencies whose APIs kolos uses, with the highest version the recipe may

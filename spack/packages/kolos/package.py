@@ -125,6 +125,12 @@ class Kolos(CMakePackage, CudaPackage):
     # reads), found through pkg-config's hwloc.pc.
     depends_on("hwloc@2.0:2")
     depends_on("pkgconfig", type="build")
+    # libkolos_tokenizer: PCRE2 (with its JIT) for tokenizer.json's
+    # pre-tokenizer regexes, ICU's normalizers, SentencePiece models (the
+    # 0.1 series, whose encoder the interop tests compare with).
+    depends_on("pcre2 +jit")
+    depends_on("icu4c")
+    depends_on("sentencepiece@0.1")
 
     # googletest (with gmock): in the graph whenever the tests are built,
     # that is with +tests, and with `spack install --test=root` (type="test").
