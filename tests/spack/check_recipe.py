@@ -109,6 +109,7 @@ KNOWN_PACKAGES = {
     "pcre2": {"jit", "multibyte"},
     "icu4c": {"cxxstd"},
     "sentencepiece": set(),
+    "cpp-httplib": set(),
 }
 # CMake variables the recipe may set that LibTorch's CMake reads, not kolos's.
 LIBTORCH_VARIABLES = {"TORCH_CUDA_ARCH_LIST"}

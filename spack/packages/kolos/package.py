@@ -131,6 +131,9 @@ class Kolos(CMakePackage, CudaPackage):
     depends_on("pcre2 +jit")
     depends_on("icu4c")
     depends_on("sentencepiece@0.1")
+    # `kolos serve`'s HTTP server (without it the command builds as a stub
+    # that says so).
+    depends_on("cpp-httplib@0.11:")
 
     # googletest (with gmock): in the graph whenever the tests are built,
     # that is with +tests, and with `spack install --test=root` (type="test").
