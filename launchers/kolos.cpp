@@ -149,6 +149,14 @@ void report_locality(const Runtime& runtime, const MeshShape& shape) {
   for (const auto& warning : report.warnings()) {
     std::fprintf(stderr, "kolos: warning: %s\n", warning.c_str());
   }
+  // On more than one node the log says where the groups are, also when all
+  // is well ("tp and sp groups stay inside one node ...").
+  if (report.nodes > 1 && report.findings.empty()) {
+    std::stringstream lines(report.summary());
+    for (std::string line; std::getline(lines, line);) {
+      std::fprintf(stderr, "kolos: locality: %s\n", line.c_str());
+    }
+  }
 }
 
 std::vector<std::string> rank_hosts(const Runtime& runtime) {

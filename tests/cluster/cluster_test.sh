@@ -134,6 +134,9 @@ sys.exit(0 if r <= 1.1 else 1)" || fail "the link ran faster than its shaper all
     cat dp_tp.txt
     grep -q "mesh pp=1 dp=2 sp=1 tp=2 | layers tp1d" dp_tp.txt || fail "not dp 2 x tp1d 2"
     grep -q "crosses nodes" dp_tp.txt && fail "a tp group crossed nodes"
+    grep -q "kolos: locality: tp and sp groups stay inside one node" dp_tp.txt ||
+      fail "the run log does not say that the tp groups stay inside a node"
+    grep -q "kolos: locality: pp stays inside each node" dp_tp.txt || fail "no pp locality line"
     same_run serial.jsonl dp_tp.jsonl || fail "the 2-node run differs from the serial run"
     after=$(tbf_sent node1)
     echo "node1's shaped link sent $((after - before)) bytes during the run"
