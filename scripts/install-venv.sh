@@ -13,7 +13,8 @@
 #           interoperability packages: torch's remaining requirements (the
 #           CUDA libraries that libtorch_python.so links through
 #           libtorch_cuda.so, several GB), safetensors, transformers, h5py,
-#           numpy, tokenizers, sentencepiece. The interop tests and the
+#           numpy, tokenizers, sentencepiece, scikit-learn (its bundled digits:
+#           scripts/digits-to-h5.py). The interop tests and the
 #           Python peers in bench/ use it.
 #
 # Environment: KOLOS_VENV (default <repo>/.cache/torch-venv; point several
@@ -38,7 +39,7 @@ torch_version=2.15.0
 # differently (docs/tokenizers.md). 0.1.99's wheels stop at CPython 3.11
 # (Debian 12's python3).
 interop=(safetensors==0.8.0 transformers==5.24.0 h5py==3.16.0 numpy==2.4.6 tokenizers==0.23.3
-  sentencepiece==0.1.99)
+  sentencepiece==0.1.99 scikit-learn==1.9.1)
 
 stamp=$venv/.kolos-$level-torch-$torch_version
 if [[ $level == python ]]; then

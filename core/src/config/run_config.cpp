@@ -259,6 +259,7 @@ std::vector<std::string> core_sections() {
   // [inference] belongs to libkolos_inference (`kolos generate`), which
   // reads and checks its keys; the training engine does not read it.
   out.push_back("inference");
+  out.push_back("eval");  // read_eval_config
   return out;
 }
 
@@ -297,6 +298,7 @@ class Reader {
     runtime_table().read(section("runtime"), config.runtime);
     read_plugins(config.plugins);
     check_roles(config);
+    read_eval_config(config);  // checks [eval]
     return config;
   }
 
@@ -1108,6 +1110,34 @@ int64_t default_ffn_hidden(int64_t hidden) {
   return (width + multiple - 1) / multiple * multiple;
 }
 
+EvalConfig read_eval_config(const RunConfig& c) {
+  static const auto table =
+      SettingsTable<EvalConfig>("eval")
+          .string("path", &EvalConfig::path)
+          .integer("every", &EvalConfig::every, 0)
+          .integer("samples", &EvalConfig::samples, 0);
+  EvalConfig e;
+  const ConfigSection s = c.section("eval");
+  if (!s.present()) return e;
+  e.enabled = true;
+  table.read(s, e);
+  if (c.data.kind == "synthetic" && s.has("path")) {
+    s.fail("path", "data.kind = \"synthetic\" evaluates on held-out samples drawn from another "
+                   "seed; remove eval.path (or evaluate a file with data.kind = \"tokens\" or "
+                   "\"images\").");
+  }
+  if (c.data.kind != "synthetic" && e.path.empty()) {
+    s.fail_here("eval.path: required with data.kind = " + quote_toml(c.data.kind) +
+                "; set it to a held-out file of the same format as data.path.");
+  }
+  if (c.parallel.sequence.size > 1) {
+    s.fail_here("[eval] runs without sequence parallelism only (parallel.sequence.size = " +
+                std::to_string(c.parallel.sequence.size) +
+                "); remove [eval] or set parallel.sequence.size = 1.");
+  }
+  return e;
+}
+
 std::string to_toml(const RunConfig& c) {
   std::ostringstream out;
   out << "# effective configuration";
@@ -1159,6 +1189,12 @@ std::string to_toml(const RunConfig& c) {
   log_table().write(c.log, out);
   out << "\n[checkpoint]\n";
   checkpoint_table().write(c.checkpoint, out);
+  const EvalConfig eval = read_eval_config(c);
+  if (eval.enabled) {
+    out << "\n[eval]\n";
+    if (!eval.path.empty()) out << "path = " << quote_toml(eval.path) << "\n";
+    out << "every = " << eval.every << "\nsamples = " << eval.samples << "\n";
+  }
   out << "\n[runtime]\n";
   runtime_table().write(c.runtime, out);
   out << "\n[plugins]\npath = [";

@@ -230,6 +230,28 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
     data_ = make_data(config_);
     KOLOS_CHECK_KIND(kData, data_ != nullptr, "no data source for data.kind = ", config_.data.kind);
     KOLOS_CHECK_EQ(data_->seq_len(), config_.model.seq_len, "the data source's sample length");
+    eval_ = read_eval_config(config_);
+    if (eval_.enabled) {
+      // The held-out source: eval.path in data.kind's format, without
+      // augmentation; synthetic data draws its held-out samples from
+      // another seed.
+      RunConfig held_out = config_;
+      held_out.data.path = eval_.path;
+      held_out.data.crop_pad = 0;
+      held_out.data.flip = false;
+      if (held_out.data.kind == "synthetic") held_out.train.seed = config_.train.seed + 1000003;
+      try {
+        eval_data_ = make_data(held_out);
+      } catch (const DataError& e) {
+        // The source names data.path, which held_out set from eval.path.
+        std::string message = e.what();
+        if (message.rfind("data.path: ", 0) == 0) message.replace(0, 9, "eval.path");
+        throw DataError(message);
+      }
+      KOLOS_CHECK_KIND(kData, eval_data_ != nullptr, "no data source for eval.path");
+      KOLOS_CHECK_EQ(eval_data_->seq_len(), config_.model.seq_len,
+                     "the eval source's sample length");
+    }
     if (config_.runtime.device == "cuda") {
       const int index = device::cuda_backend().open(node_local_rank(), node_host());
       device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
@@ -314,6 +336,115 @@ std::vector<MicroBatch> Engine::next_micro_batches() {
     batches.push_back(MicroBatch{inputs.contiguous(), targets.contiguous()});
   }
   return batches;
+}
+
+namespace {
+
+constexpr int kEvalTag = 7301;  // eval's stage-to-stage activations (between steps)
+
+// An activation to the stage `dst` of the pp group: its shape and dtype,
+// then its values.
+void send_activation(comm::ProcessGroup& group, const at::Tensor& x, int dst) {
+  KOLOS_CHECK(x.dim() <= 4, "eval: a stage's output has ", x.dim(), " dimensions (at most 4)");
+  at::Tensor header = torch::zeros({6}, torch::kInt64);
+  header[0] = x.dim();
+  for (int64_t d = 0; d < x.dim(); ++d) header[1 + d] = x.size(d);
+  header[5] = static_cast<int64_t>(x.scalar_type());
+  group.send(header, dst, kEvalTag)->wait();
+  group.send(x.contiguous(), dst, kEvalTag + 1)->wait();
+}
+
+at::Tensor receive_activation(comm::ProcessGroup& group, int src, at::Device device) {
+  at::Tensor header = torch::zeros({6}, torch::kInt64);
+  group.recv(header, src, kEvalTag)->wait();
+  std::vector<int64_t> shape;
+  for (int64_t d = 0; d < header[0].item<int64_t>(); ++d) shape.push_back(header[1 + d].item<int64_t>());
+  at::Tensor x = torch::empty(
+      shape, at::TensorOptions()
+                 .dtype(static_cast<at::ScalarType>(header[5].item<int64_t>()))
+                 .device(device));
+  group.recv(x, src, kEvalTag + 1)->wait();
+  return x;
+}
+
+}  // namespace
+
+EvalResult Engine::evaluate() {
+  KOLOS_CHECK_KIND(kConfig, eval_data_ != nullptr,
+                   "evaluate(): the run has no [eval] section (see docs/configuration.md)");
+  torch::NoGradGuard no_grad;
+  const int64_t seq = config_.model.seq_len;
+  const int64_t size = eval_data_->size();
+  int64_t total = eval_.samples > 0 ? eval_.samples : (size > 0 ? size : 256);
+  if (size > 0) total = std::min(total, size);
+  // dp rank r reads held-out samples r, r + dp, r + 2 dp, ...
+  const int64_t dp = mesh_->size(Axis::kDP);
+  const int64_t dp_index = mesh_->coord(Axis::kDP);
+  const int64_t mine = total / dp + (dp_index < total % dp ? 1 : 0);
+  // Every rank runs as many batches as the rank with the most samples
+  // (ZeRO-3's gathers are collective over dp); rows past its own share are
+  // read (sources wrap) and run, but not scored.
+  const int64_t most = (total + dp - 1) / dp;
+  const int64_t mb = config_.train.micro_batch;
+  const size_t blocks = model_->blocks().size();
+  const int stage = model_->stage();
+  const int last = model_->stage_of(blocks - 1);
+  comm::ProcessGroup& pp = *mesh_->group(Axis::kPP);
+  double loss_sum = 0.0, correct = 0.0, scored = 0.0, classifier = 0.0;
+  for (int64_t start = 0; start < most; start += mb) {
+    const int64_t n = std::min(mb, most - start);
+    const int64_t real = std::max<int64_t>(0, std::min(n, mine - start));
+    at::Tensor tokens = torch::empty({n, seq + 1}, torch::kInt64);
+    int64_t* out = tokens.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      eval_data_->sample((start + i) * dp + dp_index, out + i * (seq + 1));
+    }
+    at::Tensor x = tokens.narrow(1, 0, seq).contiguous();
+    at::Tensor targets = tokens.narrow(1, 1, seq).contiguous();
+    if (device_.is_cuda()) {
+      x = x.to(device_);
+      targets = targets.to(device_);
+    }
+    // Each run of consecutive blocks on one stage: that stage receives its
+    // input from the previous run's stage, runs it, and sends it on.
+    int previous = -1;
+    for (size_t b = 0; b < blocks;) {
+      const int owner = model_->stage_of(b);
+      size_t e = b;
+      while (e < blocks && model_->stage_of(e) == owner) ++e;
+      if (owner == stage) {
+        if (previous >= 0 && previous != stage) x = receive_activation(pp, previous, device_);
+        x = model_->forward(x, b, e);
+        if (e < blocks && model_->stage_of(e) != stage) send_activation(pp, x, model_->stage_of(e));
+      }
+      previous = owner;
+      b = e;
+    }
+    if (stage != last || real == 0) continue;
+    x = x.narrow(0, 0, real);
+    targets = targets.narrow(0, 0, real);
+    loss_sum += model_->loss(x, targets).item<double>() * static_cast<double>(real);
+    scored += static_cast<double>(real);
+    if (x.dim() == 2 && mesh_->size(Axis::kTP) == 1) {
+      // A classifier: one row of logits per sample, the label the sample's
+      // last value. (Under tensor parallelism each rank holds a slice of
+      // the classes; accuracy there is not computed yet.)
+      classifier = 1.0;
+      const at::Tensor logits = x.to(at::kFloat);
+      const at::Tensor labels = targets.select(1, seq - 1);
+      correct += logits.argmax(1).eq(labels).sum().item<double>();
+    }
+  }
+  // Sums over every rank that scored (the last stage's; tensor-parallel
+  // peers score the same samples and count in both sums alike).
+  at::Tensor sums = torch::tensor({loss_sum, correct, scored, classifier}, torch::kDouble);
+  mesh_->world()->all_reduce(sums, comm::ReduceOp::kSum)->wait();
+  EvalResult result;
+  const double count = std::max(1.0, sums[2].item<double>());
+  result.loss = sums[0].item<double>() / count;
+  result.accuracy = sums[3].item<double>() > 0 ? sums[1].item<double>() / count : -1.0;
+  result.samples = total;
+  return result;
 }
 
 StepMetrics Engine::step() {
@@ -402,6 +533,17 @@ TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_ste
   const auto start = std::chrono::steady_clock::now();
   while (step_ < config_.train.steps) {
     StepMetrics m = step();
+    if (eval_data_ && ((eval_.every > 0 && step_ % eval_.every == 0) ||
+                       step_ == config_.train.steps)) {
+      const EvalResult r = evaluate();
+      m.eval_loss = r.loss;
+      m.eval_accuracy = r.accuracy;
+      if (root && config_.log.progress != "off") {
+        std::fprintf(stderr, "eval step %lld: loss %.4f", static_cast<long long>(step_), r.loss);
+        if (r.accuracy >= 0) std::fprintf(stderr, " | accuracy %.2f%%", 100 * r.accuracy);
+        std::fprintf(stderr, " | %lld held-out samples\n", static_cast<long long>(r.samples));
+      }
+    }
     if (summary.losses.empty()) summary.first_loss = m.loss;
     summary.losses.push_back(m.loss);
     summary.final_loss = m.loss;

@@ -27,6 +27,10 @@ std::string to_json(const StepMetrics& m) {
   if (m.loss_scale > 0) {
     out << ",\"loss_scale\":" << m.loss_scale << ",\"skipped\":" << (m.skipped ? "true" : "false");
   }
+  if (m.eval_loss >= 0) {
+    out << ",\"eval_loss\":" << m.eval_loss;
+    if (m.eval_accuracy >= 0) out << ",\"eval_accuracy\":" << m.eval_accuracy;
+  }
   out << "}";
   return out.str();
 }

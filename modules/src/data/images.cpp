@@ -107,6 +107,7 @@ class ImageFileSource final : public TokenSource {
         shuffle_key_(internal::hash_words(seed, kShuffleDomain)) {}
 
   int64_t seq_len() const override { return size_ * size_ * channels_; }
+  int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
 
   void sample(int64_t index, int64_t* out) const override {
     if (index < 0) {
@@ -215,7 +216,7 @@ std::unique_ptr<TokenSource> make_image_file_source(const std::string& path, int
                                                     int64_t channels, int64_t classes,
                                                     const ImageTransform& transform,
                                                     uint64_t seed) {
-  const std::string where = "data.path = \"" + path + "\"";
+  const std::string where = "\"" + path + "\"";
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors are reported here, not printed
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     throw DataError(where +

@@ -10,9 +10,13 @@ std::unique_ptr<TokenSource> make_source(const RunConfig& config) {
   const ModelConfig& m = config.model;
   if (data.kind == "images") {
     if (data.path.empty()) throw DataError(where + ": data.kind = \"images\" needs data.path");
-    return make_image_file_source(data.path, m.image_size, m.channels, m.classes,
-                                  ImageTransform{data.mean, data.std, data.crop_pad, data.flip},
-                                  config.train.seed);
+    try {
+      return make_image_file_source(data.path, m.image_size, m.channels, m.classes,
+                                    ImageTransform{data.mean, data.std, data.crop_pad, data.flip},
+                                    config.train.seed);
+    } catch (const DataError& e) {
+      throw DataError(std::string("data.path: ") + e.what());  // the key that names the file
+    }
   }
   if (data.kind == "synthetic" && m.name == "vit") {
     return make_synthetic_image_source(m.image_size, m.channels, m.classes, config.train.seed);

@@ -23,6 +23,9 @@ class TokenSource {
   virtual void sample(int64_t index, int64_t* out) const = 0;
   // One line for logs: kind, path, tokens, samples per epoch.
   virtual std::string describe() const = 0;
+  // Samples per epoch (each read once in indices [0, size())); 0 when the
+  // source has no epochs (synthetic data).
+  virtual int64_t size() const { return 0; }
 };
 
 }  // namespace kolos::data

@@ -51,6 +51,16 @@ struct StepMetrics {
   // and whether the step was skipped because a gradient overflowed.
   double loss_scale = 0.0;
   bool skipped = false;
+  // [eval] at this step (Engine::evaluate); < 0: no evaluation ran.
+  double eval_loss = -1.0;
+  double eval_accuracy = -1.0;  // classifiers only
+};
+
+// A held-out evaluation (forward only), the same on every rank.
+struct EvalResult {
+  double loss = 0.0;       // mean over the samples
+  double accuracy = -1.0;  // classifiers (one prediction per sample); -1 otherwise
+  int64_t samples = 0;
 };
 
 struct TrainSummary {
@@ -99,6 +109,13 @@ class Engine {
   // to stop (SIGTERM/SIGUSR1/SIGINT once install_stop_handlers() ran).
   TrainSummary train(const std::function<void(const StepMetrics&)>& on_step = {});
 
+  // [eval]: the mean loss (and a classifier's accuracy) over the held-out
+  // samples, forward only, each sample read by one data-parallel rank and
+  // the sums reduced over the mesh; under pipelining each stage runs its
+  // blocks and the last stage scores. Collective. ConfigError without an
+  // [eval] section.
+  EvalResult evaluate();
+
   // Every parameter as its global tensor, by name, in model order
   // (collective: gathers the pieces of sharded parameters).
   std::vector<std::pair<std::string, at::Tensor>> gathered_parameters();
@@ -145,6 +162,8 @@ class Engine {
   std::shared_ptr<SequenceStrategy> sequence_;  // null when sp = 1
   std::shared_ptr<Model> model_;
   std::unique_ptr<data::TokenSource> data_;
+  std::unique_ptr<data::TokenSource> eval_data_;  // [eval]; null without one
+  EvalConfig eval_;
   int64_t accumulation_ = 1;
   int64_t step_ = 0;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only

@@ -195,6 +195,20 @@ struct RunConfig {
   ConfigSection section(const std::string& path) const { return ConfigSection(document, path); }
 };
 
+// [eval]: a held-out evaluation, forward only (Engine::evaluate). Not a
+// member of RunConfig: read from its document by read_eval_config.
+struct EvalConfig {
+  bool enabled = false;  // the run has an [eval] section
+  // The held-out file, of data.kind's format (data.kind = "synthetic": none;
+  // held-out samples are drawn from another seed).
+  std::string path;
+  int64_t every = 0;    // evaluate every N steps (0: only at the end)
+  int64_t samples = 0;  // how many samples (0: the whole file; synthetic: 256)
+};
+
+// The [eval] section of `config` (checked: ConfigError naming the key).
+EvalConfig read_eval_config(const RunConfig& config);
+
 // Reads `path`, applies overrides of the form "section.key=value" (value in
 // TOML syntax; bare words are taken as strings), validates. Throws ConfigError.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
