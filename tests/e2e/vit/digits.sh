@@ -40,12 +40,12 @@ with h5py.File("rgb.h5", "w") as f:
     f.create_dataset("labels", data=np.array([0, 1, 2, 3]))
 open("not_hdf5.h5", "w").write("hello")
 PY
-train() { "$KOLOS" train "$KOLOS_SOURCE_DIR/examples/vit-digits.toml" --set train.steps=1 "$@"; }
-expect_failure 'data\.path: "foreign\.h5": has no dataset `images`' -- train --set data.path=\"foreign.h5\"
-expect_failure 'data\.path: "no_labels\.h5": has no dataset `labels`' -- train --set data.path=\"no_labels.h5\"
-expect_failure 'dataset `labels`\[2\] = 10 is outside \[0, model\.classes = 10\)' -- train --set data.path=\"bad_label.h5\"
-expect_failure 'dataset `images` holds 3 channels, but model\.channels = 1' -- train --set data.path=\"rgb.h5\"
-expect_failure 'data\.path: "not_hdf5\.h5": cannot be opened as an HDF5 file' -- train --set data.path=\"not_hdf5.h5\"
-expect_failure 'data\.path: "missing\.h5": cannot be opened as an HDF5 file' -- train --set data.path=\"missing.h5\"
-expect_failure 'eval\.path: "rgb\.h5": dataset `images` holds 3 channels' -- train --set data.path=\"digits/digits-train.h5\" --set eval.path=\"rgb.h5\"
+train=("$KOLOS" train "$KOLOS_SOURCE_DIR/examples/vit-digits.toml" --set train.steps=1)
+expect_failure 'data\.path: "foreign\.h5": has no dataset `images`' -- "${train[@]}" --set data.path=\"foreign.h5\"
+expect_failure 'data\.path: "no_labels\.h5": has no dataset `labels`' -- "${train[@]}" --set data.path=\"no_labels.h5\"
+expect_failure 'dataset `labels`\[2\] = 10 is outside \[0, model\.classes = 10\)' -- "${train[@]}" --set data.path=\"bad_label.h5\"
+expect_failure 'dataset `images` holds 3 channels, but model\.channels = 1' -- "${train[@]}" --set data.path=\"rgb.h5\"
+expect_failure 'data\.path: "not_hdf5\.h5": cannot be opened as an HDF5 file' -- "${train[@]}" --set data.path=\"not_hdf5.h5\"
+expect_failure 'data\.path: "missing\.h5": cannot be opened as an HDF5 file' -- "${train[@]}" --set data.path=\"missing.h5\"
+expect_failure 'eval\.path: "rgb\.h5": dataset `images` holds 3 channels' -- "${train[@]}" --set data.path=\"digits/digits-train.h5\" --set eval.path=\"rgb.h5\"
 echo "PASS"
