@@ -77,7 +77,7 @@ SIGTERM stops accepting, finishes the requests in flight and exits 0.
 )";
 
 std::atomic<bool> g_stop{false};
-extern "C" void on_stop_signal(int) { g_stop.store(true); }
+void on_serve_stop_signal(int) { g_stop.store(true); }
 
 // A 4xx answer in OpenAI's shape.
 struct ApiError {
@@ -529,8 +529,8 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
     return exec_mpirun(launch);
   }
 
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_serve_stop_signal);
+  std::signal(SIGINT, on_serve_stop_signal);
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
     std::string error;

@@ -45,7 +45,10 @@ void compose(char (&out)[256], const char* signal, const std::string& where) {
   out[text.size()] = '\0';
 }
 
-extern "C" void on_stop_signal(int signal) {
+// Internal linkage, and no C language linkage (which would give it an
+// external name even here): an `on_stop_signal` of the executable's would
+// otherwise interpose, and sigaction() below would install that one.
+void on_stop_signal(int signal) {
   if (g_setup && (signal == SIGTERM || signal == SIGINT)) end_during_setup(signal);
   if (signal == SIGINT && g_stop) {
     std::signal(SIGINT, SIG_DFL);
