@@ -87,7 +87,13 @@ void decode(const std::string& text, TuneSettings* tune, std::vector<PlannedRun>
   }
 }
 
-// KOLOS_TEST_TUNE_STEP_S: the injected time of a finalist, or 0.
+// Fault injection, compiled only into the test copy of this library
+// (libkolos_tune built with KOLOS_FAULT_INJECTION into lib/faults of the
+// build tree, never installed; tests/e2e/planner preloads it): the
+// installed library reads no test switch.
+#ifdef KOLOS_FAULT_INJECTION
+// KOLOS_TEST_TUNE_STEP_S = "PATTERN=SECONDS;...": the injected time of the
+// first finalist whose description contains PATTERN, or 0.
 double injected_seconds(const std::string& describe) {
   const char* env = std::getenv("KOLOS_TEST_TUNE_STEP_S");
   if (env == nullptr) return 0;
@@ -99,6 +105,21 @@ double injected_seconds(const std::string& describe) {
   }
   return 0;
 }
+
+// KOLOS_TEST_TUNE_FAIL = PATTERN: the set-up of a matching finalist fails
+// on the last rank only, which every rank must agree on.
+void maybe_fail_setup(const Runtime& runtime, const std::string& describe) {
+  const char* fail = std::getenv("KOLOS_TEST_TUNE_FAIL");
+  if (fail != nullptr && *fail && describe.find(fail) != std::string::npos &&
+      runtime.rank() == runtime.size() - 1) {
+    throw ConfigError("injected set-up failure on rank " + std::to_string(runtime.rank()) +
+                      " (KOLOS_TEST_TUNE_FAIL)");
+  }
+}
+#else
+double injected_seconds(const std::string&) { return 0; }
+void maybe_fail_setup(const Runtime&, const std::string&) {}
+#endif
 
 std::string first_line(const std::string& s) {
   std::string line = s.substr(0, s.find('\n'));
@@ -173,12 +194,7 @@ Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& c
       int load_kind = 0;
       RunConfig run;
       try {
-        const char* fail = std::getenv("KOLOS_TEST_TUNE_FAIL");
-        if (fail != nullptr && *fail && plans[i].describe.find(fail) != std::string::npos &&
-            runtime.rank() == runtime.size() - 1) {
-          throw ConfigError("injected set-up failure on rank " + std::to_string(runtime.rank()) +
-                            " (KOLOS_TEST_TUNE_FAIL)");
-        }
+        maybe_fail_setup(runtime, plans[i].describe);
         run = load_run_config(path, o);
       } catch (const Error& e) {
         load_error = e.what();

@@ -19,12 +19,14 @@
 //   4. rank 0 picks the fastest measured and records the measured/predicted
 //      ratios (Planner::record_trials); the caller broadcasts the choice.
 //
-// Test hooks (environment, the same on every rank): KOLOS_TEST_TUNE_STEP_S
-// = "PATTERN=SECONDS;..." replaces the measured time of a finalist whose
-// description contains PATTERN (the first match) once it has run, so that a
-// test knows which finalist is truly fastest without timing anything;
-// KOLOS_TEST_TUNE_FAIL = PATTERN makes the set-up of such a finalist fail
-// on the last rank only, which every rank must agree on.
+// Test hooks, only in the test copy of libkolos_tune (lib/faults of the
+// build tree, built with KOLOS_FAULT_INJECTION; the installed library has
+// none): KOLOS_TEST_TUNE_STEP_S = "PATTERN=SECONDS;..." replaces the
+// measured time of a finalist whose description contains PATTERN (the
+// first match) once it has run, so that a test knows which finalist is
+// truly fastest without timing anything; KOLOS_TEST_TUNE_FAIL = PATTERN
+// makes the set-up of such a finalist fail on the last rank only, which
+// every rank must agree on.
 #pragma once
 
 #include <cstdint>

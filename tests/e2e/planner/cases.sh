@@ -184,9 +184,14 @@ stage = 0
 progress = "off"
 TOML
     cal=$KOLOS_SOURCE_DIR/tests/e2e/planner/tune-calibration.toml
+    # The hooks live only in the test copy of libkolos_tune (lib/faults of
+    # the build tree); preloaded, it replaces the library kolos links
+    # (same soname), in the launcher, mpirun and every rank.
+    hooks=$KOLOS_FAULT_LIB_DIR/libkolos_tune.so
+    [[ -f $hooks ]] || fail "no test copy of the tune library at $hooks"
     export KOLOS_TEST_TUNE_STEP_S="tp 2(1d)=0.2;dp 2 sp 1 tp 1=0.005;zero=0.012"
     cp "$cal" cal.toml
-    timeout 300 "$KOLOS" run -n 2 tiny.toml --set parallel.auto=true --set planner.calibration=\"cal.toml\" \
+    timeout 300 env LD_PRELOAD="$hooks" "$KOLOS" run -n 2 tiny.toml --set parallel.auto=true --set planner.calibration=\"cal.toml\" \
       --set planner.top=6 --set log.metrics=auto.jsonl >auto.txt 2>&1 || { cat auto.txt; fail "the auto run failed"; }
     cat auto.txt
     grep -q "kolos: parallel.auto: [0-9]* finalists, the best 3 prediction(s) and every plan within 2 combined standard deviations" auto.txt ||
@@ -228,7 +233,7 @@ assert plans[0]["model_step_s"] > 0 and plans[0]["uncertainty"] > 0, plans[0]
     # kolos plan --tune: a finalist whose set-up fails on one rank (rank 1)
     # is skipped on both, with its reason; the others run.
     cp "$cal" cal.toml
-    KOLOS_TEST_TUNE_FAIL="sp 1 tp 2(1d)" timeout 300 "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml \
+    KOLOS_TEST_TUNE_FAIL="sp 1 tp 2(1d)" timeout 300 env LD_PRELOAD="$hooks" "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml \
       --set planner.top=4 --tune 3 --json >skip.json 2>skip.err || { cat skip.json skip.err; fail "plan --tune with a failing finalist failed"; }
     plan_json skip.json | $PY -c '
 import json, sys
