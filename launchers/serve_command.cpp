@@ -1,6 +1,8 @@
-// `kolos serve`: /v1/completions (plain and server-sent events), /v1/models,
+// `kolos serve`: /v1/completions and /v1/chat/completions (plain and
+// server-sent events, optional logprobs), /v1/chat/render, /v1/models,
 // /tokenize, /detokenize, /health and /metrics over the inference engine, on
-// rank 0.
+// rank 0. Chat prompts are rendered with the model's chat template
+// (kolos/tokenizer/chat_template.h).
 //
 // Threads on rank 0: cpp-httplib's handler threads parse and check a
 // request, hand it to the engine loop through an inbox and wait on the
@@ -27,6 +29,7 @@ int serve_command(const std::vector<std::string>&, int, char**) {
 #else
 #include <httplib.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -40,6 +43,7 @@ int serve_command(const std::vector<std::string>&, int, char**) {
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -49,6 +53,7 @@ int serve_command(const std::vector<std::string>&, int, char**) {
 #include "kolos/core/runtime.h"
 #include "kolos/core/settings.h"
 #include "kolos/inference/engine.h"
+#include "kolos/tokenizer/chat_template.h"
 #include "launch.h"
 
 namespace kolos::cli {
@@ -65,14 +70,18 @@ constexpr const char* kServeUsage =
   --model NAME             the model name requests may give (default: CKPT's directory name)
   --max-queue N            requests waiting at most; more are refused with 429 (default 256)
   --tokenizer PATH         tokenizer.json or tokenizer.model (inference.tokenizer)
+  --chat-template PATH     a Jinja2 chat template file (inference.chat_template; default: the
+                           tokenizer_config.json's chat_template next to the tokenizer)
   -n, --np RANKS           run on RANKS ranks through mpirun (tensor parallel, pipeline stages)
   --mpirun PATH            the mpirun to use with -n
   --set inference.KEY=V    override a key of [inference]
   CONFIG.toml              a file with an [inference] section (and [plugins] path)
 
 Endpoints: POST /v1/completions (OpenAI's fields: prompt, max_tokens, temperature, top_p, top_k,
-min_p, presence_penalty, repetition_penalty, seed, stop, stream), GET /v1/models, POST /tokenize
-{"prompt"}, POST /detokenize {"tokens"}, GET /health, GET /metrics.
+min_p, presence_penalty, repetition_penalty, seed, stop, stream, logprobs), POST
+/v1/chat/completions (messages, the same fields, logprobs and top_logprobs), POST /v1/chat/render
+{"messages"} (the rendered prompt), GET /v1/models, POST /tokenize {"prompt"}, POST /detokenize
+{"tokens"}, GET /health, GET /metrics.
 SIGTERM stops accepting, finishes the requests in flight and exits 0.
 )";
 
@@ -99,12 +108,14 @@ struct Job {
   inference::SamplingParams sampling;
   std::vector<std::string> stop;
   bool stream = false;
+  bool chat = false;  // /v1/chat/completions
   // Filled by the engine loop.
   std::mutex mutex;
   std::condition_variable changed;
   bool admitted = false, done = false;
   ApiError rejected;  // status 0: accepted
   std::vector<int64_t> tokens;
+  std::vector<inference::TokenLogprob> logprobs;  // one per token when asked for
   std::string text;  // decoded (with a tokenizer), cut at a stop string
   std::string finish_reason;
   std::atomic<bool> cancel{false};                            // the client went away
@@ -176,9 +187,80 @@ struct Server {
   std::condition_variable inbox_changed;
   std::deque<JobPtr> inbox;
   std::atomic<int64_t> queued{0};
+  // Chat: the template (immutable, safe from any thread), or why there is none.
+  std::optional<tokenizer::ChatTemplate> chat;
+  std::string chat_missing;
+  std::string bos_token, eos_token;
+  std::vector<int64_t> turn_end_ids;  // special tokens the template ends a turn with
 
-  // Parses and checks a request body; the request's token ids and sampling.
-  JobPtr parse(const std::string& text) {
+  // The text of a request's `messages` rendered with the chat template.
+  std::string render_chat(const json& body) const {
+    if (!chat) throw ApiError{400, chat_missing, "messages"};
+    if (!body.contains("messages")) throw ApiError{400, "`messages` is required", "messages"};
+    const json& messages = body["messages"];
+    if (!messages.is_array()) {
+      throw ApiError{400, "`messages` must be an array of {\"role\", \"content\"} objects",
+                     "messages"};
+    }
+    if (messages.empty()) throw ApiError{400, "`messages` is empty", "messages"};
+    tokenizer::ChatTemplateInputs inputs;
+    inputs.bos_token = bos_token;
+    inputs.eos_token = eos_token;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const json& m = messages[i];
+      const std::string at = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object()) throw ApiError{400, "`" + at + "` must be an object", at};
+      if (!m.contains("role") || !m["role"].is_string()) {
+        throw ApiError{400, "`" + at + ".role` must be a string", at + ".role"};
+      }
+      const std::string role = m["role"].get<std::string>();
+      static const char* kRoles[] = {"system", "user", "assistant", "tool", "developer"};
+      if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles)) {
+        throw ApiError{400,
+                       "`" + at + ".role` is `" + role +
+                           "`; expected system, user, assistant, tool or developer",
+                       at + ".role"};
+      }
+      if (!m.contains("content") || m["content"].is_null()) {
+        throw ApiError{400, "`" + at + ".content` is required", at + ".content"};
+      }
+      std::string content;
+      const json& c = m["content"];
+      if (c.is_string()) {
+        content = c.get<std::string>();
+      } else if (c.is_array()) {  // content parts: text only
+        for (const json& part : c) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+              !part["text"].is_string()) {
+            throw ApiError{400,
+                           "`" + at + ".content` parts must be {\"type\": \"text\", \"text\": ...}",
+                           at + ".content"};
+          }
+          content += part["text"].get<std::string>();
+        }
+      } else {
+        throw ApiError{400, "`" + at + ".content` must be a string or an array of text parts",
+                       at + ".content"};
+      }
+      if (tokenizer::to_valid_utf8(content) != content) {
+        throw ApiError{400, "`" + at + ".content` is not valid UTF-8", at + ".content"};
+      }
+      inputs.messages.push_back({role, content});
+    }
+    if (body.contains("add_generation_prompt") && !body["add_generation_prompt"].is_null()) {
+      if (!body["add_generation_prompt"].is_boolean()) {
+        throw ApiError{400, "`add_generation_prompt` must be a boolean", "add_generation_prompt"};
+      }
+      inputs.add_generation_prompt = body["add_generation_prompt"].get<bool>();
+    }
+    try {
+      return chat->render(inputs);
+    } catch (const Error& e) {  // raise_exception(...) or an error while rendering
+      throw ApiError{400, e.what(), "messages"};
+    }
+  }
+
+  static json parse_body(const std::string& text) {
     json body;
     try {
       body = json::parse(text);
@@ -186,6 +268,13 @@ struct Server {
       throw ApiError{400, std::string("the body is not valid JSON: ") + e.what(), ""};
     }
     if (!body.is_object()) throw ApiError{400, "the body must be a JSON object", ""};
+    return body;
+  }
+
+  // Parses and checks a request body (of /v1/completions, or with `chat` of
+  // /v1/chat/completions); the request's token ids and sampling.
+  JobPtr parse(const std::string& text, bool chat_request) {
+    const json body = parse_body(text);
     if (body.contains("model") && !body["model"].is_null()) {
       if (!body["model"].is_string()) throw ApiError{400, "`model` must be a string", "model"};
       if (body["model"].get<std::string>() != model_name) {
@@ -196,9 +285,15 @@ struct Server {
       }
     }
     auto job = std::make_shared<Job>();
-    if (!body.contains("prompt")) throw ApiError{400, "`prompt` is required", "prompt"};
-    const json& prompt = body["prompt"];
-    if (prompt.is_string()) {
+    job->chat = chat_request;
+    const json& prompt = chat_request ? json(nullptr) : body.value("prompt", json(nullptr));
+    if (chat_request) {
+      for (const auto id : tok->encode(render_chat(body), /*add_special_tokens=*/false)) {
+        job->prompt.push_back(id);
+      }
+    } else if (!body.contains("prompt")) {
+      throw ApiError{400, "`prompt` is required", "prompt"};
+    } else if (prompt.is_string()) {
       if (!tok) {
         throw ApiError{400, "this server has no tokenizer: give `prompt` as an array of token ids",
                        "prompt"};
@@ -229,12 +324,45 @@ struct Server {
     p.presence_penalty = number(body, "presence_penalty", p.presence_penalty);
     p.repetition_penalty = number(body, "repetition_penalty", p.repetition_penalty);
     p.seed = static_cast<uint64_t>(integer(body, "seed", static_cast<int64_t>(p.seed)));
+    if (!chat_request && body.contains("logprobs") && !body["logprobs"].is_null()) {
+      if (!body["logprobs"].is_number_integer() || body["logprobs"].get<int64_t>() < 0 ||
+          body["logprobs"].get<int64_t>() > 20) {
+        throw ApiError{400, "`logprobs` must be an integer in [0, 20]", "logprobs"};
+      }
+      p.logprobs = body["logprobs"].get<int64_t>();
+    }
+    if (chat_request) {
+      bool want = false;
+      if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+        if (!body["logprobs"].is_boolean()) {
+          throw ApiError{400, "`logprobs` must be a boolean", "logprobs"};
+        }
+        want = body["logprobs"].get<bool>();
+      }
+      int64_t top = 0;
+      if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
+        if (!body["top_logprobs"].is_number_integer() || body["top_logprobs"].get<int64_t>() < 0 ||
+            body["top_logprobs"].get<int64_t>() > 20) {
+          throw ApiError{400, "`top_logprobs` must be an integer in [0, 20]", "top_logprobs"};
+        }
+        if (!want) {
+          throw ApiError{400, "`top_logprobs` needs `logprobs`: true", "top_logprobs"};
+        }
+        top = body["top_logprobs"].get<int64_t>();
+      }
+      p.logprobs = want ? top : -1;
+    }
     const int64_t context = engine.model().seq_len;
     if (static_cast<int64_t>(job->prompt.size()) >= context) {
       throw ApiError{400,
                      "the prompt has " + std::to_string(job->prompt.size()) +
                          " tokens; the model's context is " + std::to_string(context),
                      "prompt"};
+    }
+    const bool max_tokens_given = body.contains("max_tokens") && !body["max_tokens"].is_null();
+    if (!max_tokens_given) {
+      // Unset: [inference]'s max_tokens, as far as the context leaves room.
+      p.max_tokens = std::min(p.max_tokens, context - static_cast<int64_t>(job->prompt.size()));
     }
     if (p.max_tokens > context - static_cast<int64_t>(job->prompt.size())) {
       throw ApiError{400,
@@ -273,6 +401,9 @@ struct Server {
       job->stream = body["stream"].get<bool>();
     }
     if (tok && !settings.ignore_eos && tok->eos_id()) p.stop_token_ids.push_back(*tok->eos_id());
+    if (chat_request && !settings.ignore_eos) {
+      p.stop_token_ids.insert(p.stop_token_ids.end(), turn_end_ids.begin(), turn_end_ids.end());
+    }
     return job;
   }
 
@@ -387,6 +518,7 @@ struct Server {
     {
       std::lock_guard<std::mutex> lock(job.mutex);
       job.tokens = scheduler.generated(e.request);
+      job.logprobs = scheduler.logprobs(e.request);
       if (tok) {
         std::vector<tokenizer::TokenId> ids(job.tokens.begin(), job.tokens.end());
         job.text = tok->decode(ids);
@@ -437,7 +569,8 @@ struct Server {
 };
 
 json completion_chunk(const std::string& id, const std::string& model, const std::string& text,
-                      const std::vector<int64_t>& tokens, const std::string& reason) {
+                      const std::vector<int64_t>& tokens, const std::string& reason,
+                      const json& logprobs = nullptr) {
   return {{"id", id},
           {"object", "text_completion"},
           {"created", static_cast<int64_t>(std::time(nullptr))},
@@ -446,14 +579,173 @@ json completion_chunk(const std::string& id, const std::string& model, const std
            {{{"index", 0},
              {"text", text},
              {"token_ids", tokens},
-             {"logprobs", nullptr},
+             {"logprobs", logprobs},
              {"finish_reason", reason.empty() ? json(nullptr) : json(reason)}}}}};
+}
+
+json chat_chunk(const std::string& id, const std::string& model, const json& delta,
+                const std::vector<int64_t>& tokens, const json& logprobs,
+                const std::string& reason) {
+  return {{"id", id},
+          {"object", "chat.completion.chunk"},
+          {"created", static_cast<int64_t>(std::time(nullptr))},
+          {"model", model},
+          {"choices",
+           {{{"index", 0},
+             {"delta", delta},
+             {"token_ids", tokens},
+             {"logprobs", logprobs},
+             {"finish_reason", reason.empty() ? json(nullptr) : json(reason)}}}}};
+}
+
+json chat_response(const std::string& id, const std::string& model, const std::string& text,
+                   const std::vector<int64_t>& tokens, const json& logprobs,
+                   const std::string& reason) {
+  return {{"id", id},
+          {"object", "chat.completion"},
+          {"created", static_cast<int64_t>(std::time(nullptr))},
+          {"model", model},
+          {"choices",
+           {{{"index", 0},
+             {"message", {{"role", "assistant"}, {"content", text}}},
+             {"token_ids", tokens},
+             {"logprobs", logprobs},
+             {"finish_reason", reason.empty() ? json(nullptr) : json(reason)}}}}};
+}
+
+json usage_of(const Job& job) {
+  const auto prompt = static_cast<int64_t>(job.prompt.size());
+  const auto completion = static_cast<int64_t>(job.tokens.size());
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion}};
+}
+
+// A token as logprobs show it: its own decoding, special tokens included
+// (a byte-level token that ends inside a character shows U+FFFD).
+std::string piece_of(const tokenizer::Tokenizer* tok, int64_t id) {
+  if (!tok) return "token_id:" + std::to_string(id);
+  return tok->decode({static_cast<tokenizer::TokenId>(id)}, /*skip_special_tokens=*/false);
+}
+
+// OpenAI's legacy completions shape; `offset` (bytes of the pieces before
+// these tokens) advances.
+json legacy_logprobs(const tokenizer::Tokenizer* tok,
+                     const std::vector<inference::TokenLogprob>& lps, size_t& offset) {
+  json tokens = json::array(), values = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const auto& lp : lps) {
+    const std::string piece = piece_of(tok, lp.token);
+    tokens.push_back(piece);
+    values.push_back(lp.logprob);
+    json top = json::object();
+    for (const auto& [t, v] : lp.top) {
+      const std::string key = piece_of(tok, t);
+      if (!top.contains(key)) top[key] = v;
+    }
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += piece.size();
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", values},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
+// OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs}]}.
+json chat_logprobs(const tokenizer::Tokenizer* tok,
+                   const std::vector<inference::TokenLogprob>& lps) {
+  auto entry = [&](int64_t t, double v) {
+    const std::string piece = piece_of(tok, t);
+    std::vector<int> bytes(piece.begin(), piece.end());
+    for (int& b : bytes) b &= 0xFF;
+    return json{{"token", piece}, {"logprob", v}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (const auto& lp : lps) {
+    json e = entry(lp.token, lp.logprob);
+    e["top_logprobs"] = json::array();
+    for (const auto& [t, v] : lp.top) e["top_logprobs"].push_back(entry(t, v));
+    content.push_back(e);
+  }
+  return {{"content", content}};
+}
+
+// The chat template: inference.chat_template (refused at start when it is
+// missing, unreadable or outside the supported subset), else the tokenizer's
+// own (when outside the subset, chat requests are answered 400 with the
+// reason and the rest of the server serves). Then the special tokens the
+// template ends an assistant turn with, found by rendering a probe
+// conversation: chat requests stop at them.
+void load_chat_template(Server& server, const inference::InferenceConfig& settings) {
+  std::optional<tokenizer::ChatTemplateSource> found;
+  if (server.tok) found = tokenizer::find_chat_template(server.tok->path());
+  if (server.tok) {
+    auto token = [&](std::optional<tokenizer::TokenId> id) {
+      return id ? server.tok->id_to_token(*id).value_or("") : std::string();
+    };
+    server.bos_token =
+        found && !found->bos_token.empty() ? found->bos_token : token(server.tok->bos_id());
+    server.eos_token =
+        found && !found->eos_token.empty() ? found->eos_token : token(server.tok->eos_id());
+  }
+  if (!settings.chat_template.empty()) {
+    if (!server.tok) {
+      throw ConfigError(
+          "inference.chat_template: a chat template needs a tokenizer "
+          "(--tokenizer PATH or inference.tokenizer)");
+    }
+    const std::string& path = settings.chat_template;
+    server.chat.emplace(tokenizer::read_chat_template_file(path), path);
+  } else if (!server.tok) {
+    server.chat_missing =
+        "this server has no chat template: it has no tokenizer (--tokenizer PATH) to find one "
+        "with, and inference.chat_template is not set";
+    return;
+  } else if (!found) {
+    server.chat_missing =
+        "this server has no chat template: no tokenizer_config.json with a "
+        "\"chat_template\" (or chat_template.jinja) next to " +
+        server.tok->path() + "; give one with --chat-template PATH";
+    return;
+  } else {
+    try {
+      server.chat.emplace(found->source, found->origin);
+    } catch (const Error& e) {
+      server.chat_missing = std::string("this server's chat template is not supported: ") +
+                            e.what() + "; give another with --chat-template PATH";
+      std::fprintf(stderr, "kolos: warning: /v1/chat/completions is off: %s\n",
+                   server.chat_missing.c_str());
+      return;
+    }
+  }
+  // The text after an assistant message's content, up to the next turn.
+  const std::string marker = "kolos-turn-probe";
+  tokenizer::ChatTemplateInputs probe;
+  probe.messages = {{"user", "hi"}, {"assistant", marker}};
+  probe.bos_token = server.bos_token;
+  probe.eos_token = server.eos_token;
+  probe.add_generation_prompt = false;
+  try {
+    const std::string text = server.chat->render(probe);
+    const size_t at = text.rfind(marker);
+    if (at == std::string::npos) return;
+    const auto ids = server.tok->encode(text.substr(at + marker.size()), false);
+    // The first token after the content, when it is a special token.
+    if (!ids.empty() && server.tok->decode({ids[0]}, true).empty()) {
+      server.turn_end_ids.push_back(ids[0]);
+    }
+  } catch (const Error&) {
+    // A template that refuses the probe conversation: no turn-end ids beyond eos.
+  }
 }
 
 }  // namespace
 
 int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
-  std::string checkpoint, config_path, host = "127.0.0.1", model_name, tokenizer_path;
+  std::string checkpoint, config_path, host = "127.0.0.1", model_name, tokenizer_path,
+                                       chat_template_path;
   std::string mpirun = KOLOS_MPIEXEC;
   int port = 8000, ranks = 0;
   int64_t max_queue = 256;
@@ -488,6 +780,9 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
     } else if (a == "--tokenizer") {
       tokenizer_path = value();
       forwarded.insert(forwarded.end(), {"--tokenizer", tokenizer_path});
+    } else if (a == "--chat-template") {
+      chat_template_path = value();
+      forwarded.insert(forwarded.end(), {"--chat-template", chat_template_path});
     } else if (a == "--set") {
       overrides.push_back(value());
     } else if (a == "-n" || a == "--np") {
@@ -515,6 +810,8 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
   std::vector<std::string> all_overrides;
   if (!tokenizer_path.empty())
     all_overrides.push_back("inference.tokenizer=" + quote_toml(tokenizer_path));
+  if (!chat_template_path.empty())
+    all_overrides.push_back("inference.chat_template=" + quote_toml(chat_template_path));
   all_overrides.insert(all_overrides.end(), overrides.begin(), overrides.end());
   if (ranks > 1) {
     inference::read_inference_config(
@@ -553,6 +850,7 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
     if (engine.is_driver()) {
       try {
         server.tok = inference_cli::open_tokenizer(settings, checkpoint);
+        load_chat_template(server, settings);
         bound =
             port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
         if (bound < 0) {
@@ -638,56 +936,89 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
       }
     });
     std::atomic<int64_t> next_id{0};
-    http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    // /v1/completions and /v1/chat/completions: one request, answered whole
+    // or as server-sent events.
+    auto generation = [&](const httplib::Request& req, httplib::Response& res, bool chat) {
       JobPtr job;
       try {
-        job = server.parse(req.body);
+        job = server.parse(req.body, chat);
         server.submit(job);
       } catch (const ApiError& e) {
         reply_error(res, e);
         return;
       }
-      const std::string id = "cmpl-" + std::to_string(next_id++);
+      const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+      const tokenizer::Tokenizer* tok = server.tok.get();
       if (!job->stream) {
         std::unique_lock<std::mutex> lock(job->mutex);
         job->changed.wait(lock, [&] { return job->done; });
-        json body = completion_chunk(id, model_name, job->text, job->tokens, job->finish_reason);
-        const auto completion = static_cast<int64_t>(job->tokens.size());
-        body["usage"] = {{"prompt_tokens", job->prompt.size()},
-                         {"completion_tokens", completion},
-                         {"total_tokens", static_cast<int64_t>(job->prompt.size()) + completion}};
+        json logprobs = nullptr;
+        if (job->sampling.logprobs >= 0) {
+          size_t offset = 0;
+          logprobs = chat ? chat_logprobs(tok, job->logprobs)
+                          : legacy_logprobs(tok, job->logprobs, offset);
+        }
+        json body = chat ? chat_response(id, model_name, job->text, job->tokens, logprobs,
+                                         job->finish_reason)
+                         : completion_chunk(id, model_name, job->text, job->tokens,
+                                            job->finish_reason, logprobs);
+        body["usage"] = usage_of(*job);
         res.set_content(body.dump(), "application/json");
         return;
       }
-      // Server-sent events: one event per new piece of text (or token).
-      auto sent_text = std::make_shared<size_t>(0);
-      auto sent_tokens = std::make_shared<size_t>(0);
+      // Server-sent events: one event per new piece of text (or token); a
+      // chat stream opens with the assistant's role.
+      struct Sent {
+        size_t text = 0, tokens = 0, offset = 0;
+        bool opened = false;
+      };
+      auto sent = std::make_shared<Sent>();
       res.set_chunked_content_provider(
           "text/event-stream",
-          [job, id, sent_text, sent_tokens, &model_name, &server](size_t, httplib::DataSink& sink) {
+          [job, id, sent, chat, tok, &model_name](size_t, httplib::DataSink& sink) {
+            auto send = [&](const json& chunk) {
+              const std::string event = "data: " + chunk.dump() + "\n\n";
+              if (sink.write(event.data(), event.size())) return true;
+              job->cancel.store(true);
+              return false;
+            };
+            if (chat && !sent->opened) {
+              sent->opened = true;
+              if (!send(chat_chunk(id, model_name, {{"role", "assistant"}, {"content", ""}}, {},
+                                   nullptr, ""))) {
+                return false;
+              }
+            }
             std::unique_lock<std::mutex> lock(job->mutex);
             job->changed.wait_for(lock, std::chrono::milliseconds(200),
-                                  [&] { return job->done || job->tokens.size() > *sent_tokens; });
+                                  [&] { return job->done || job->tokens.size() > sent->tokens; });
             size_t hold = 0;
             for (const auto& s : job->stop) hold = std::max(hold, s.size() - 1);
             const size_t end =
                 job->done ? job->text.size() : inference_cli::stable_prefix(job->text, hold);
-            std::vector<int64_t> new_tokens(job->tokens.begin() + static_cast<long>(*sent_tokens),
+            std::vector<int64_t> new_tokens(job->tokens.begin() + static_cast<long>(sent->tokens),
                                             job->tokens.end());
             const std::string piece =
-                end > *sent_text ? job->text.substr(*sent_text, end - *sent_text) : "";
+                end > sent->text ? job->text.substr(sent->text, end - sent->text) : "";
             if (!new_tokens.empty() || !piece.empty() || job->done) {
-              const std::string event = "data: " +
-                                        completion_chunk(id, model_name, piece, new_tokens,
-                                                         job->done ? job->finish_reason : "")
-                                            .dump() +
-                                        "\n\n";
-              *sent_text = std::max(*sent_text, end);
-              *sent_tokens = job->tokens.size();
-              if (!sink.write(event.data(), event.size())) {
-                job->cancel.store(true);
-                return false;
+              json logprobs = nullptr;
+              if (job->sampling.logprobs >= 0) {
+                const size_t from = std::min(sent->tokens, job->logprobs.size());
+                const std::vector<inference::TokenLogprob> fresh(
+                    job->logprobs.begin() + static_cast<long>(from), job->logprobs.end());
+                logprobs =
+                    chat ? chat_logprobs(tok, fresh) : legacy_logprobs(tok, fresh, sent->offset);
               }
+              const std::string reason = job->done ? job->finish_reason : "";
+              json chunk =
+                  chat ? chat_chunk(id, model_name,
+                                    piece.empty() ? json::object() : json{{"content", piece}},
+                                    new_tokens, logprobs, reason)
+                       : completion_chunk(id, model_name, piece, new_tokens, reason, logprobs);
+              if (job->done) chunk["usage"] = usage_of(*job);
+              sent->text = std::max(sent->text, end);
+              sent->tokens = job->tokens.size();
+              if (!send(chunk)) return false;
             }
             if (job->done) {
               static const std::string kDone = "data: [DONE]\n\n";
@@ -699,6 +1030,23 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
           [job](bool success) {
             if (!success) job->cancel.store(true);  // the client went away
           });
+    };
+    http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+      generation(req, res, false);
+    });
+    http.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
+      generation(req, res, true);
+    });
+    // Not OpenAI's: the prompt a chat request would be given, as text and ids.
+    http.Post("/v1/chat/render", [&](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const std::string text = server.render_chat(Server::parse_body(req.body));
+        std::vector<int64_t> ids;
+        for (const auto t : server.tok->encode(text, false)) ids.push_back(t);
+        res.set_content(json{{"prompt", text}, {"tokens", ids}}.dump(), "application/json");
+      } catch (const ApiError& e) {
+        reply_error(res, e);
+      }
     });
     http.set_error_handler([&](const httplib::Request&, httplib::Response& res) {
       if (res.body.empty()) {
@@ -706,6 +1054,14 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
                                   "invalid_request_error"});
       }
     });
+    if (server.chat) {
+      std::string ends;
+      for (const int64_t t : server.turn_end_ids) {
+        ends += " " + server.tok->id_to_token(static_cast<tokenizer::TokenId>(t)).value_or("?");
+      }
+      std::fprintf(stderr, "kolos: chat template %s; a turn ends at eos%s\n",
+                   server.chat->origin().c_str(), ends.c_str());
+    }
     std::fprintf(stderr, "kolos: %s\nkolos: serving on http://%s:%d (model `%s`)\n",
                  engine.describe().c_str(), host.c_str(), bound, model_name.c_str());
     std::thread listener([&] { http.listen_after_bind(); });

@@ -36,7 +36,8 @@ const SettingsTable<InferenceConfig>& table() {
           .integers("stop_token_ids", &InferenceConfig::stop_token_ids, 0, "token id")
           .string("tokenizer", &InferenceConfig::tokenizer)
           .strings("stop", &InferenceConfig::stop)
-          .boolean("ignore_eos", &InferenceConfig::ignore_eos);
+          .boolean("ignore_eos", &InferenceConfig::ignore_eos)
+          .string("chat_template", &InferenceConfig::chat_template);
   return t;
 }
 

@@ -38,9 +38,36 @@ void check_sampling(const SamplingParams& p) {
   if (!std::isfinite(p.presence_penalty)) {
     refuse("presence_penalty", show(p.presence_penalty) + " must be a finite number");
   }
+  if (p.logprobs < -1 || p.logprobs > 20) {
+    refuse("logprobs", std::to_string(p.logprobs) + " must be in [0, 20] (-1: off)");
+  }
   for (const int64_t id : p.stop_token_ids) {
     if (id < 0) refuse("stop_token_ids", "token " + std::to_string(id) + " must be >= 0");
   }
+}
+
+TokenLogprob log_probabilities(const std::vector<float>& logits, int64_t token, int64_t top) {
+  KOLOS_CHECK(!logits.empty() && token >= 0 && token < static_cast<int64_t>(logits.size()),
+              "log_probabilities: token ", token, " of a row of ", logits.size());
+  // log_softmax in double: x - max - log(sum(exp(x - max))).
+  const double peak = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (const float x : logits) sum += std::exp(static_cast<double>(x) - peak);
+  const double norm = peak + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = logits[static_cast<size_t>(token)] - norm;
+  const auto n = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(top, 0)), logits.size());
+  std::vector<int64_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<long>(n), order.end(),
+                    [&](int64_t a, int64_t b) {
+                      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                    });
+  for (size_t i = 0; i < n; ++i) {
+    out.top.emplace_back(order[i], logits[static_cast<size_t>(order[i])] - norm);
+  }
+  return out;
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}

@@ -150,7 +150,13 @@ StepPlan Scheduler::schedule() {
 
 int64_t Scheduler::sample(int64_t request, std::vector<float>& logits) {
   Sequence& s = at(request);
-  return s.sampler.sample(logits, s.prompt, s.generated);
+  if (s.sampling.logprobs < 0) return s.sampler.sample(logits, s.prompt, s.generated);
+  const std::vector<float> raw = logits;  // the sampler changes the row in place
+  const int64_t token = s.sampler.sample(logits, s.prompt, s.generated);
+  // One entry per generated token: complete() appends the token itself.
+  s.logprobs.resize(s.generated.size());
+  s.logprobs.push_back(log_probabilities(raw, token, s.sampling.logprobs));
+  return token;
 }
 
 std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan,
@@ -186,6 +192,9 @@ std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan,
 
 const std::vector<int64_t>& Scheduler::generated(int64_t request) const {
   return at(request).generated;
+}
+const std::vector<TokenLogprob>& Scheduler::logprobs(int64_t request) const {
+  return at(request).logprobs;
 }
 bool Scheduler::finished(int64_t request) const { return at(request).finished; }
 

@@ -20,6 +20,14 @@
 #        completions equal kolos generate, streamed equals not streamed,
 #        4xx errors, disconnects and concurrent requests free every block,
 #        SIGTERM exits 0.
+# chat:  kolos serve with chat templates written in make_chat_model.py
+#        (ChatML-style from tokenizer_config.json, LLaMA-3-style, and a
+#        LLaMA-2-style one with raise_exception given by --chat-template),
+#        driven by chat_client.py: renderings equal transformers'
+#        apply_chat_template, greedy chat equals transformers' generate,
+#        logprobs equal its log_softmax within 1e-4 (chat and completions),
+#        streamed equals not streamed, bad messages get 400 naming the field;
+#        a missing or unsupported --chat-template is refused at start.
 # bad:   an unknown [inference] key, a value out of range, a prompt longer
 #        than the context, a token outside the vocabulary, a pool smaller
 #        than one context, checkpoints it cannot serve: clear errors, exit != 0.
@@ -51,6 +59,30 @@ ids_of() { sort -t']' -k1.2n "$1" | sed 's/^\[[0-9]*\] //'; }
 same() {
   if ! diff -u "$1" "$2"; then fail "$3: the token ids differ"; fi
   echo "ok: $3 ($(wc -l <"$1") sequences of $(head -1 "$1" | wc -w) tokens)"
+}
+
+# start_server LOG ARGS...: kolos serve ARGS on 127.0.0.1, any free port,
+# in the background; sets $server (its pid) and $port.
+start_server() {
+  local log=$1; shift
+  "$KOLOS" serve "$@" --port 0 >"$log.out" 2>"$log" &
+  server=$!
+  port=""
+  for _ in $(seq 1 300); do
+    port=$(sed -n 's/.*serving on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log")
+    [[ -n $port ]] && break
+    kill -0 $server 2>/dev/null || break
+    sleep 0.1
+  done
+  [[ -n $port ]] || { cat "$log"; kill $server 2>/dev/null; fail "kolos serve $* did not start"; }
+}
+
+# stop_server LOG: SIGTERM, and an orderly exit 0 within 10 s.
+stop_server() {
+  kill -TERM $server
+  for _ in $(seq 1 100); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
+  kill -0 $server 2>/dev/null && { kill -KILL $server; fail "kolos serve did not stop on SIGTERM"; }
+  wait $server || { cat "$1"; fail "kolos serve did not exit 0 on SIGTERM"; }
 }
 
 prompt_args() {
@@ -231,6 +263,28 @@ case $case_name in
     [[ $rc -eq 0 ]] || { cat serve.err; fail "kolos serve exited $rc on SIGTERM"; }
     grep -q "stopped" serve.err || fail "no orderly stop"
     echo "ok: SIGTERM: kolos serve stopped, exit 0"
+    ;;
+  chat)
+    need_venv
+    "$PY" "$here/make_chat_model.py" chat || fail "making the chat model failed"
+    for kind in chatml llama3 alt; do
+      dir=chat/$kind template=()
+      [[ $kind == alt ]] && dir=chat/chatml template=(--chat-template chat/alt.jinja)
+      start_server "$kind.err" "$dir" "${template[@]}"
+      timeout 240 "$PY" "$here/chat_client.py" "$port" "$dir" "$kind" "${template[@]:1}" ||
+        { cat "$kind.err"; kill $server 2>/dev/null; fail "the $kind chat checks failed"; }
+      stop_server "$kind.err"
+      ends=$(sed -n 's/.*a turn ends at eos\(.*\)$/\1/p' "$kind.err")
+      want=" <|im_end|>"
+      [[ $kind == llama3 ]] && want=" <|eot_id|>"
+      [[ $kind == alt ]] && want=""  # its assistant turn ends with eos_token itself
+      [[ $ends == "$want" ]] || { cat "$kind.err"; fail "$kind: turn-end tokens '$ends', expected '$want'"; }
+    done
+    echo "ok: chat requests stop at <|im_end|> (chatml) and <|eot_id|> (llama3) beside eos"
+    expect_failure 'chat template chat/nope\.jinja: cannot be read' -- \
+      "$KOLOS" serve chat/chatml --port 0 --chat-template chat/nope.jinja
+    expect_failure 'chat/bad\.jinja:1:4: unsupported construct: the statement `\{% macro %\}`' -- \
+      "$KOLOS" serve chat/chatml --port 0 --chat-template chat/bad.jinja
     ;;
   *) fail "unknown case $case_name" ;;
 esac

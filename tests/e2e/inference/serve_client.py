@@ -1,6 +1,7 @@
 # Drives a running `kolos serve` on 127.0.0.1 (bounded: every request has a
 # timeout, every loop a count):  serve_client.py PORT EXPECTED_TEXT_FILE PROMPT
-# Checks: /health, /v1/models, /tokenize and /detokenize; a greedy completion equals `kolos generate`'s text;
+# Checks: /health, /v1/models, /tokenize and /detokenize; chat without a
+# template refused; a greedy completion equals `kolos generate`'s text;
 # streamed (server-sent events) equals non-streamed; OpenAI-style 4xx
 # errors naming the field, with the server still serving; clients that
 # disconnect mid-stream and 48 concurrent requests of random lengths, after
@@ -71,6 +72,13 @@ assert status == 200 and json.loads(text)["prompt"] == prompt, (status, text)
 status, text = call("POST", "/detokenize", {"tokens": [10 ** 6]})
 assert status == 400 and json.loads(text)["error"]["param"] == "tokens", (status, text)
 print("ok: /v1/models, /tokenize, /detokenize")
+
+# This model's directory has no chat template: chat is a 400 that says so.
+for path in ("/v1/chat/completions", "/v1/chat/render"):
+    status, text = call("POST", path, {"messages": [{"role": "user", "content": "hi"}]})
+    err = json.loads(text)["error"]
+    assert status == 400 and err["param"] == "messages" and "no chat template" in err["message"], (status, text)
+print("ok: chat without a template: 400 naming the missing template")
 
 status, text = call("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 64})
 assert status == 200, (status, text)

@@ -286,5 +286,48 @@ TEST(Sampler, GreedyFiltersAndSeeds) {
   EXPECT_FLOAT_EQ(l[1], 1.0f);
 }
 
+// Log-probabilities are log_softmax of the raw row: before the penalties,
+// the temperature and the filters; the top ones by descending value, the
+// lower id first on a tie; one per generated token, also across preemption.
+TEST(Sampler, LogProbabilities) {
+  const std::vector<float> row = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+  double norm = 0;
+  for (const float x : row) norm += std::exp(static_cast<double>(x));
+  norm = std::log(norm);
+  const TokenLogprob lp = log_probabilities(row, 4, 3);
+  EXPECT_EQ(lp.token, 4);
+  EXPECT_NEAR(lp.logprob, 0.5 - norm, 1e-12);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1);
+  EXPECT_EQ(lp.top[1].first, 2);
+  EXPECT_EQ(lp.top[2].first, 0);
+  EXPECT_NEAR(lp.top[2].second, 1.0 - norm, 1e-12);
+  EXPECT_TRUE(log_probabilities(row, 0, 0).top.empty());
+  EXPECT_EQ(log_probabilities(row, 0, 20).top.size(), row.size());
+
+  SamplingParams bad;
+  bad.logprobs = 21;
+  EXPECT_THROW(check_sampling(bad), ConfigError);
+
+  // Through the scheduler: penalties and temperature change what is
+  // sampled, not the reported distribution.
+  Harness h({64, 4, 8, 16, 64, kVocab});
+  Request r = request({1, 2, 3, 4, 5}, 12, /*temperature=*/0.7);
+  r.sampling.repetition_penalty = 1.3;
+  r.sampling.logprobs = 2;
+  const int64_t id = h.scheduler.add_request(r);
+  const int64_t plain = h.scheduler.add_request(request({1, 2}, 3));
+  h.run();
+  const auto& tokens = h.scheduler.generated(id);
+  const auto& lps = h.scheduler.logprobs(id);
+  ASSERT_EQ(lps.size(), tokens.size());
+  for (size_t i = 0; i < lps.size(); ++i) {
+    EXPECT_EQ(lps[i].token, tokens[i]);
+    EXPECT_LE(lps[i].logprob, lps[i].top[0].second);
+    EXPECT_EQ(lps[i].top.size(), 2u);
+  }
+  EXPECT_TRUE(h.scheduler.logprobs(plain).empty());
+}
+
 }  // namespace
 }  // namespace kolos::inference

@@ -40,6 +40,9 @@ struct InferenceConfig {
   std::string tokenizer;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // kolos serve's /v1/chat/completions: a Jinja2 chat template file (empty:
+  // the tokenizer's own, from tokenizer_config.json or chat_template.jinja).
+  std::string chat_template;
 
   SamplingParams sampling() const;
 };

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace kolos::inference {
@@ -20,7 +21,21 @@ struct SamplingParams {
   double presence_penalty = 0.0;    // OpenAI's: minus this once per distinct generated token
   uint64_t seed = 0;
   std::vector<int64_t> stop_token_ids;  // end the request after emitting one of these
+  // -1: none; N in [0, 20]: each generated token's log-probability and the
+  // N most likely tokens' (TokenLogprob).
+  int64_t logprobs = -1;
 };
+
+// The log-probability of a generated token under the model's distribution:
+// log_softmax of the raw logits row (before penalties, temperature and the
+// top-k / top-p / min-p filters), and the `top` most likely tokens' (by
+// descending log-probability, the lower id first on a tie).
+struct TokenLogprob {
+  int64_t token = 0;
+  double logprob = 0;
+  std::vector<std::pair<int64_t, double>> top;
+};
+TokenLogprob log_probabilities(const std::vector<float>& logits, int64_t token, int64_t top);
 
 // Throws kolos::Error (kind config) naming the field when a value is out of
 // range (NaN or negative temperature, top_p outside (0, 1], ...).

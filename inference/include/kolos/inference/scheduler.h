@@ -93,6 +93,9 @@ class Scheduler {
 
   // A request's generated tokens so far (also after it finished, until forget()).
   const std::vector<int64_t>& generated(int64_t request) const;
+  // Their log-probabilities, one per generated token, when the request's
+  // sampling asked for them (SamplingParams::logprobs >= 0); else empty.
+  const std::vector<TokenLogprob>& logprobs(int64_t request) const;
   bool finished(int64_t request) const;
   void forget(int64_t request);  // drops a finished request's record
 
@@ -111,6 +114,7 @@ class Scheduler {
     SamplingParams sampling;
     Sampler sampler;
     bool finished = false;
+    std::vector<TokenLogprob> logprobs;
     int64_t length() const { return static_cast<int64_t>(prompt.size() + generated.size()); }
     int64_t token(int64_t i) const;
   };
