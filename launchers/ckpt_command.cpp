@@ -1,8 +1,8 @@
 // `kolos ckpt inspect|verify|export|import`: look into a checkpoint without
 // MPI or a model. DIR is a checkpoint directory (step-N) or a checkpoint
-// root, whose `latest` file names one. `export --format hf` converts a gpt's
-// or llama's weights to Hugging Face GPT-2's or LLaMA's names and layouts,
-// `import --format hf` the other way (kolos/modules/hf.h).
+// root, whose `latest` file names one. `export --format hf` converts a gpt's,
+// llama's or vit's weights to Hugging Face GPT-2's, LLaMA's or ViT's names
+// and layouts, `import --format hf` the other way (kolos/modules/hf.h).
 #include "ckpt_command.h"
 
 #include <filesystem>
@@ -25,14 +25,16 @@ constexpr const char* kCkptUsage = R"(usage: kolos ckpt <inspect|verify|export|i
   inspect DIR                                  tensors, shapes, dtypes, step, the writing mesh
   verify DIR                                   every checksum, shard and piece; exit 1 if damaged
   export DIR --format safetensors -o FILE      the global model weights as one safetensors file
-  export DIR --format hf -o OUTDIR             a gpt or llama model as Hugging Face GPT-2 or LLaMA
-                                               (GPT2LMHeadModel, LlamaForCausalLM):
+  export DIR --format hf -o OUTDIR             a gpt, llama or vit model as Hugging Face GPT-2,
+                                               LLaMA or ViT (GPT2LMHeadModel, LlamaForCausalLM,
+                                               ViTForImageClassification):
                                                OUTDIR/model.safetensors and OUTDIR/config.json
-  import HFDIR --format hf -o ROOT             a Hugging Face GPT-2 or LLaMA directory (config.json
-                                               and model.safetensors, or the shards that
-                                               model.safetensors.index.json names) as a step-0
-                                               checkpoint in ROOT (zero optimizer state) that
-                                               `kolos train CONFIG --resume ROOT` starts from;
+  import HFDIR --format hf -o ROOT             a Hugging Face GPT-2, LLaMA or ViT directory
+                                               (config.json and model.safetensors, or the
+                                               shards that model.safetensors.index.json names)
+                                               as a step-0 checkpoint in ROOT (zero optimizer
+                                               state) that `kolos train CONFIG --resume ROOT`
+                                               starts from;
                                                prints the [model] table CONFIG needs
 
 DIR is a checkpoint (a step-N directory) or a checkpoint root (its `latest`).
@@ -151,10 +153,9 @@ int ckpt_command(const std::vector<std::string>& args) {
     json << hf.config_json;
     json.close();
     if (!json) throw Error("cannot write " + out + "/config.json");
-    const bool llama = config.model.name == "llama";
-    std::cout << "kolos: wrote " << (llama ? "LLaMA" : "GPT-2") << " (" << hf.tensors.size()
-              << " tensors, step " << weights.meta.step << ") to " << out << "/ (transformers: "
-              << (llama ? "LlamaForCausalLM" : "GPT2LMHeadModel") << ".from_pretrained)\n";
+    std::cout << "kolos: wrote " << hf.architecture << " (" << hf.tensors.size()
+              << " tensors, step " << weights.meta.step << ") to " << out
+              << "/ (transformers: " << hf.architecture << ".from_pretrained)\n";
     return 0;
   }
   throw UsageError("kolos ckpt: unknown subcommand `" + sub +

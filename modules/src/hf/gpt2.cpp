@@ -21,6 +21,7 @@ HfModel gpt_to_hf_gpt2(const ModelConfig& c, const NamedTensors& weights) {
   auto conv1d = [](const at::Tensor& w) { return w.t().contiguous(); };
 
   HfModel hf;
+  hf.architecture = "GPT2LMHeadModel";
   auto put = [&](const std::string& name, at::Tensor t) {
     hf.tensors.emplace_back("transformer." + name, std::move(t));
   };

@@ -43,6 +43,8 @@ class Config {
   double number(const std::string& key, double fallback) const;
   std::string string(const std::string& key, const std::string& fallback) const;
   bool boolean(const std::string& key, bool fallback) const;
+  // The number of entries of this object (or array).
+  size_t size() const { return json_.size(); }
   // Throws: config.json's `key` = <value>: `why`.
   [[noreturn]] void refuse(const std::string& key, const std::string& why) const;
   const std::string& where() const { return where_; }
@@ -55,5 +57,6 @@ class Config {
 
 ImportedModel gpt2_from_hf(const Config& config, const NamedTensors& tensors);
 ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors);
+ImportedModel vit_from_hf(const Config& config, const NamedTensors& tensors);
 
 }  // namespace kolos::modules::hf_detail

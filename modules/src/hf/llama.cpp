@@ -46,6 +46,7 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
   KOLOS_CHECK_KIND(kConfig, c.name == "llama", "model `", c.name, "` is not a llama");
   hf_detail::Tensors left(weights, "the checkpoint");
   HfModel hf;
+  hf.architecture = "LlamaForCausalLM";
   for (const Named& n : llama_names(c)) hf.tensors.emplace_back(n.hf, left.take(n.kolos, n.shape));
   left.expect_empty("LLaMA", "is this checkpoint's model a llama with layers = " +
                                  std::to_string(c.layers) + "?");

@@ -49,6 +49,37 @@
 // kolos's llama head is untied; a model with tie_word_embeddings imports
 // with lm_head.weight a copy of the embedding (the same function at step 0;
 // the two train apart from then on, which the import says).
+//
+// ViT (ViTForImageClassification). The same function when config.json has
+// hidden_act "gelu_pytorch_tanh" (or "gelu_new") and layer_norm_eps 1e-5,
+// what kolos's vit computes; ViTConfig's defaults ("gelu", 1e-12) are
+// refused, naming the key. With P = patch_size, C = channels, N = patches:
+//
+//   kolos                                ViTForImageClassification
+//   embed.patch_proj.weight [H, P*P*C]   vit.embeddings.patch_embeddings.projection.weight
+//                                        [H, C, P, P] (Conv2d; kolos flattens a patch of
+//                                        its HWC pixels as (row, column, channel), so
+//                                        W[o, (r*P + s)*C + c] = conv[o, c, r, s])
+//   embed.patch_proj.bias                ...projection.bias
+//   embed.cls_token [H]                  vit.embeddings.cls_token [1, 1, H]
+//   embed.pos_embed [N+1, H]             vit.embeddings.position_embeddings [1, N+1, H]
+//   h.i.ln_1.{weight,bias}               vit.encoder.layer.i.layernorm_before
+//   h.i.attn.{q,k,v}_proj                vit.encoder.layer.i.attention.attention.{query,key,value}
+//   h.i.attn.o_proj                      vit.encoder.layer.i.attention.output.dense
+//   h.i.ln_2                             vit.encoder.layer.i.layernorm_after
+//   h.i.mlp.up_proj [R*H, H]             vit.encoder.layer.i.intermediate.dense
+//                                        (intermediate_size = mlp_ratio R x H)
+//   h.i.mlp.down_proj [H, R*H]           vit.encoder.layer.i.output.dense
+//   head.ln_f                            vit.layernorm
+//   head.classifier.weight [classes, H]  classifier.weight
+//   (no bias)                            classifier.bias: zero on export
+//
+// Both take the class token's output of the final LayerNorm. kolos's head
+// has no bias, so an import moves a non-zero classifier.bias b into
+// head.ln_f.bias (+ pinv(W) b: the same logits when classifier.weight W has
+// full row rank) and says so; qkv_bias = false imports zero q/k/v biases.
+// Patches are numbered row by row in both. classes = len(id2label) (or
+// num_labels).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -66,21 +97,23 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 struct HfModel {
   NamedTensors tensors;     // the transformers model's state dict (tied weights left out)
   std::string config_json;  // config.json for from_pretrained()
+  std::string architecture;  // "GPT2LMHeadModel", "LlamaForCausalLM", ...
 };
 
 // Converts the global weights of a model (names as kolos saves them, without
 // "model/") to its Hugging Face counterpart's: `gpt` to GPT-2, `llama` to
-// LLaMA. Throws ConfigError for a model without one, and a kolos::Error of
-// kind checkpoint naming the tensor when one is missing, has another shape
-// than `model` implies, or has no counterpart.
+// LLaMA, `vit` to ViT. Throws ConfigError for a model without one, and a
+// kolos::Error of kind checkpoint naming the tensor when one is missing, has
+// another shape than `model` implies, or has no counterpart.
 HfModel to_hf(const ModelConfig& model, const NamedTensors& weights);
 HfModel gpt_to_hf_gpt2(const ModelConfig& model, const NamedTensors& weights);
 HfModel llama_to_hf_llama(const ModelConfig& model, const NamedTensors& weights);
+HfModel vit_to_hf_vit(const ModelConfig& model, const NamedTensors& weights);
 
 struct ImportedModel {
   ModelConfig model;            // [model] of a run that loads `weights`
   NamedTensors weights;         // kolos names, fp32, global
-  std::string architecture;     // "GPT2LMHeadModel", "LlamaForCausalLM"
+  std::string architecture;     // "GPT2LMHeadModel", "LlamaForCausalLM", ...
   std::vector<std::string> notes;  // what the conversion changed (said to the user)
 };
 
