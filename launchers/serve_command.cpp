@@ -68,7 +68,8 @@ constexpr const char* kServeUsage =
   --host HOST              address to listen on (default 127.0.0.1)
   --port PORT              port (default 8000; 0: any free port, printed on stderr)
   --model NAME             the model name requests may give (default: CKPT's directory name)
-  --max-queue N            requests waiting at most; more are refused with 429 (default 256)
+  --max-queue N            requests waiting at most (not yet in a step, or preempted); more are
+                           refused with 429 (default 256)
   --tokenizer PATH         tokenizer.json or tokenizer.model (inference.tokenizer)
   --chat-template PATH     a Jinja2 chat template file (inference.chat_template; default: the
                            tokenizer_config.json's chat_template next to the tokenizer)
@@ -186,7 +187,8 @@ struct Server {
   std::mutex inbox_mutex;
   std::condition_variable inbox_changed;
   std::deque<JobPtr> inbox;
-  std::atomic<int64_t> queued{0};
+  std::atomic<int64_t> queued{0};     // in the inbox
+  std::atomic<int64_t> scheduled{0};  // waiting in the scheduler (new or preempted)
   // Chat: the template (immutable, safe from any thread), or why there is none.
   std::optional<tokenizer::ChatTemplate> chat;
   std::string chat_missing;
@@ -412,7 +414,7 @@ struct Server {
     {
       std::lock_guard<std::mutex> lock(inbox_mutex);
       if (g_stop.load()) throw ApiError{503, "the server is stopping", "", "server_error"};
-      if (queued.load() >= max_queue) {
+      if (queued.load() + scheduled.load() >= max_queue) {
         throw ApiError{429, "too many requests queued (" + std::to_string(max_queue) + ")", "",
                        "rate_limit_error"};
       }
@@ -442,7 +444,6 @@ struct Server {
         arrived.swap(inbox);
       }
       for (const JobPtr& job : arrived) {
-        --queued;
         int64_t id = -1;
         ApiError refused;
         refused.status = 0;
@@ -452,6 +453,8 @@ struct Server {
           const std::string what = e.what();
           refused = ApiError{400, what, what.substr(0, what.find(':'))};
         }
+        scheduled = scheduler.num_waiting();  // before it leaves the inbox's count
+        --queued;
         {
           std::lock_guard<std::mutex> lock(job->mutex);
           job->admitted = true;
@@ -486,6 +489,7 @@ struct Server {
         last_step = std::chrono::steady_clock::now();
       }
       metrics.running = scheduler.num_running();
+      scheduled = scheduler.num_waiting();
       metrics.waiting = scheduler.num_waiting() + queued.load();
       metrics.blocks_used = scheduler.allocator().num_used();
       metrics.preemptions = scheduler.preemptions();

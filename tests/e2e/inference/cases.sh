@@ -19,7 +19,7 @@
 # serve: kolos serve on 127.0.0.1 (any free port) driven by serve_client.py:
 #        completions equal kolos generate, streamed equals not streamed,
 #        4xx errors, disconnects and concurrent requests free every block,
-#        SIGTERM exits 0.
+#        SIGTERM exits 0; a burst past --max-queue gets 429s.
 # chat:  kolos serve with chat templates written in make_chat_model.py
 #        (ChatML-style from tokenizer_config.json, LLaMA-3-style, and a
 #        LLaMA-2-style one with raise_exception given by --chat-template),
@@ -263,6 +263,10 @@ case $case_name in
     [[ $rc -eq 0 ]] || { cat serve.err; fail "kolos serve exited $rc on SIGTERM"; }
     grep -q "stopped" serve.err || fail "no orderly stop"
     echo "ok: SIGTERM: kolos serve stopped, exit 0"
+    start_server burst.err gpt2 --max-queue 1 --set inference.max_seqs=1
+    timeout 240 python3 "$here/serve_client.py" "$port" --burst ||
+      { cat burst.err; kill $server 2>/dev/null; fail "the --max-queue checks failed"; }
+    stop_server burst.err
     ;;
   chat)
     need_venv

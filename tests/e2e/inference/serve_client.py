@@ -1,5 +1,6 @@
 # Drives a running `kolos serve` on 127.0.0.1 (bounded: every request has a
 # timeout, every loop a count):  serve_client.py PORT EXPECTED_TEXT_FILE PROMPT
+# (or serve_client.py PORT --burst: see there)
 # Checks: /health, /v1/models, /tokenize and /detokenize; chat without a
 # template refused; a greedy completion equals `kolos generate`'s text;
 # streamed (server-sent events) equals non-streamed; OpenAI-style 4xx
@@ -13,8 +14,7 @@ import sys
 import threading
 import time
 
-port, expected_file, prompt = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-expected = open(expected_file, encoding="utf-8").read().rstrip("\n")
+port = int(sys.argv[1])
 
 
 def call(method, path, body=None, raw=None):
@@ -59,6 +59,43 @@ def metrics():
             if line and not line.startswith("#")}
 
 
+if sys.argv[2] == "--burst":
+    # A server started with --max-queue 1 and inference.max_seqs=1: of a burst of
+    # requests sent at once, at most one waits (in the inbox or the
+    # scheduler) beside the one running; the others are refused
+    # with 429 in OpenAI's shape; those admitted finish; the server serves on
+    # and every block is free at the end.
+    barrier = threading.Barrier(8)
+    results = []
+
+    def burst_one(k):
+        barrier.wait()
+        results.append(call("POST", "/v1/completions",
+                            {"prompt": [1 + k, 2, 3], "max_tokens": 60}))
+
+    workers = [threading.Thread(target=burst_one, args=(k,)) for k in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert len(results) == 8, len(results)
+    refused = [json.loads(t)["error"] for s, t in results if s == 429]
+    done = [json.loads(t) for s, t in results if s == 200]
+    assert len(refused) + len(done) == 8, [s for s, _ in results]
+    assert refused and all(e["type"] == "rate_limit_error" for e in refused), refused
+    assert len(done) >= 1 and all(d["choices"][0]["finish_reason"] in ("length", "stop")
+                                  for d in done), done
+    for _ in range(100):
+        m = metrics()
+        if m["kolos_kv_blocks_in_use"] == 0 and m["kolos_requests_running"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["kolos_kv_blocks_in_use"] == 0, m
+    print(f"ok: a burst of 8 with --max-queue 1: {len(done)} served, {len(refused)} refused with 429")
+    sys.exit(0)
+
+expected_file, prompt = sys.argv[2], sys.argv[3]
+expected = open(expected_file, encoding="utf-8").read().rstrip("\n")
 status, text = call("GET", "/health")
 assert status == 200 and json.loads(text)["status"] == "ok", (status, text)
 
