@@ -6,6 +6,9 @@
 // Model::forward. Writes OUT as safetensors: "tokens" [BATCH, T] int64 and
 // "logits" [BATCH, T, vocab] float32. The hf_gpt2 case compares them with
 // transformers' GPT2LMHeadModel on `kolos ckpt export --format hf` output.
+// Any model of the zoo runs: for a vit a row is one image, its TOKENs the
+// packed float bits of its pixels (data::pack_pixel), and "logits" is
+// [BATCH, classes] (hf_vit.sh).
 #include <torch/torch.h>
 
 #include <iostream>
