@@ -3,9 +3,10 @@
 #   hf_vit.sh CASE   (environment: KOLOS, MPIEXEC, KOLOS_VENV, GPT_LOGITS)
 # import: random tiny ViTForImageClassification models (3 channels, random
 #         biases, norms, class token and positions, a non-zero classifier
-#         bias) saved by save_pretrained, one file, sharded and with
-#         qkv_bias = false; each imported, kolos's forward (gpt_logits) on
-#         the same float pixels against transformers' logits within 1e-5;
+#         bias) saved by save_pretrained, one file, sharded, with
+#         qkv_bias = false and with a pooler; each imported, kolos's forward
+#         (gpt_logits) on the same float pixels against transformers' logits
+#         within 1e-5;
 #         then 2 training steps from the import on 2 ranks under tensor
 #         parallelism, and its export, loaded by transformers, gives the
 #         trained model's logits.
@@ -187,6 +188,17 @@ case "$case_name" in
     make_model noqkv "cfg['qkv_bias'] = False"
     same_logits noqkv
     grep -q "qkv_bias = false" noqkv.import.txt || { cat noqkv.import.txt; fail "qkv_bias = false imported without a note"; }
+    # A pooler (ViTModel's; the classifier does not use it) is dropped, saying so.
+    rm -rf pooled && cp -r one pooled && cp one.logits.safetensors pooled.logits.safetensors
+    "$PY" - <<'PYEOF' || fail "adding a pooler failed"
+import torch
+from safetensors.torch import load_file, save_file
+t = load_file("pooled/model.safetensors")
+t["vit.pooler.dense.weight"], t["vit.pooler.dense.bias"] = torch.randn(32, 32), torch.randn(32)
+save_file(t, "pooled/model.safetensors", metadata={"format": "pt"})
+PYEOF
+    same_logits pooled
+    grep -q "dropped vit.pooler.dense" pooled.import.txt || { cat pooled.import.txt; fail "a pooler was dropped without a note"; }
     # Train from the import on 2 ranks, tensor = 2, then export.
     sed -n '/^\[model\]/,$p' one.import.txt | sed '/^kolos: note/d' >train.toml
     grep -q '^name = "vit"' train.toml || { cat one.import.txt; fail "import printed no [model] table"; }
