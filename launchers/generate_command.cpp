@@ -274,6 +274,11 @@ int generate_command(const std::vector<std::string>& args, int argc, char** argv
     try {
       config = command_config(o);
       settings = inference::read_inference_config(config);
+      if (!settings.chat_template.empty()) {
+        throw ConfigError(
+            "inference.chat_template: kolos generate continues prompts as given; the chat "
+            "template is kolos serve's (/v1/chat/completions)");
+      }
     } catch (const Error& e) {
       error = e.what();
       kind = static_cast<int>(e.kind());

@@ -235,6 +235,9 @@ case $case_name in
     # 4 heads do not split over 3 ranks.
     expect_failure 'model\.heads' -- "$KOLOS" generate ck --prompt-ids 1,2 -n 3 "${MPI[@]}"
     expect_failure 'needs a tokenizer' -- "$KOLOS" generate ck --prompt "hello"
+    expect_failure 'inference\.chat_template: kolos generate continues prompts as given' -- \
+      "$KOLOS" generate ck --prompt-ids 1,2 --set 'inference.chat_template="t.jinja"'
+
     expect_failure 'inference\.pipeline_stages = 3: the stages must divide the 2 ranks' -- \
       "$KOLOS" generate ck --prompt-ids 1,2 -n 2 "${MPI[@]}" --set inference.pipeline_stages=3
     ;;
