@@ -25,7 +25,10 @@ namespace {
 
 struct Value;
 using List = std::vector<Value>;
-using Map = std::map<std::string, Value>;
+// A mapping keeps its keys in insertion order, as Python's dict (tojson
+// writes them so).
+using Map = std::vector<std::pair<std::string, Value>>;
+using Scope = std::map<std::string, Value>;
 
 struct Value {
   enum class Type { kUndefined, kNone, kBool, kInt, kString, kList, kMap };
@@ -87,6 +90,13 @@ const char* type_name(const Value& v) {
       return "mapping";
   }
   return "?";
+}
+
+Value find_key(const Map& map, const std::string& key) {
+  for (const auto& [k, v] : map) {
+    if (k == key) return v;
+  }
+  return Value{};
 }
 
 bool truthy(const Value& v) {
@@ -911,7 +921,7 @@ class Parser {
 
 class Renderer {
  public:
-  Renderer(const Source& src, std::vector<Map> scopes) : src_(src), scopes_(std::move(scopes)) {}
+  Renderer(const Source& src, std::vector<Scope> scopes) : src_(src), scopes_(std::move(scopes)) {}
 
   void run(const std::vector<Node>& nodes, std::string& out) {
     for (const Node& n : nodes) {
@@ -1040,8 +1050,7 @@ class Renderer {
       case K::kAttr: {
         const Value base = eval(*e.args[0]);
         if (base.type == Value::Type::kMap) {
-          const auto it = base.map->find(e.name);
-          return it == base.map->end() ? Value{} : it->second;
+          return find_key(*base.map, e.name);
         }
         if (base.type == Value::Type::kUndefined || base.type == Value::Type::kNone) {
           src_.fail(e.pos, std::string("`.") + e.name + "` of a " + type_name(base) + " value");
@@ -1052,8 +1061,7 @@ class Renderer {
         const Value base = eval(*e.args[0]);
         const Value key = eval(*e.args[1]);
         if (base.type == Value::Type::kMap && key.type == Value::Type::kString) {
-          const auto it = base.map->find(key.s);
-          return it == base.map->end() ? Value{} : it->second;
+          return find_key(*base.map, key.s);
         }
         if (base.type == Value::Type::kList && key.type == Value::Type::kInt) {
           const auto k = index_into(key.i, base.list->size());
@@ -1140,7 +1148,7 @@ class Renderer {
           r = std::any_of(b.list->begin(), b.list->end(),
                           [&](const Value& x) { return equal(a, x); });
         } else if (b.type == Value::Type::kMap && a.type == Value::Type::kString) {
-          r = b.map->count(a.s) > 0;
+          r = find_key(*b.map, a.s).type != Value::Type::kUndefined;
         } else {
           src_.fail(e.pos, std::string("`in` of a ") + type_name(a) + " and a " + type_name(b));
         }
@@ -1238,7 +1246,7 @@ class Renderer {
   }
 
   const Source& src_;
-  std::vector<Map> scopes_;
+  std::vector<Scope> scopes_;
 };
 
 }  // namespace
@@ -1272,11 +1280,11 @@ std::string ChatTemplate::render(const ChatTemplateInputs& inputs) const {
     messages.push_back(
         Value::of_map({{"role", Value::string(m.role)}, {"content", Value::string(m.content)}}));
   }
-  Map globals{{"messages", Value::of_list(std::move(messages))},
-              {"bos_token", Value::string(inputs.bos_token)},
-              {"eos_token", Value::string(inputs.eos_token)},
-              {"add_generation_prompt", Value::boolean(inputs.add_generation_prompt)}};
-  std::vector<Map> scopes;
+  Scope globals{{"messages", Value::of_list(std::move(messages))},
+                {"bos_token", Value::string(inputs.bos_token)},
+                {"eos_token", Value::string(inputs.eos_token)},
+                {"add_generation_prompt", Value::boolean(inputs.add_generation_prompt)}};
+  std::vector<Scope> scopes;
   scopes.push_back(std::move(globals));
   scopes.emplace_back();  // the template's own `set`s
   std::string out;

@@ -6,7 +6,7 @@
 #                  (a loop, a default system message on the first turn, the
 #                  whitespace rules of block tags), bos <s>, eos </s>
 # OUTDIR/llama3/   the same weights and tokenizer; a LLaMA-3-style template
-#                  (bos_token and header tokens, `set` in the loop), bos
+#                  (bos_token and header tokens, `set` in the loop, tojson), bos
 #                  <|begin_of_text|>, eos <|eot_id|>
 # OUTDIR/alt.jinja a LLaMA-2-style template: the system message folded into
 #                  the first user turn (messages[1:]), roles checked with
@@ -44,6 +44,7 @@ LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}"
           "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
           " + message['content'] | trim + '<|eot_id|>' %}"
           "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+          "{% if message.role == 'system' %}{% set content = content + message|tojson %}{% endif %}"
           "{{ content }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
           "{% endif %}")

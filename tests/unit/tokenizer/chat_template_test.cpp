@@ -91,6 +91,9 @@ TEST(ChatTemplate, FiltersAndMethods) {
   EXPECT_EQ(render("{{ 'a\"b\\n'|tojson }} {{ [1, 'x', none, true]|tojson }}"),
             "\"a\\\"b\\n\" [1, \"x\", null, true]");
   EXPECT_EQ(render("{{ 3|string + 'x' }}"), "3x");
+  // Keys in insertion order, Python's separators.
+  EXPECT_EQ(render("{{ messages[1]|tojson }}", conversation()),
+            "{\"role\": \"user\", \"content\": \"hi\"}");
 }
 
 TEST(ChatTemplate, RaiseException) {
