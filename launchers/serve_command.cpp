@@ -315,7 +315,11 @@ struct Server {
     } else {
       throw ApiError{400, "`prompt` must be a string or an array of token ids", "prompt"};
     }
-    if (job->prompt.empty()) throw ApiError{400, "`prompt` is empty", "prompt"};
+    const char* prompt_field = chat_request ? "messages" : "prompt";
+    if (job->prompt.empty()) {
+      throw ApiError{400, chat_request ? "the rendered conversation is empty" : "`prompt` is empty",
+                     prompt_field};
+    }
     inference::SamplingParams& p = job->sampling;
     p = settings.sampling();
     p.max_tokens = integer(body, "max_tokens", p.max_tokens);
@@ -359,7 +363,7 @@ struct Server {
       throw ApiError{400,
                      "the prompt has " + std::to_string(job->prompt.size()) +
                          " tokens; the model's context is " + std::to_string(context),
-                     "prompt"};
+                     prompt_field};
     }
     const bool max_tokens_given = body.contains("max_tokens") && !body["max_tokens"].is_null();
     if (!max_tokens_given) {

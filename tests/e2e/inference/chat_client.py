@@ -18,7 +18,6 @@ import sys
 import warnings
 
 warnings.filterwarnings("ignore")
-import torch
 import transformers
 
 port, model_dir, kind = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -92,6 +91,8 @@ if kind == "alt":
     sys.exit(0)
 if kind != "chatml":
     sys.exit(0)
+
+import torch
 
 model = transformers.GPT2LMHeadModel.from_pretrained(model_dir, attn_implementation="eager").eval()
 stop_ids = [tok.convert_tokens_to_ids("</s>"), tok.convert_tokens_to_ids("<|im_end|>")]
@@ -190,6 +191,7 @@ BAD = [
     ("/v1/chat/completions", {"messages": messages, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": messages, "temperature": -1}, "temperature"),
     ("/v1/chat/completions", {"messages": messages, "max_tokens": 90}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "fox " * 60}]}, "messages"),
     ("/v1/completions", {"prompt": prompt, "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": prompt, "logprobs": True}, "logprobs"),
 ]
