@@ -15,6 +15,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <mutex>
 #include <utility>
 
@@ -34,6 +35,8 @@ struct RecomputeState : torch::CustomClassHolder {
   std::vector<at::Tensor> parameters;  // trainable ones only
   at::Tensor rng_state;                // the CPU generator's, before fn ran
 };
+
+std::atomic<int64_t> g_recomputations{0};
 
 at::Tensor generator_state() {
   at::Generator generator = at::detail::getDefaultCPUGenerator();
@@ -80,6 +83,7 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
     try {
       torch::AutoGradMode grad_mode(true);
       outputs = state->fn(inputs);
+      g_recomputations.fetch_add(1, std::memory_order_relaxed);
     } catch (...) {
       set_generator_state(now);
       throw;
@@ -135,6 +139,8 @@ std::vector<at::Tensor> recomputed(RecomputeFn fn, const std::vector<at::Tensor>
   state->fn = std::move(fn);
   return RecomputeFunction::apply(state, at::TensorList(inputs), at::TensorList(state->parameters));
 }
+
+int64_t recomputations_run() { return g_recomputations.load(std::memory_order_relaxed); }
 
 AttentionRecomputeScope::AttentionRecomputeScope(bool active) : previous_(attention_recompute) {
   attention_recompute = active;

@@ -2,7 +2,9 @@
 // it: every step's loss and gradient norm and every final parameter must be
 // bit-equal in fp32, serially and with zero3, the pipeline (1f1b and zb)
 // and tensor parallelism (every mode), since recomputation re-runs the same
-// kernels on the same values and hands autograd the same gradients.
+// kernels on the same values and hands autograd the same gradients; and
+// the re-runs backward made are counted, so a recomputation that silently
+// kept the activations fails.
 // Bad input: an unknown mode and recompute_every < 1 are ConfigErrors.
 //
 // 1 rank: serial and bad input; 2 ranks: zero3, pipeline, tp1d; 4 ranks:
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "equivalence.h"
+#include "kolos/core/recompute.h"
 
 namespace kolos {
 namespace {
@@ -36,18 +39,33 @@ RunConfig config(std::vector<std::string> overrides, const std::string& mode, in
 }
 
 // The mix `overrides` with recompute = none, full, selective and full every
-// 2nd block, on the world (or, serial, on this rank alone).
+// 2nd block, on the world (or, serial, on this rank alone). Bit-equal
+// results alone would also pass a recomputation that never ran, so each
+// run also counts the re-runs backward made (recomputations_run(), summed
+// over the ranks): none for "none", some for every other mode, and fewer
+// for every 2nd block than for every block.
 void expect_modes_bit_equal(const std::vector<std::string>& overrides, int dp, bool serial,
                             int micro = 2) {
   auto group = serial ? testing::self_group() : testing::world_group();
+  int64_t reruns = 0;
   auto run = [&](const std::string& mode, int every) {
-    return testing::run_and_record(config(overrides, mode, every, dp, micro), group);
+    const int64_t before = recomputations_run();
+    auto record = testing::run_and_record(config(overrides, mode, every, dp, micro), group);
+    reruns = recomputations_run() - before;
+    if (!serial) MPI_Allreduce(MPI_IN_PLACE, &reruns, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    return record;
   };
   const auto reference = run("none", 1);
   ASSERT_EQ(reference.losses.size(), 8u);
+  EXPECT_EQ(reruns, 0) << "recompute = none re-ran something";
   testing::expect_records_bit_equal(reference, run("full", 1), "full");
+  const int64_t full_reruns = reruns;
+  EXPECT_GT(full_reruns, 0) << "recompute = full: backward re-ran nothing";
   testing::expect_records_bit_equal(reference, run("selective", 1), "selective");
+  EXPECT_GT(reruns, 0) << "recompute = selective: backward re-ran no attention core";
   testing::expect_records_bit_equal(reference, run("full", 2), "full, every 2nd block");
+  EXPECT_GT(reruns, 0) << "recompute = full every 2nd block: backward re-ran nothing";
+  EXPECT_LT(reruns, full_reruns) << "every 2nd block re-ran as many blocks as every block";
 }
 
 TEST(Recompute, SerialBitEqual) {

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -32,6 +33,12 @@ using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::
 // gradient, this is fn(inputs).
 std::vector<at::Tensor> recomputed(RecomputeFn fn, const std::vector<at::Tensor>& inputs,
                                    const std::vector<at::Tensor>& parameters);
+
+// How many times, in this process, backward has re-run a function that
+// recomputed() wrapped (whole blocks and selective attention cores alike).
+// Observed where the re-run happens, so a test can tell a recomputation
+// that ran from one that silently kept the activations.
+int64_t recomputations_run();
 
 // Marks (on this thread) that the block now running has its attention core
 // recomputed (train.recompute = "selective"); restores the previous state on
