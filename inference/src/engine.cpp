@@ -128,6 +128,13 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
   try {
     modules::register_builtin_models();
     source = open_source(path);
+    // The engine generates text: a causal language model with a KV cache.
+    if (source.model.name != "gpt" && source.model.name != "llama") {
+      throw ConfigError(path + ": model.name = \"" + source.model.name +
+                        "\" is not a language model; kolos generate and kolos serve run "
+                        "\"gpt\" and \"llama\" models (a classifier such as \"vit\" is "
+                        "evaluated by [eval] in kolos train)");
+    }
     const int64_t stages = config.pipeline_stages;
     if (ranks % stages != 0 || stages > source.model.layers) {
       throw ConfigError("inference.pipeline_stages = " + std::to_string(stages) +

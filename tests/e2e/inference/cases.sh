@@ -237,6 +237,31 @@ case $case_name in
     expect_failure 'needs a tokenizer' -- "$KOLOS" generate ck --prompt "hello"
     expect_failure 'inference\.chat_template: kolos generate continues prompts as given' -- \
       "$KOLOS" generate ck --prompt-ids 1,2 --set 'inference.chat_template="t.jinja"'
+    # A classifier is not a language model: refused by name, on one rank and on two.
+    cat >vit.toml <<'TOML'
+[model]
+name = "vit"
+image_size = 8
+patch_size = 4
+channels = 1
+classes = 3
+layers = 1
+hidden = 16
+heads = 2
+[data]
+kind = "synthetic"
+[train]
+global_batch = 2
+micro_batch = 2
+steps = 1
+[checkpoint]
+dir = "vitck"
+TOML
+    timeout 120 "$KOLOS" train vit.toml >vit.txt 2>&1 || { cat vit.txt; fail "training the vit checkpoint failed"; }
+    expect_failure 'model\.name = "vit" is not a language model; kolos generate and kolos serve run "gpt" and "llama"' -- \
+      "$KOLOS" generate vitck --prompt-ids 1,2
+    expect_failure 'model\.name = "vit" is not a language model' -- \
+      "$KOLOS" generate vitck --prompt-ids 1,2 -n 2 "${MPI[@]}"
 
     expect_failure 'inference\.pipeline_stages = 3: the stages must divide the 2 ranks' -- \
       "$KOLOS" generate ck --prompt-ids 1,2 -n 2 "${MPI[@]}" --set inference.pipeline_stages=3
