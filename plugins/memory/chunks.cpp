@@ -35,6 +35,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -61,6 +64,25 @@ namespace kolos {
 namespace {
 
 using memory::ChunkId;
+
+// Fault injection, compiled only into the test copy of this plugin
+// (lib/kolos/fault-plugins of the build tree, never installed): with
+// KOLOS_CHUNKS_TEST_DIE_STEP=S the process kills itself with SIGKILL
+// halfway through optimizer step S's chunks, some of them updated (and
+// written back to host or NVMe) and some not: a power loss at the worst
+// point, reached without a timer.
+#ifdef KOLOS_FAULT_INJECTION
+void maybe_die_mid_step(int64_t step, size_t chunk, size_t chunks) {
+  const char* at = std::getenv("KOLOS_CHUNKS_TEST_DIE_STEP");
+  if (at == nullptr || std::atoll(at) != step || chunk != chunks / 2) return;
+  std::fprintf(stderr, "kolos: test hook: killed in optimizer step %lld at chunk %zu of %zu\n",
+               static_cast<long long>(step), chunk, chunks);
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+#else
+void maybe_die_mid_step(int64_t, size_t, size_t) {}
+#endif
 
 struct ChunkSettings {
   std::string placement = "auto";
@@ -339,6 +361,7 @@ class ChunkedMemory : public GradientStrategy {
     torch::NoGradGuard no_grad;
     const int64_t t = optimizer_->step_count() + 1;
     for (size_t k = 0; k < num_chunks_; ++k) {
+      maybe_die_mid_step(t, k, num_chunks_);
       begin(optimizer_begin_ + k);
       if (owns(k)) {
         const auto [first, last] = chunk_params_[k];

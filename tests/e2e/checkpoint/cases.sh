@@ -243,7 +243,7 @@ print(len(a), "losses identical")
 PYEOF
     ;;
   restart_smaller)
-    # `kolos run -n 4` killed mid-run (kill -9 of a rank), then
+    # `kolos run -n 4` with a rank dead mid-run, then
     # `kolos run -n 2 --resume`: training continues from `latest` with the
     # losses of an uninterrupted 2-rank run (same global batch and data; the
     # 4-rank history differs only in the order of floating-point sums).
@@ -251,23 +251,24 @@ PYEOF
     kolos_run() { timeout 300 "$KOLOS" run "$@"; }
     kolos_run -n 2 run.toml --set parallel.data=2 --set checkpoint.dir=straight \
       --set log.metrics=straight.jsonl >log.txt 2>&1 || { cat log.txt; fail "straight run failed"; }
+    # Rank 3 of 4 dies at a fixed point of the run, not after a timer: the
+    # test copy of libkolos_checkpoint (preloaded, as in kill_mid_save)
+    # ends it right after it wrote its part of step 16's save. The job must
+    # end, non-zero, with no rank left; step 12 stays the latest.
+    fault_lib=$KOLOS_FAULT_LIB_DIR/libkolos_checkpoint.so
+    [[ -f $fault_lib ]] || fail "no test copy of the checkpoint library at $fault_lib"
     marker=$((4400000 + RANDOM))
     first="first-$marker.jsonl"  # the name marks this job's processes
-    "$KOLOS" run -n 4 run.toml --set parallel.data=4 --set "log.metrics=$first" >first.txt 2>&1 &
-    pid=$!
-    for _ in $(seq 1 1200); do
-      [[ -s $first && $(wc -l <"$first") -ge 14 ]] && break
-      sleep 0.05
-    done
-    victim=$(pgrep -f -n "train run.toml.*first-$marker") || { kill -9 $pid; fail "no rank found"; }
-    kill -9 "$victim"
-    timeout 60 tail --pid=$pid -f /dev/null || { kill -9 $pid; fail "the job outlived a killed rank by 60 s"; }
-    wait $pid && fail "the job exited 0 after a rank was killed"
-    sleep 1
+    env LD_PRELOAD="$fault_lib" KOLOS_CKPT_TEST_DIE_RANK=3 KOLOS_CKPT_TEST_DIE_STEP=16 \
+      timeout 300 "$KOLOS" run -n 4 run.toml --set parallel.data=4 --set "log.metrics=$first" >first.txt 2>&1
+    rc=$?
+    grep -q "rank 3 dies in the middle of saving step 16" first.txt ||
+      { cat first.txt; fail "the test hook did not fire (exit $rc)"; }
+    [[ $rc -ne 0 && $rc -ne 124 ]] || { cat first.txt; fail "the job did not end with an error after rank 3 died (exit $rc)"; }
     ! pgrep -f "first-$marker" >/dev/null || { pkill -9 -f "first-$marker"; fail "ranks left behind"; }
-    latest=$(cat ckpt/latest) || fail "no checkpoint was written before the kill"
+    latest=$(cat ckpt/latest) || fail "no checkpoint was written before the death"
     at=$((10#${latest#step-}))
-    ((at >= 4 && at < 40)) || fail "latest is $latest"
+    [[ $latest == step-00000012 ]] || fail "latest is $latest, expected step-00000012"
     kolos_run -n 2 run.toml --resume --set parallel.data=2 --set log.metrics=second.jsonl \
       >second.txt 2>&1 || { cat second.txt; fail "resume at 2 ranks failed"; }
     grep -q "resumed from ckpt/$latest at step $at" second.txt || { cat second.txt; fail "did not resume from $latest"; }
