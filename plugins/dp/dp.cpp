@@ -41,6 +41,7 @@ class DataParallel : public GradientStrategy {
     options.bucket_bytes = config.parallel.bucket_kb > 0 ? config.parallel.bucket_kb * 1024
                                                          : config.parallel.bucket_mb * 1024 * 1024;
     options.reduce_in_fp32 = reduce_in_fp32(config);
+    options.allreduce = comm::parse_all_reduce_mode(config.parallel.allreduce);
     buckets_ = std::make_unique<GradBuckets>(std::move(bucketed), group_, options);
 
     // The .grad tensors keep their identity when the buckets are rebuilt.

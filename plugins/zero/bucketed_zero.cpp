@@ -51,6 +51,7 @@ void BucketedZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& 
       whole_grads_ ? GradBuckets::Reduction::kAllReduce : GradBuckets::Reduction::kReduceScatter;
   options.bucket_bytes = bucket_bytes;
   options.reduce_in_fp32 = reduce_in_fp32(config);
+  options.allreduce = comm::parse_all_reduce_mode(config.parallel.allreduce);
   buckets_ = std::make_unique<GradBuckets>(std::move(params), group_, options);
 }
 

@@ -45,6 +45,8 @@ const char* to_string(OpType op) {
       return "recv";
     case OpType::kBarrier:
       return "barrier";
+    case OpType::kReduce:
+      return "reduce";
     case OpType::kCount:
       break;
   }
@@ -90,6 +92,8 @@ void ProcessGroup::unsupported(const char* op) const {
 }
 
 WorkPtr ProcessGroup::all_reduce(const at::Tensor&, ReduceOp) { unsupported("all_reduce"); }
+
+WorkPtr ProcessGroup::reduce(const at::Tensor&, int, ReduceOp) { unsupported("reduce"); }
 
 WorkPtr ProcessGroup::reduce_scatter(const at::Tensor&, const std::vector<at::Tensor>&, ReduceOp) {
   unsupported("reduce_scatter");

@@ -231,6 +231,8 @@ const SettingsTable<ParallelConfig>& parallel_table() {
                                 .integer("data", &ParallelConfig::data, 0)
                                 .integer("bucket_mb", &ParallelConfig::bucket_mb, 1)
                                 .integer("bucket_kb", &ParallelConfig::bucket_kb, 0)
+                                .choice("allreduce", &ParallelConfig::allreduce,
+                                        {"auto", "flat", "hierarchical"}, "all-reduce path")
                                 .boolean("auto", &ParallelConfig::auto_plan);
   return table;
 }

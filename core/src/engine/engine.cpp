@@ -526,7 +526,10 @@ StepMetrics Engine::step() {
 
 TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_step) {
   const bool root = mesh_->rank() == 0;
-  detail::MetricsWriter writer(root ? config_.log.metrics : std::string(), metrics_header_);
+  detail::MetricsWriter writer(
+      root ? config_.log.metrics : std::string(),
+      detail::header_with(metrics_header_, "allreduce",
+                          gradients_->reduction_stats().all_reduce_json));
   detail::Progress progress(root ? config_.log.progress : "off", config_.train.steps,
                             config_.log.every);
   TrainSummary summary;

@@ -27,6 +27,12 @@ class MetricsWriter {
 
 std::string to_json(const StepMetrics& metrics);
 
+// `header` (a JSON object, or empty: none) with the member "key": value
+// added; a header that is not an object becomes {"plan": header, ...}.
+// Empty `value`: `header` unchanged.
+std::string header_with(const std::string& header, const std::string& key,
+                        const std::string& value);
+
 // "bar": a redrawn bar on stderr; "lines": one line every `every` steps;
 // "auto": bar when stderr is a terminal, lines otherwise; "off".
 class Progress {

@@ -3,8 +3,11 @@
 
 #include <torch/torch.h>
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 
 #include "kolos/core/error.h"
@@ -51,6 +54,9 @@ struct GradBuckets::Impl {
   std::vector<Param> params;
   std::vector<Layout> layouts;
   comm::ProcessGroupPtr group;
+  // kAllReduce: what buckets are all-reduced on (group, or a hierarchical
+  // group over it), and why.
+  comm::AllReduceChoice choice;
   Options options;
   int64_t ranks = 1, rank = 0;
   bool reduce_scatter = false;
@@ -80,6 +86,7 @@ struct GradBuckets::Impl {
   int64_t staging_now = 0, staging_peak = 0;
 
   void build(const std::vector<size_t>& order);
+  void choose_all_reduce();
   void point_grads_at_buffers();
   void on_ready(size_t index);
   void launch_ready(bool force);
@@ -129,6 +136,10 @@ GradBuckets::GradBuckets(std::vector<Param> params, comm::ProcessGroupPtr group,
   std::vector<size_t> reversed(s.params.size());
   for (size_t i = 0; i < reversed.size(); ++i) reversed[i] = reversed.size() - 1 - i;
   s.build(reversed);
+  s.choice.group = s.group;
+  if (!s.reduce_scatter && s.ranks > 1 && options.allreduce != comm::AllReduceMode::kFlat) {
+    s.choose_all_reduce();
+  }
   for (size_t i = 0; i < s.params.size(); ++i) {
     s.accumulators.push_back(on_grad_accumulated(s.params[i].tensor, s.params[i].name,
                                                  [this, i] { impl_->on_ready(i); }));
@@ -139,6 +150,28 @@ GradBuckets::~GradBuckets() {
   try {
     for (auto& r : impl_->in_flight) r.work->wait();
   } catch (...) {
+  }
+}
+
+// The path for the buckets, chosen on a sample of the largest bucket (in
+// the dtype it is reduced in); rank 0 of the world logs it.
+void GradBuckets::Impl::choose_all_reduce() {
+  torch::NoGradGuard no_grad;
+  const Bucket* largest = nullptr;
+  for (const auto& b : buckets) {
+    if (largest == nullptr || bytes_of(widened(b.buffer)) > bytes_of(widened(largest->buffer))) {
+      largest = &b;
+    }
+  }
+  at::Tensor sample = largest != nullptr ? torch::empty_like(widened(largest->buffer))
+                                         : torch::empty({1}, torch::kFloat);
+  choice = comm::choose_all_reduce(group, options.allreduce, sample);
+  if (choice.nodes > 1 || choice.path == "hierarchical") {
+    step_stats.all_reduce_path = last_stats.all_reduce_path = choice.path;
+    step_stats.all_reduce_json = last_stats.all_reduce_json = choice.json();
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (world_rank == 0) std::fprintf(stderr, "kolos: %s\n", choice.describe().c_str());
   }
 }
 
@@ -209,6 +242,8 @@ void GradBuckets::zero_grad() {
   }
   s.staging_peak = s.staging_now;
   s.step_stats = ReductionStats();
+  s.step_stats.all_reduce_path = s.last_stats.all_reduce_path;
+  s.step_stats.all_reduce_json = s.last_stats.all_reduce_json;
 }
 
 void GradBuckets::prepare_backward(bool sync) {
@@ -278,7 +313,7 @@ void GradBuckets::Impl::launch(size_t index, bool from_hook) {
     // A widened copy is reduced, then rounded back into the bucket.
     at::Tensor copy_back = input.is_same(b.buffer) ? at::Tensor() : input;
     in_flight.push_back(
-        Reduction{index, b.buffer, copy_back, group->all_reduce(input, comm::ReduceOp::kAvg)});
+        Reduction{index, b.buffer, copy_back, choice.group->all_reduce(input, comm::ReduceOp::kAvg)});
   }
   const int64_t bytes = bytes_of(in_flight.back().input);
   step_stats.bytes += bytes;
@@ -374,6 +409,8 @@ void GradBuckets::Impl::scatter_rows(size_t param, const Bucket& b, const at::Te
 }
 
 ReductionStats GradBuckets::stats() const { return impl_->last_stats; }
+
+const comm::AllReduceChoice& GradBuckets::all_reduce_choice() const { return impl_->choice; }
 
 std::vector<std::vector<std::string>> GradBuckets::buckets() const {
   std::vector<std::vector<std::string>> out;

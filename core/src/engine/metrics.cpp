@@ -19,6 +19,9 @@ std::string to_json(const StepMetrics& m) {
       << ",\"optimizer_bytes\":" << m.memory.optimizer_bytes
       << ",\"reduction_overlap\":" << m.reduction.overlap_fraction()
       << ",\"reduction_wait_s\":" << m.reduction.wait_s;
+  if (!m.reduction.all_reduce_path.empty()) {
+    out << ",\"allreduce\":\"" << m.reduction.all_reduce_path << "\"";
+  }
   if (m.gather.bytes > 0) {
     out << ",\"gather_bytes\":" << m.gather.bytes
         << ",\"gather_ahead\":" << m.gather.ahead_fraction()
@@ -33,6 +36,20 @@ std::string to_json(const StepMetrics& m) {
   }
   out << "}";
   return out.str();
+}
+
+std::string header_with(const std::string& header, const std::string& key,
+                        const std::string& value) {
+  if (value.empty()) return header;
+  const std::string member = "\"" + key + "\":" + value;
+  if (header.empty()) return "{" + member + "}";
+  const size_t open = header.find_first_not_of(" \t\n");
+  const size_t close = header.find_last_not_of(" \t\n");
+  if (open == std::string::npos || header[open] != '{' || header[close] != '}') {
+    return "{\"plan\":" + header + "," + member + "}";
+  }
+  const bool empty = header.find_first_not_of(" \t\n", open + 1) == close;
+  return header.substr(0, close) + (empty ? "" : ",") + member + "}";
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, const std::string& header) {

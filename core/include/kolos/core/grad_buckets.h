@@ -58,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "kolos/core/comm/hierarchical.h"
 #include "kolos/core/comm/process_group.h"
 #include "kolos/core/gradient_strategy.h"
 
@@ -83,10 +84,17 @@ class GradBuckets {
     // bucket is widened for the collective and the result rounded back once,
     // instead of rounding at every addition of the reduction.
     bool reduce_in_fp32 = false;
+    // kAllReduce: how buckets are all-reduced when the group spans nodes
+    // ([parallel] allreduce; kolos/core/comm/hierarchical.h). The choice is
+    // made in the constructor, on a sample of the largest bucket.
+    comm::AllReduceMode allreduce = comm::AllReduceMode::kFlat;
   };
 
   // Installs the gradient hooks (and, for kAllReduce, points every .grad at
-  // its bucket). Not collective. `group`: the ranks that reduce together.
+  // its bucket). `group`: the ranks that reduce together. Collective over
+  // `group` for kAllReduce unless options.allreduce is kFlat (it learns the
+  // ranks' nodes, and "auto" times both paths); every rank of the group
+  // constructs it at the same point of its collectives.
   GradBuckets(std::vector<Param> params, comm::ProcessGroupPtr group, Options options);
   // Waits for reductions still in flight (an exception mid-step); never throws.
   ~GradBuckets();
@@ -99,8 +107,10 @@ class GradBuckets {
   void finish_backward();
 
   // This step's reduction figures (see ReductionStats); zeros before the
-  // first finish_backward().
+  // first finish_backward(), except the all-reduce path, set from the start.
   ReductionStats stats() const;
+  // kAllReduce: the path chosen and why (path "flat", one node, for kReduceScatter).
+  const comm::AllReduceChoice& all_reduce_choice() const;
 
   // The buckets in launch order, each as its parameters' names in the
   // bucket's layout (tests, diagnostics).

@@ -56,6 +56,11 @@ struct ReductionStats {
   // Reductions whose Work had completed when finish_backward() was called
   // (observed with Work::is_completed(), or already waited for).
   int64_t completed_before_finish = 0;
+  // The buckets' all-reduce path when the group spans nodes or it was set
+  // hierarchical ("flat" | "hierarchical"); empty otherwise. all_reduce_json:
+  // the choice with its measurements, for the metrics header.
+  std::string all_reduce_path;
+  std::string all_reduce_json;
   double overlap_fraction() const {
     return bytes > 0 ? static_cast<double>(bytes_during_backward) / static_cast<double>(bytes)
                      : 0.0;

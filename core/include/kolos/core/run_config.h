@@ -133,6 +133,10 @@ struct ParallelConfig {
   ZeroConfig zero;
   int64_t bucket_mb = 25;  // gradient bucket size for dp, in MiB (fractions via bucket_kb)
   int64_t bucket_kb = 0;   // if > 0, overrides bucket_mb
+  // How dp and zero1 all-reduce their gradient buckets when the group spans
+  // nodes: "auto" (measure both once at set-up, keep the faster), "flat",
+  // "hierarchical" (kolos/core/comm/hierarchical.h).
+  std::string allreduce = "auto";
   // parallel.auto: the planner role chooses the sizes and modes the config
   // leaves open (kolos/core/planner.h); the run uses the plan it resolves to.
   bool auto_plan = false;

@@ -514,6 +514,35 @@ class ProcessGroupMPI final : public ProcessGroup {
                               std::move(run));
   }
 
+  WorkPtr reduce(const at::Tensor& tensor, int root, ReduceOp op) override {
+    const char* kName = "reduce";
+    check_tensor(kName, tensor, "tensor");
+    check_rank(kName, root, "root");
+    check_reducible(kName, tensor, op);
+    const uint64_t bytes = rank_ == root ? 0 : nbytes(tensor);
+    MPI_Datatype type = datatype(tensor);
+    MPI_Op mpi_op = reduction(tensor.scalar_type(), op);
+    Describe what = [id = id_, kName, op, root, numel = tensor.numel(),
+                     dtype = tensor.scalar_type()] {
+      return describe_on(*id, concat(kName, "(", to_string(op), ") of ", numel, " ",
+                                     dtype_name(dtype), " elements onto rank ", root));
+    };
+    auto run = [this, tensor, root, type, mpi_op, op](const MpiWork& work) {
+      char* data = bytes_of(tensor);
+      const int64_t element = tensor.element_size();
+      const bool at_root = rank_ == root;
+      for (const auto& [offset, count] : chunks(tensor.numel())) {
+        char* chunk = data + offset * element;
+        check(MPI_Reduce(at_root ? MPI_IN_PLACE : chunk, at_root ? chunk : nullptr, count, type,
+                         mpi_op, root, comm_),
+              "MPI_Reduce", work);
+      }
+      if (at_root) finish_average(tensor, op);
+    };
+    return enqueue_collective(OpType::kReduce, std::move(what), {tensor}, bytes, nbytes(tensor),
+                              std::move(run));
+  }
+
   WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                          ReduceOp op) override {
     const char* kName = "reduce_scatter";

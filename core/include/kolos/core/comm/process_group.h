@@ -19,6 +19,7 @@
 //   bandwidth-optimal algorithm (ring for reductions/gathers, direct for
 //   point-to-point and all_to_all, tree-free broadcast counted at the root):
 //     all_reduce      2*(n-1)/n * bytes(tensor)
+//     reduce          non-root: bytes(tensor); root 0
 //     reduce_scatter  (n-1)/n * bytes(all inputs)            (even split)
 //                     bytes(all inputs) - bytes(own input)   (general)
 //     all_gather      bytes(input) * (n-1)
@@ -53,6 +54,7 @@ enum class OpType : int {
   kSend,
   kRecv,
   kBarrier,
+  kReduce,
   kCount
 };
 const char* to_string(OpType op);
@@ -88,6 +90,9 @@ class ProcessGroup {
 
   // In place over all ranks.
   virtual WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // In place onto `root`: its tensor holds the reduction over all ranks
+  // afterwards; the other ranks' tensors are left as they were.
+  virtual WorkPtr reduce(const at::Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum);
   // `inputs[r]` is reduced over all ranks into `output` on rank r; sizes may
   // differ between r, and output.numel() == inputs[rank()].numel().
   virtual WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
