@@ -126,6 +126,23 @@ const SettingsTable<ModelConfig>& vit_written_table() {
   return table;
 }
 
+// model.name = "dit": the image keys of "vit" (kVitKeys), then its own.
+const std::vector<std::string> kDitKeys = {"diffusion_steps", "beta_schedule", "class_dropout",
+                                           "pos_embed"};
+
+const SettingsTable<ModelConfig>& dit_table() {
+  static const auto table =
+      SettingsTable<ModelConfig>("model")
+          .integer("diffusion_steps", &ModelConfig::diffusion_steps, 2, 100000)
+          .choice("beta_schedule", &ModelConfig::beta_schedule, {"linear", "cosine"},
+                  "a noise schedule")
+          .number("class_dropout", &ModelConfig::class_dropout,
+                  [](double x) { return x >= 0 && x < 1 ? "" : ">= 0 and < 1"; })
+          .choice("pos_embed", &ModelConfig::pos_embed, {"sincos", "learned"},
+                  "a position embedding");
+  return table;
+}
+
 // The keys only data.kind = "images" has.
 const std::vector<std::string> kImageDataKeys = {"mean", "std", "crop_pad", "flip"};
 
@@ -345,7 +362,33 @@ class Reader {
       valid.insert(valid.end(), kVitKeys.begin(), kVitKeys.end());
       s.check_keys(valid);
       model_table().read_rows(s, m);
+    } else if (name == "dit") {
+      for (const std::string& key : {"seq_len", "vocab"}) {
+        if (s.has(key)) {
+          s.fail(key, "does not apply to model.name = \"dit\": its sequence is the image's "
+                      "patches (model.image_size, model.patch_size); remove " +
+                          std::string(key) + ".");
+        }
+      }
+      for (const std::string& key : kLlamaKeys) {
+        if (s.has(key)) {
+          s.fail(key, "applies to model.name = \"llama\" only, not to model.name = \"dit\"; "
+                      "remove it.");
+        }
+      }
+      std::vector<std::string> valid = {"name", "layers", "hidden", "heads", "mlp_ratio",
+                                        "init_std"};
+      valid.insert(valid.end(), kVitKeys.begin(), kVitKeys.end());
+      valid.insert(valid.end(), kDitKeys.begin(), kDitKeys.end());
+      s.check_keys(valid);
+      model_table().read_rows(s, m);
     } else {
+      for (const std::string& key : kDitKeys) {
+        if (s.has(key)) {
+          s.fail(key, "applies to model.name = \"dit\" only, not to model.name = " +
+                          quote_toml(name) + "; remove it (or set name = \"dit\").");
+        }
+      }
       for (const std::string& key : kVitKeys) {
         if (s.has(key)) {
           s.fail(key, "applies to model.name = \"vit\" only, not to model.name = " +
@@ -376,6 +419,34 @@ class Reader {
     }
     if (m.name == "llama") read_llama(s, m);
     if (m.name == "vit") read_vit(s, m);
+    if (m.name == "dit") read_dit(s, m);
+  }
+
+  // The keys of model.name = "dit": the image keys required (as for vit),
+  // its own with defaults; seq_len and vocab derived.
+  void read_dit(const ConfigSection& s, ModelConfig& m) const {
+    for (const std::string& key : kVitKeys) {
+      if (!s.has(key)) {
+        s.fail_here("model." + key + ": required when model.name = \"dit\" (set image_size, "
+                    "patch_size, channels and classes).");
+      }
+    }
+    vit_table().read_rows(s, m);
+    dit_table().read_rows(s, m);
+    if (m.image_size % m.patch_size != 0) {
+      s.fail_at_any({"patch_size", "image_size"},
+                    "model.image_size = " + std::to_string(m.image_size) +
+                        " is not divisible by model.patch_size = " +
+                        std::to_string(m.patch_size) +
+                        "; images are cut into whole square patches, so patch_size must divide "
+                        "image_size.");
+    }
+    if (m.image_size > 4096 || m.channels > 64) {
+      s.fail_at_any({"image_size", "channels"},
+                    "model.image_size (<= 4096) or model.channels (<= 64) is out of range.");
+    }
+    m.seq_len = m.image_size * m.image_size * m.channels + 2;
+    m.vocab = m.classes;
   }
 
   // The keys of model.name = "vit": all required; seq_len and vocab derived.
@@ -463,7 +534,7 @@ class Reader {
                         "remove it.");
       }
       image_data_table().read_rows(s, d);
-      if (c.model.name != "vit") {
+      if (c.model.name != "vit" && c.model.name != "dit") {
         s.fail_at_any({"kind"}, "data.kind = \"images\" feeds an image classifier "
                                 "(model.name = \"vit\"), not model.name = " +
                                     quote_toml(c.model.name) + ".");
@@ -475,6 +546,10 @@ class Reader {
                       "scripts/digits-to-h5.py).");
       }
       return;
+    }
+    if (c.model.name == "dit" && d.kind == "tokens") {
+      s.fail_at_any({"kind"}, "model.name = \"dit\" reads images: set data.kind = \"images\" "
+                              "(or \"synthetic\" for generated labelled images), not \"tokens\".");
     }
     if (c.model.name == "vit" && d.kind == "tokens") {
       s.fail_at_any({"kind"}, "model.name = \"vit\" reads images: set data.kind = \"images\" "
@@ -643,6 +718,13 @@ class Reader {
                            ": model.name = \"vit\" attends bidirectionally and the sequence "
                            "strategies (ulysses, ring, megatron, hybrid) attend causally only; "
                            "set parallel.sequence.size = 1.");
+    }
+    if (c.model.name == "dit" && c.parallel.sequence.size > 1) {
+      root.fail_at_any({"parallel.sequence", "model.name"},
+                       "parallel.sequence.size = " + std::to_string(c.parallel.sequence.size) +
+                           ": model.name = \"dit\" attends bidirectionally (and carries its "
+                           "conditioning as one token of the sequence) while the sequence "
+                           "strategies attend causally only; set parallel.sequence.size = 1.");
     }
     // A [plugins] override and the settings that select a plugin of the
     // same role must agree.
@@ -1151,8 +1233,10 @@ std::string to_toml(const RunConfig& c) {
   out << "\n\n[model]\n";
   (c.model.name == "llama" ? llama_written_table()
    : c.model.name == "vit" ? vit_written_table()
+   : c.model.name == "dit" ? vit_written_table()
                             : model_table())
       .write(c.model, out);
+  if (c.model.name == "dit") dit_table().write(c.model, out);
   out << "\n[data]\n";
   if (c.data.kind == "images") {  // data.dtype does not apply to it
     out << "kind = " << quote_toml(c.data.kind) << "\npath = " << quote_toml(c.data.path) << "\n";

@@ -8,6 +8,13 @@ std::unique_ptr<TokenSource> make_source(const RunConfig& config) {
   const DataConfig& data = config.data;
   const std::string where = config.source.empty() ? std::string("the run config") : config.source;
   const ModelConfig& m = config.model;
+  if (m.name == "dit" && (data.kind == "images" || data.kind == "synthetic")) {
+    // The same images as a vit would read, each with its noise key.
+    RunConfig images = config;
+    images.model.name = "vit";
+    images.model.seq_len = m.image_size * m.image_size * m.channels;
+    return make_diffusion_source(make_source(images), config.train.seed);
+  }
   if (data.kind == "images") {
     if (data.path.empty()) throw DataError(where + ": data.kind = \"images\" needs data.path");
     try {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kolos/core/error.h"
+#include "kolos/modules/dit.h"
 #include "kolos/modules/llama.h"
 #include "kolos/modules/vit.h"
 
@@ -92,6 +93,7 @@ void register_builtin_models() {
   register_model("gpt", &build_gpt);
   register_model("llama", &build_llama);
   register_model("vit", &build_vit);
+  register_model("dit", &build_dit);
 }
 
 }  // namespace kolos::modules

@@ -45,6 +45,14 @@ struct ModelConfig {
   int64_t patch_size = 0;  // square patches; must divide image_size
   int64_t channels = 0;
   int64_t classes = 0;
+  // name = "dit" only (refused for the others), besides image_size,
+  // patch_size, channels and classes as for "vit" (docs/models.md). Derived
+  // for it: seq_len = image_size^2 * channels + 2 (the pixels, the label and
+  // a per-sample noise key), vocab = classes.
+  int64_t diffusion_steps = 1000;        // DDPM timesteps T
+  std::string beta_schedule = "linear";  // "linear" | "cosine"
+  double class_dropout = 0.1;            // P(label -> the null class), for guidance
+  std::string pos_embed = "sincos";      // "sincos" (fixed) | "learned"
 };
 
 // LLaMA's SwiGLU width for `hidden`: 2/3 * 4 * hidden rounded up to a

@@ -77,6 +77,16 @@ std::unique_ptr<TokenSource> make_image_file_source(const std::string& path, int
                                                     const ImageTransform& transform,
                                                     uint64_t seed);
 
+// ---- diffusion (model.name = "dit") ---------------------------------------
+// An image source's samples, each followed by a noise key written twice:
+// seq_len = images' seq_len + 2, a sample [pixels, label, key, key]. The key
+// is diffusion_key(seed, index), a pure function of the global sample index
+// (hence of the step), from which the model draws the sample's timestep,
+// noise and class dropout (kolos/modules/dit.h).
+int64_t diffusion_key(uint64_t seed, int64_t index);
+std::unique_ptr<TokenSource> make_diffusion_source(std::unique_ptr<TokenSource> images,
+                                                   uint64_t seed);
+
 // From a run's [data] and [model] sections.
 std::unique_ptr<TokenSource> make_source(const RunConfig& config);
 
