@@ -825,7 +825,7 @@ def main():
                     f"if(NOT DEFINED {name})")
     passed.append(f"cmake_args over {combinations} combinations (variants x run_tests) sets {sorted(seen)}")
 
-    # check(): ctest without `launch`, and without `gpu` unless +cuda on a
+    # check(): ctest without `launch`, `fuzz` and `cluster`, and without `gpu` unless +cuda on a
     # node with a GPU.
     labels_in_tests = {label for found in re.findall(r"LABELS\s+\"?([a-z0-9_;]+)", cmake_source)
                        for label in found.split(";")}
@@ -833,7 +833,7 @@ def main():
         problem("no check(): `spack install --test=root` would run CMakePackage's default `ninja test`, "
                 "launch and gpu tests included")
     else:
-        always = {"launch", "fuzz"}
+        always = {"launch", "fuzz", "cluster"}
         cases = [({"cuda": False}, False, True, always | {"gpu", "interop"}),
                  ({"cuda": True}, False, True, always | {"gpu", "interop"}),
                  ({"cuda": True}, True, True, always | {"interop"}),
@@ -876,10 +876,10 @@ def main():
                     problem(f"check() leaves out label {label!r} without saying why (tty.msg)")
             if not any(kind == "cd" and path == pkg.builder.build_directory for kind, path, _ in Calls.log):
                 problem("check() does not run ctest in self.builder.build_directory")
-        for label in ("launch", "gpu", "fuzz", "interop"):
+        for label in ("launch", "gpu", "fuzz", "interop", "cluster"):
             if label not in labels_in_tests:
                 problem(f"check() leaves out label {label!r}, which no test of the project has")
-        passed.append("check(): ctest -LE launch|fuzz|gpu|interop (gpu kept with +cuda on a GPU node, "
+        passed.append("check(): ctest -LE launch|fuzz|cluster|gpu|interop (gpu kept with +cuda on a GPU node, "
                       "interop with +interop), reasons printed")
 
     # The environment and the repository description.

@@ -45,6 +45,8 @@ CASES = [
     ("no check()", RECIPE, "def check(self):", "def unused_check(self):", "no check()"),
     ("check() runs launch tests", RECIPE, '"launch": "needs root', '"nolaunch": "needs root',
      "excludes labels"),
+    ("check() runs the cluster tests", RECIPE, '"cluster": ("makes network namespaces',
+     '"nocluster": ("makes network namespaces', "excludes labels"),
     ("check() runs the interop tests without their Python", RECIPE,
      'if not self.spec.satisfies("+interop"):', "if False:", "excludes labels"),
     ("check() in the package's build_directory (Spack 0.21 has none)", RECIPE,

@@ -233,6 +233,9 @@ class Kolos(CMakePackage, CudaPackage):
         labels = {
             "launch": "needs root, a Slurm with munge, kubectl, shellcheck and Debian's python3-yaml",
             "fuzz": "builds its own project with clang++ and libFuzzer, outside this package's graph",
+            "cluster": ("makes network namespaces, veth links and a bridge, and starts munged, "
+                        "slurmctld and slurmd in them: needs root and Debian's slurm-wlm; run it "
+                        "from a build tree (ctest -L cluster)"),
         }
         if not (self.spec.satisfies("+cuda") and self._gpu_visible()):
             labels["gpu"] = "needs a +cuda build on a node with a GPU (/dev/nvidia0)"
