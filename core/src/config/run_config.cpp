@@ -69,7 +69,8 @@ const SettingsTable<ModelConfig>& model_table() {
 }
 
 // The keys only model.name = "llama" has (GPT's mlp_ratio is its SwiGLU
-// width ffn_hidden there).
+// width ffn_hidden there). norm_eps is vit's too (kVitOptionalKeys); gpt's
+// LayerNorm eps is fixed at 1e-5, so gpt refuses it.
 const std::vector<std::string> kLlamaKeys = {"kv_heads", "rope_theta", "ffn_hidden", "norm_eps"};
 
 const SettingsTable<ModelConfig>& llama_table() {
@@ -110,7 +111,21 @@ const SettingsTable<ModelConfig>& vit_table() {
   return table;
 }
 
-// What to_toml writes for "vit": model_table() less seq_len and vocab, then its keys.
+// The optional keys of model.name = "vit": its MLP's activation (vit only;
+// gpt's is GELU's tanh form) and its LayerNorms' eps (shared with llama).
+const std::vector<std::string> kVitOptionalKeys = {"activation", "norm_eps"};
+
+const SettingsTable<ModelConfig>& vit_optional_table() {
+  static const auto table =
+      SettingsTable<ModelConfig>("model")
+          .choice("activation", &ModelConfig::activation, {"gelu_tanh", "gelu"},
+                  "MLP activation")
+          .number("norm_eps", &ModelConfig::norm_eps, positive);
+  return table;
+}
+
+// What to_toml writes for "vit": model_table() less seq_len and vocab, then
+// its keys (then vit_optional_table()).
 const SettingsTable<ModelConfig>& vit_written_table() {
   static const auto table = SettingsTable<ModelConfig>("model")
                                 .string("name", &ModelConfig::name)
@@ -352,7 +367,7 @@ class Reader {
         }
       }
       for (const std::string& key : kLlamaKeys) {
-        if (s.has(key)) {
+        if (key != "norm_eps" && s.has(key)) {
           s.fail(key, "applies to model.name = \"llama\" only, not to model.name = \"vit\"; "
                       "remove it.");
         }
@@ -360,6 +375,7 @@ class Reader {
       std::vector<std::string> valid = {"name", "layers", "hidden", "heads", "mlp_ratio",
                                         "init_std"};
       valid.insert(valid.end(), kVitKeys.begin(), kVitKeys.end());
+      valid.insert(valid.end(), kVitOptionalKeys.begin(), kVitOptionalKeys.end());
       s.check_keys(valid);
       model_table().read_rows(s, m);
     } else if (name == "dit") {
@@ -394,6 +410,16 @@ class Reader {
           s.fail(key, "applies to model.name = \"vit\" only, not to model.name = " +
                           quote_toml(name) + "; remove it (or set name = \"vit\").");
         }
+      }
+      if (s.has("activation")) {
+        s.fail("activation", "applies to model.name = \"vit\" only, not to model.name = " +
+                                 quote_toml(name) +
+                                 " (whose MLP uses GELU's tanh form); remove it.");
+      }
+      if (s.has("norm_eps")) {
+        s.fail("norm_eps", "applies to model.name = \"llama\" and \"vit\", not to "
+                           "model.name = " +
+                               quote_toml(name) + " (whose LayerNorm eps is 1e-5); remove it.");
       }
       for (const std::string& key : kLlamaKeys) {
         if (s.has(key)) {
@@ -458,6 +484,7 @@ class Reader {
       }
     }
     vit_table().read_rows(s, m);
+    vit_optional_table().read_rows(s, m);
     if (m.image_size % m.patch_size != 0) {
       s.fail_at_any({"patch_size", "image_size"},
                     "model.image_size = " + std::to_string(m.image_size) +
@@ -1237,6 +1264,7 @@ std::string to_toml(const RunConfig& c) {
                             : model_table())
       .write(c.model, out);
   if (c.model.name == "dit") dit_table().write(c.model, out);
+  if (c.model.name == "vit") vit_optional_table().write(c.model, out);
   out << "\n[data]\n";
   if (c.data.kind == "images") {  // data.dtype does not apply to it
     out << "kind = " << quote_toml(c.data.kind) << "\npath = " << quote_toml(c.data.path) << "\n";

@@ -205,7 +205,8 @@ class CausalSelfAttention : public Layer {
 
 class GeluMlp : public Layer {
  public:
-  GeluMlp(LayerFactory& factory, const MlpSpec& spec) {
+  GeluMlp(LayerFactory& factory, const MlpSpec& spec)
+      : approximate_(spec.activation == Activation::kGeluTanh ? "tanh" : "none") {
     up_ = register_module("up_proj", factory.linear(LinearSpec{spec.hidden, spec.inner, true,
                                                                LinearRole::kColumn, spec.init_std}));
     down_ = register_module(
@@ -213,10 +214,11 @@ class GeluMlp : public Layer {
         factory.linear(LinearSpec{spec.inner, spec.hidden, true, LinearRole::kRow, spec.out_init_std}));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    return down_->forward(torch::gelu(up_->forward(x), "tanh"));
+    return down_->forward(torch::gelu(up_->forward(x), approximate_));
   }
 
  private:
+  const char* approximate_;  // torch::gelu's "tanh" or "none" (exact, erf)
   LayerPtr up_, down_;
 };
 

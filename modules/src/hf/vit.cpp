@@ -6,6 +6,7 @@
 
 #include "hf_detail.h"
 #include "kolos/core/error.h"
+#include "kolos/core/settings.h"  // format_float
 
 namespace kolos::modules {
 namespace {
@@ -58,6 +59,8 @@ int64_t vit_tokens(const ModelConfig& c) {
 
 HfModel vit_to_hf_vit(const ModelConfig& c, const NamedTensors& weights) {
   KOLOS_CHECK_KIND(kConfig, c.name == "vit", "model `", c.name, "` is not a vit");
+  KOLOS_CHECK_KIND(kConfig, c.activation == "gelu" || c.activation == "gelu_tanh",
+                   "model.activation = \"", c.activation, "\" has no ViT hidden_act");
   hf_detail::Tensors left(weights, "the checkpoint");
   const int64_t h = c.hidden, p = c.patch_size, ch = c.channels;
   HfModel hf;
@@ -93,8 +96,9 @@ HfModel vit_to_hf_vit(const ModelConfig& c, const NamedTensors& weights) {
        << "  \"num_hidden_layers\": " << c.layers << ",\n"
        << "  \"num_attention_heads\": " << c.heads << ",\n"
        << "  \"intermediate_size\": " << c.mlp_ratio * c.hidden << ",\n"
-       << "  \"hidden_act\": \"gelu_pytorch_tanh\",\n"
-       << "  \"layer_norm_eps\": 1e-05,\n"
+       << "  \"hidden_act\": \"" << (c.activation == "gelu" ? "gelu" : "gelu_pytorch_tanh")
+       << "\",\n"
+       << "  \"layer_norm_eps\": " << format_float(c.norm_eps) << ",\n"
        << "  \"qkv_bias\": true,\n"
        << "  \"hidden_dropout_prob\": 0.0,\n"
        << "  \"attention_probs_dropout_prob\": 0.0,\n"
@@ -165,18 +169,22 @@ ImportedModel vit_from_hf(const Config& config, const NamedTensors& tensors) {
                   "kolos's vit trains one label per image with cross-entropy "
                   "(\"single_label_classification\")");
   }
-  // What kolos's vit computes; anything else would load and compute another function.
+  // The MLP's activation: exact GELU (ViTConfig's default) or its tanh form;
+  // anything else would load and compute another function.
   const std::string act = config.string("hidden_act", "gelu");
-  if (act != "gelu_pytorch_tanh" && act != "gelu_new") {
+  if (act == "gelu") {
+    c.activation = "gelu";
+  } else if (act == "gelu_pytorch_tanh" || act == "gelu_new") {
+    c.activation = "gelu_tanh";
+  } else {
     config.refuse("hidden_act",
-                  "kolos's vit uses GELU's tanh approximation (\"gelu_pytorch_tanh\" or "
-                  "\"gelu_new\"); exact GELU (\"gelu\", ViTConfig's default) and other "
-                  "activations are not implemented");
+                  "kolos's vit computes exact GELU (\"gelu\", model.activation = \"gelu\") or "
+                  "its tanh approximation (\"gelu_pytorch_tanh\" or \"gelu_new\", "
+                  "model.activation = \"gelu_tanh\"); other activations are not implemented");
   }
-  const double eps = config.number("layer_norm_eps", 1e-12);
-  if (std::abs(eps - 1e-5) > 1e-12) {
-    config.refuse("layer_norm_eps",
-                  "kolos's vit uses LayerNorm eps 1e-5 (ViTConfig's default is 1e-12)");
+  c.norm_eps = config.number("layer_norm_eps", 1e-12);
+  if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps)) {
+    config.refuse("layer_norm_eps", "kolos's vit needs a LayerNorm eps > 0 (model.norm_eps)");
   }
   const bool qkv_bias = config.boolean("qkv_bias", true);
   c.seq_len = c.image_size * c.image_size * c.channels;

@@ -49,17 +49,27 @@ class VitEmbedding : public Layer {
   at::Tensor cls_, pos_;
 };
 
+// model.activation (checked when the config was read; checked again here
+// for a ModelConfig built in code).
+Activation vit_activation(const std::string& name) {
+  if (name == "gelu") return Activation::kGelu;
+  KOLOS_CHECK_KIND(kConfig, name == "gelu_tanh", "model.activation = \"", name,
+                   "\" is not one of \"gelu_tanh\", \"gelu\"");
+  return Activation::kGeluTanh;
+}
+
 class VitBlock : public Layer {
  public:
   VitBlock(LayerFactory& factory, const ModelConfig& c) {
     const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
     AttentionSpec attention{c.hidden, c.heads, c.init_std, out_std};
     attention.causal = false;
-    ln_1_ = register_module("ln_1", factory.layer_norm(c.hidden));
+    MlpSpec mlp{c.hidden, c.mlp_ratio * c.hidden, c.init_std, out_std};
+    mlp.activation = vit_activation(c.activation);
+    ln_1_ = register_module("ln_1", factory.layer_norm(c.hidden, c.norm_eps));
     attn_ = register_module("attn", factory.attention(attention));
-    ln_2_ = register_module("ln_2", factory.layer_norm(c.hidden));
-    mlp_ = register_module(
-        "mlp", factory.mlp(MlpSpec{c.hidden, c.mlp_ratio * c.hidden, c.init_std, out_std}));
+    ln_2_ = register_module("ln_2", factory.layer_norm(c.hidden, c.norm_eps));
+    mlp_ = register_module("mlp", factory.mlp(mlp));
   }
   at::Tensor forward(const at::Tensor& x) override {
     at::Tensor h = x + attn_->forward(ln_1_->forward(x));
@@ -76,7 +86,7 @@ class VitBlock : public Layer {
 class VitHead : public Layer {
  public:
   VitHead(LayerFactory& factory, const ModelConfig& c) {
-    ln_f_ = register_module("ln_f", factory.layer_norm(c.hidden));
+    ln_f_ = register_module("ln_f", factory.layer_norm(c.hidden, c.norm_eps));
     head_ = register_module("classifier", factory.lm_head(c.hidden, c.classes, c.init_std));
   }
   at::Tensor forward(const at::Tensor& x) override {

@@ -4,17 +4,22 @@
 # import: random tiny ViTForImageClassification models (3 channels, random
 #         biases, norms, class token and positions, a non-zero classifier
 #         bias) saved by save_pretrained, one file, sharded, with
-#         qkv_bias = false and with a pooler; each imported, kolos's forward
+#         qkv_bias = false, with a pooler, and in ViTConfig's defaults
+#         (exact GELU, LayerNorm eps 1e-12: model.activation = "gelu",
+#         model.norm_eps = 1e-12); each imported, kolos's forward
 #         (gpt_logits) on the same float pixels against transformers' logits
 #         within 1e-5;
-#         then 2 training steps from the import on 2 ranks under tensor
-#         parallelism, and its export, loaded by transformers, gives the
-#         trained model's logits.
+#         then 2 training steps from the import in ViTConfig's defaults on 2
+#         ranks under tensor parallelism (tp1d) with a held-out evaluation:
+#         its export, loaded by transformers, says "gelu" and 1e-12 and
+#         gives the trained model's logits, and transformers' loss on the
+#         held-out images equals the eval loss kolos computed under tp1d
+#         (within 1e-5 relative).
 # export: a fresh kolos vit (1 channel, mlp_ratio 4, 10 classes) trained 3
 #         steps on 2 ranks from an image file, exported, loaded by
 #         transformers: the same logits on normalised uint8 images.
-# bad:    config.json values kolos's vit does not compute (hidden_act,
-#         layer_norm_eps, intermediate_size, patch_size, problem_type,
+# bad:    config.json values kolos's vit does not compute (hidden_act
+#         "relu", layer_norm_eps 0, intermediate_size, patch_size, problem_type,
 #         num_labels), a model without a classifier, an extra tensor, a
 #         position table of another size, a classifier bias that cannot
 #         be folded: each refused, naming it, and nothing written.
@@ -26,14 +31,14 @@ PY=${KOLOS_VENV:-}/bin/python
 "$PY" -c "import safetensors, transformers, torch, h5py" 2>/dev/null ||
   fail "no usable Python environment at '${KOLOS_VENV:-}' (safetensors, transformers, torch, h5py): run scripts/install-venv.sh (make test does)"
 
-# images FILE N SIZE CHANNELS CLASSES: random uint8 images and labels in
-# the layout of data.kind = "images".
+# images FILE N SIZE CHANNELS CLASSES [SEED]: random uint8 images and
+# labels in the layout of data.kind = "images" (SEED: 5).
 images() {
   "$PY" - "$@" <<'PYEOF' || fail "writing $1 failed"
 import sys
 import h5py, numpy as np
-path, n, size, channels, classes = sys.argv[1], *map(int, sys.argv[2:])
-r = np.random.RandomState(5)
+path, n, size, channels, classes, *seed = sys.argv[1], *map(int, sys.argv[2:])
+r = np.random.RandomState(seed[0] if seed else 5)
 with h5py.File(path, "w") as f:
     f.create_dataset("images", data=r.randint(0, 256, (n, size, size, channels)).astype(np.uint8))
     f.create_dataset("labels", data=r.randint(0, classes, n).astype(np.int64))
@@ -199,16 +204,57 @@ save_file(t, "pooled/model.safetensors", metadata={"format": "pt"})
 PYEOF
     same_logits pooled
     grep -q "dropped vit.pooler.dense" pooled.import.txt || { cat pooled.import.txt; fail "a pooler was dropped without a note"; }
-    # Train from the import on 2 ranks, tensor = 2, then export.
-    sed -n '/^\[model\]/,$p' one.import.txt | sed '/^kolos: note/d' >train.toml
-    grep -q '^name = "vit"' train.toml || { cat one.import.txt; fail "import printed no [model] table"; }
-    printf '[parallel]\ntensor = 2\n' >>train.toml
+    # ViTConfig's own defaults, as published ViTs have them: exact GELU
+    # (hidden_act "gelu") and LayerNorm eps 1e-12.
+    make_model defaults "cfg.pop('hidden_act', None); cfg.pop('layer_norm_eps', None)"
+    "$PY" - <<'PYEOF' || fail "transformers did not write ViTConfig's defaults"
+import json
+c = json.load(open("defaults/config.json"))
+assert c["hidden_act"] == "gelu" and c["layer_norm_eps"] == 1e-12, (c["hidden_act"], c["layer_norm_eps"])
+PYEOF
+    same_logits defaults
+    # The same weights as `one` (same seed): exact GELU and eps 1e-12 move
+    # its logits (by 8.9e-5 here) well past twice the 1e-5 bound, so a kolos
+    # that still computed `one`'s function would fail the match above.
+    "$PY" - <<'PYEOF' || fail "ViTConfig's defaults give the tanh model's logits: the check above cannot tell them apart"
+from safetensors.torch import load_file
+a, b = load_file("one.logits.safetensors")["logits"], load_file("defaults.logits.safetensors")["logits"]
+diff = (a - b).abs().max().item()
+print(f"exact GELU, eps 1e-12 against tanh GELU, eps 1e-5: max |difference| = {diff:.3g}")
+assert diff > 3e-5, diff
+PYEOF
+    grep -q '^activation = "gelu"$' defaults.import.txt && grep -q '^norm_eps = 1e-12$' defaults.import.txt ||
+      { cat defaults.import.txt; fail "the import of ViTConfig's defaults printed no activation = \"gelu\", norm_eps = 1e-12"; }
+    # Train it on 2 ranks, tensor = 2, evaluating held-out images, then export.
+    sed -n '/^\[model\]/,$p' defaults.import.txt | sed '/^kolos: note/d' >train.toml
+    grep -q '^name = "vit"' train.toml || { cat defaults.import.txt; fail "import printed no [model] table"; }
+    printf '[parallel]\ntensor = 2\n[eval]\npath = "held.h5"\n' >>train.toml
     images images.h5 64 8 3 5
-    cp -r one.ckpt run.ckpt
-    train train.toml run.ckpt 2 --resume run.ckpt
+    images held.h5 24 8 3 5 9
+    cp -r defaults.ckpt run.ckpt
+    train train.toml run.ckpt 2 --resume run.ckpt --set log.metrics=metrics.jsonl
     grep -q "resumed from .*step-00000000 at step 0" train.toml.log ||
       { cat train.toml.log; fail "the run did not start from the import"; }
     export_matches run.ckpt
+    grep -q '"hidden_act": "gelu"' run.ckpt.hf/config.json && grep -q '"layer_norm_eps": 1e-12' run.ckpt.hf/config.json ||
+      { cat run.ckpt.hf/config.json; fail "the export's config.json does not say hidden_act \"gelu\", layer_norm_eps 1e-12"; }
+    # The held-out loss kolos computed under tp1d against transformers' on the export.
+    "$PY" - <<'PYEOF' || fail "kolos's held-out loss under tp1d differs from transformers'"
+import json, warnings
+warnings.filterwarnings("ignore")
+import h5py, numpy as np, torch
+from transformers import AutoModelForImageClassification
+evals = [m["eval_loss"] for m in map(json.loads, open("metrics.jsonl")) if "eval_loss" in m]
+assert evals, "no eval_loss in metrics.jsonl"
+with h5py.File("held.h5") as f:
+    img, labels = f["images"][:], torch.tensor(f["labels"][:])
+x = torch.tensor((img / 255.0 - 0.3) / 0.4, dtype=torch.float64).float()
+model = AutoModelForImageClassification.from_pretrained("run.ckpt.hf").eval()
+with torch.no_grad():
+    loss = torch.nn.functional.cross_entropy(model(x.permute(0, 3, 1, 2)).logits, labels).item()
+print(f"held-out loss: kolos (tp1d) {evals[-1]:.9f}, transformers {loss:.9f}")
+assert abs(evals[-1] - loss) <= 1e-5 * abs(loss), (evals[-1], loss)
+PYEOF
     ;;
   export)
     pixels px 8 1 0.3 0.4
@@ -253,10 +299,10 @@ save_file(t, d + "/model.safetensors", metadata={"format": "pt"})
 json.dump(cfg, open(d + "/config.json", "w"))
 PYEOF
     }
-    edit act 'cfg["hidden_act"] = "gelu"'
-    expect_failure "\`hidden_act\` = \"gelu\": kolos's vit uses GELU's tanh approximation" "$KOLOS" ckpt import act --format hf -o act.ckpt
-    edit eps 'del cfg["layer_norm_eps"]'
-    expect_failure "\`layer_norm_eps\` = \(absent\): kolos's vit uses LayerNorm eps 1e-5" "$KOLOS" ckpt import eps --format hf -o eps.ckpt
+    edit act 'cfg["hidden_act"] = "relu"'
+    expect_failure "\`hidden_act\` = \"relu\": kolos's vit computes exact GELU" "$KOLOS" ckpt import act --format hf -o act.ckpt
+    edit eps 'cfg["layer_norm_eps"] = 0'
+    expect_failure "\`layer_norm_eps\` = 0: kolos's vit needs a LayerNorm eps > 0" "$KOLOS" ckpt import eps --format hf -o eps.ckpt
     edit inner 'cfg["intermediate_size"] = 40'
     expect_failure "\`intermediate_size\` = 40: kolos's vit has an MLP of model.mlp_ratio x hidden" "$KOLOS" ckpt import inner --format hf -o inner.ckpt
     edit patch 'cfg["patch_size"] = 3'

@@ -70,12 +70,15 @@ TEST(LlamaBadInput, OutOfRangeValues) {
 }
 
 TEST(LlamaBadInput, GptRefusesLlamaKeys) {
-  for (const std::string key :
-       {"kv_heads=2", "rope_theta=10000.0", "ffn_hidden=96", "norm_eps=1e-6"}) {
+  for (const std::string key : {"kv_heads=2", "rope_theta=10000.0", "ffn_hidden=96"}) {
     const std::string m = config_error({"model." + key});
     expect_has(m, "model." + key.substr(0, key.find('=')));
     expect_has(m, "applies to model.name = \"llama\" only, not to model.name = \"gpt\"");
   }
+  // norm_eps is vit's too (its LayerNorms' eps); gpt's is fixed.
+  const std::string m = config_error({"model.norm_eps=1e-6"});
+  expect_has(m, "model.norm_eps");
+  expect_has(m, "applies to model.name = \"llama\" and \"vit\", not to model.name = \"gpt\"");
 }
 
 TEST(LlamaBadInput, LlamaRefusesMlpRatio) {

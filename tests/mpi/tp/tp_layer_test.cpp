@@ -175,6 +175,19 @@ TEST_P(TpLayers, Mlp) {
       kHidden, kHidden, a_, a_);
 }
 
+// model.activation = "gelu" (Hugging Face ViT's): the exact GELU between the
+// same cut projections.
+TEST_P(TpLayers, MlpExactGelu) {
+  check(
+      "mlp (exact gelu)",
+      [](LayerFactory& f) {
+        MlpSpec spec{kHidden, kInner, 0.1, 0.05};
+        spec.activation = Activation::kGelu;
+        return f.mlp(spec);
+      },
+      kHidden, kHidden, a_, a_);
+}
+
 TEST_P(TpLayers, Attention) {
   check(
       "attention",
@@ -188,6 +201,12 @@ TEST_P(TpLayers, LayerNorm) {
   check(
       "layer norm", [](LayerFactory& f) { return f.layer_norm(kHidden); }, kHidden, kHidden, a_,
       a_);
+}
+
+TEST_P(TpLayers, LayerNormWithViTsEps) {
+  check(
+      "layer norm (eps 1e-12)", [](LayerFactory& f) { return f.layer_norm(kHidden, 1e-12); },
+      kHidden, kHidden, a_, a_);
 }
 
 TEST_P(TpLayers, EmbeddingOfTokensAndOfPositions) {

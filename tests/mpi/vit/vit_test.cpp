@@ -109,6 +109,51 @@ TEST(VitConfig, RefusesWhatDoesNotApply) {
   }
 }
 
+// model.activation and model.norm_eps: defaults as before, written back by
+// to_toml, refused when invalid (naming the key and the valid values) and
+// refused for gpt, whose MLP and LayerNorms they would not reach.
+TEST(VitConfig, ActivationAndNormEps) {
+  const RunConfig d = tiny_vit();
+  EXPECT_EQ(d.model.activation, "gelu_tanh");
+  EXPECT_DOUBLE_EQ(d.model.norm_eps, 1e-5);
+  const RunConfig c = tiny_vit({"model.activation=\"gelu\"", "model.norm_eps=1e-12"});
+  EXPECT_EQ(c.model.activation, "gelu");
+  EXPECT_DOUBLE_EQ(c.model.norm_eps, 1e-12);
+  const RunConfig again = parse_run_config(to_toml(c), "<to_toml>");
+  EXPECT_EQ(again.model.activation, "gelu");
+  EXPECT_DOUBLE_EQ(again.model.norm_eps, 1e-12);
+  const std::string relu = config_error({"model.activation=\"relu\""});
+  EXPECT_NE(relu.find("model.activation"), std::string::npos) << relu;
+  EXPECT_NE(relu.find("\"gelu_tanh\""), std::string::npos) << relu;
+  EXPECT_NE(relu.find("\"gelu\""), std::string::npos) << relu;
+  const std::string eps = config_error({"model.norm_eps=0"});
+  EXPECT_NE(eps.find("model.norm_eps"), std::string::npos) << eps;
+  for (const std::string& key : {"model.activation=\"gelu\"", "model.norm_eps=1e-6"}) {
+    try {
+      testing::tiny_gpt_config({key});
+      ADD_FAILURE() << key << " accepted for gpt";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(key.substr(0, key.find('='))), std::string::npos) << what;
+      EXPECT_NE(what.find("not to model.name = \"gpt\""), std::string::npos) << what;
+    }
+  }
+}
+
+// Both keys reach the model: the first loss moves with each of them.
+TEST(VitSerial, ActivationAndNormEpsAct) {
+  const std::vector<std::string> one = {"train.steps=1"};
+  const double tanh_loss = testing::run_and_record(serial(one), testing::self_group()).losses[0];
+  std::vector<std::string> exact = one;
+  exact.push_back("model.activation=\"gelu\"");
+  std::vector<std::string> wide_eps = one;
+  wide_eps.push_back("model.norm_eps=0.5");
+  const double exact_loss = testing::run_and_record(serial(exact), testing::self_group()).losses[0];
+  const double eps_loss = testing::run_and_record(serial(wide_eps), testing::self_group()).losses[0];
+  EXPECT_NE(exact_loss, tanh_loss);
+  EXPECT_NE(eps_loss, tanh_loss);
+}
+
 TEST(VitSerial, Learns) {
   const testing::RunRecord r =
       testing::run_and_record(serial({"train.steps=40"}), testing::self_group());
@@ -133,6 +178,14 @@ TEST(VitZero, Stage3MatchesSerial) {
 TEST(VitTp1d, MatchesSerial) {
   // 5 classes over 2 ranks: the head's class slice is padded.
   testing::expect_equivalent(serial(), tiny_vit({"parallel.tensor.size=2"}));
+}
+
+// Hugging Face ViT's defaults (exact GELU, LayerNorm eps 1e-12) under tp1d.
+TEST(VitTp1d, ExactGeluMatchesSerial) {
+  const std::vector<std::string> hf = {"model.activation=\"gelu\"", "model.norm_eps=1e-12"};
+  std::vector<std::string> tp = hf;
+  tp.push_back("parallel.tensor.size=2");
+  testing::expect_equivalent(serial(hf), tiny_vit(tp));
 }
 
 TEST(VitPipeline, OneFOneBMatchesSerial) {

@@ -78,11 +78,18 @@ struct AttentionSpec {
   bool causal = true;
 };
 
+// The MLP's activation between its up and down projections.
+enum class Activation {
+  kGeluTanh,  // GELU's tanh approximation (torch::gelu(x, "tanh")): GPT-2, kolos's default
+  kGelu,      // exact GELU, x * Phi(x) through erf (torch::gelu(x)): Hugging Face ViT's default
+};
+
 struct MlpSpec {
   int64_t hidden = 0;
   int64_t inner = 0;
   double init_std = 0.02;
   double out_init_std = 0.02;
+  Activation activation = Activation::kGeluTanh;
 };
 
 class LayerFactory : public RolePlugin {
@@ -101,7 +108,8 @@ class LayerFactory : public RolePlugin {
   // Causal self-attention over [batch, seq, hidden] (q/k/v/o projections from
   // linear() with column/row roles and heads split as local_heads() says).
   virtual LayerPtr attention(const AttentionSpec& spec);
-  // GELU MLP: up (column) -> gelu -> down (row).
+  // GELU MLP: up (column) -> spec.activation -> down (row). Built from
+  // linear(), so every factory that cuts linear layers cuts it too.
   virtual LayerPtr mlp(const MlpSpec& spec);
   // Logits of `hidden` against the embedding's weight (tied LM head). May be
   // a slice of the vocabulary under tensor parallelism; loss() knows.

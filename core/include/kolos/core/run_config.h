@@ -37,7 +37,9 @@ struct ModelConfig {
   int64_t kv_heads = 0;       // key/value heads (grouped-query attention); 0: heads
   double rope_theta = 10000;  // rotary position embedding base
   int64_t ffn_hidden = 0;     // SwiGLU width; 0: default_ffn_hidden(hidden)
-  double norm_eps = 1e-5;     // RMSNorm epsilon
+  // name = "llama" and "vit" (refused for gpt): RMSNorm's epsilon for llama,
+  // LayerNorm's for vit.
+  double norm_eps = 1e-5;
   // name = "vit" only (refused for the others). seq_len and vocab are
   // derived for it: seq_len = image_size^2 * channels (the pixels of one
   // sample), vocab = classes.
@@ -45,6 +47,8 @@ struct ModelConfig {
   int64_t patch_size = 0;  // square patches; must divide image_size
   int64_t channels = 0;
   int64_t classes = 0;
+  // The MLP's GELU: "gelu_tanh" (tanh approximation) or "gelu" (exact, erf).
+  std::string activation = "gelu_tanh";
   // name = "dit" only (refused for the others), besides image_size,
   // patch_size, channels and classes as for "vit" (docs/models.md). Derived
   // for it: seq_len = image_size^2 * channels + 2 (the pixels, the label and

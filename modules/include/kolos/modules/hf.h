@@ -50,10 +50,11 @@
 // with lm_head.weight a copy of the embedding (the same function at step 0;
 // the two train apart from then on, which the import says).
 //
-// ViT (ViTForImageClassification). The same function when config.json has
-// hidden_act "gelu_pytorch_tanh" (or "gelu_new") and layer_norm_eps 1e-5,
-// what kolos's vit computes; ViTConfig's defaults ("gelu", 1e-12) are
-// refused, naming the key. With P = patch_size, C = channels, N = patches:
+// ViT (ViTForImageClassification). hidden_act "gelu" (ViTConfig's default)
+// is model.activation = "gelu", "gelu_pytorch_tanh" or "gelu_new" is
+// "gelu_tanh" (exported as "gelu_pytorch_tanh"); other activations are
+// refused, naming the key. layer_norm_eps is model.norm_eps both ways
+// (ViTConfig's default 1e-12). With P = patch_size, C = channels, N = patches:
 //
 //   kolos                                ViTForImageClassification
 //   embed.patch_proj.weight [H, P*P*C]   vit.embeddings.patch_embeddings.projection.weight
