@@ -64,6 +64,26 @@ bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first) {
   return spread(n, stride, first, c.devices_per_node).domains > 1;
 }
 
+AllReducePaths mpi_all_reduce_paths(const Cluster& c, double bytes, int64_t n) {
+  AllReducePaths t;
+  if (n <= 1 || bytes <= 0) return t;
+  const int64_t k = std::min(n, std::max<int64_t>(1, c.devices_per_node));
+  const int64_t D = (n + k - 1) / k;
+  const double ai = c.intra_latency, bi = c.intra_bandwidth;
+  if (D == 1) {  // one node: both are the ring inside it
+    t.flat = t.hierarchical = ring_time(Collective::kAllReduce, bytes, n, ai, bi);
+    return t;
+  }
+  const double link = static_cast<double>(k) * c.inter_bandwidth;
+  const double dn = static_cast<double>(n), dk = static_cast<double>(k);
+  t.flat = 2 * (dn - 1) * std::max(ai, c.inter_latency) +
+           2 * (dn - 1) / dn * bytes / std::min(bi, link);
+  const double inside = k > 1 ? 2 * (dk - 1) * ai + 2 * (dk - 1) / dk * bytes / bi : 0;
+  t.hierarchical = inside + ring_time(Collective::kAllReduce, bytes, D, c.inter_latency, link) +
+                   inside;
+  return t;
+}
+
 double collective_time(const Machine& m, Collective op, double bytes, int64_t n, int64_t stride,
                        int64_t first, Sync sync) {
   if (n <= 1 || bytes <= 0) return 0;

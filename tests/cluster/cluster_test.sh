@@ -47,20 +47,22 @@ tbf_sent() {
   "$cluster" exec "$state" "$1" tc -s qdisc show dev eth0 | awk '/^ Sent/ {print $2; exit}'
 }
 
-# same_run A.jsonl B.jsonl: losses and gradient norms of every step agree
-# (relative 1e-4, as the e2e tests compare runs).
+# same_run A.jsonl B.jsonl [BOUND]: losses and gradient norms of every step
+# agree (relative BOUND, by default 1e-4 as the e2e tests compare runs). A
+# header line (the plan, the all-reduce choice) is not a step.
 same_run() {
-  $PY - "$1" "$2" <<'PY'
+  $PY - "$1" "$2" "${3:-1e-4}" <<'PY'
 import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+a, b = ([r for r in map(json.loads, open(p)) if "header" not in r] for p in sys.argv[1:3])
+bound = float(sys.argv[3])
 assert [r["step"] for r in a] == [r["step"] for r in b], "steps differ"
 worst = 0.0
 for ra, rb in zip(a, b):
     for key in ("loss", "grad_norm"):
         worst = max(worst, abs(ra[key] - rb[key]) / abs(ra[key]))
 print(f"{len(a)} steps, losses {a[0]['loss']:.4f} -> {a[-1]['loss']:.4f}; "
-      f"largest relative difference in loss and gradient norm: {worst:.2e}")
-sys.exit(0 if worst <= 1e-4 else 1)
+      f"largest relative difference in loss and gradient norm: {worst:.2e} (bound {bound:g})")
+sys.exit(0 if worst <= bound else 1)
 PY
 }
 
@@ -147,6 +149,30 @@ sys.exit(0 if r <= 1.1 else 1)" || fail "the link ran faster than its shaper all
       grep -q "^host node$i" topo$i.txt || fail "kolos topo on node$i: $(head -1 topo$i.txt)"
     done
     head -2 topo1.txt
+    ;;
+  kolos_allreduce)
+    # dp 4 over 2 nodes x 2 ranks with [parallel] allreduce = "auto": the
+    # run log names the path and both measured times, the metrics carry the
+    # choice; its losses equal the flat run's (the paths differ only in the
+    # order of the additions). Times are printed, never asserted.
+    steps=(--set parallel.data=4 --set train.micro_batch=4 --set train.steps=6 --set log.progress=off)
+    mpi -np 4 "$KOLOS" train "$tiny" "${steps[@]}" --set parallel.allreduce='"flat"' \
+      --set log.metrics="$work/flat.jsonl" >flat.txt 2>&1 || { cat flat.txt; fail "the flat run"; }
+    mpi -np 4 "$KOLOS" train "$tiny" "${steps[@]}" --set parallel.allreduce='"auto"' \
+      --set log.metrics="$work/auto.jsonl" >auto.txt 2>&1 || { cat auto.txt; fail "the auto run"; }
+    grep "kolos: allreduce" auto.txt || { cat auto.txt; fail "no all-reduce line in the auto run's log"; }
+    grep -Eq "kolos: allreduce: (flat|hierarchical) over 2 nodes \(2\+2 ranks of group '[^']*'\): auto, measured on [0-9.]+ MiB buckets: flat [0-9.]+ ms, hierarchical [0-9.]+ ms" auto.txt ||
+      fail "the auto run's log does not give the choice and both times"
+    head -1 auto.jsonl
+    $PY - auto.jsonl <<'PY' || fail "the metrics do not carry the choice"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+h = rows[0]["header"]["allreduce"]
+assert h["mode"] == "auto" and h["nodes"] == 2 and h["flat_s"] > 0 and h["hierarchical_s"] > 0, h
+assert all(r["allreduce"] == h["path"] for r in rows[1:]), "a step without the path"
+PY
+    grep -q "kolos: allreduce" flat.txt && fail "a run set to flat measured or logged a choice"
+    same_run flat.jsonl auto.jsonl 1e-6 || fail "the auto run differs from the flat run"
     ;;
   kolos_tp_across)
     # tp 4 over 2 nodes x 2 ranks: the tp group would span both nodes; kolos
@@ -251,10 +277,12 @@ sys.exit(0 if r <= 1.1 else 1)" || fail "the link ran faster than its shaper all
       read -r bytes seconds <rate.txt || fail "no measurement"
       $PY -c "print(f'link $from -> $to: {$bytes * 8 / $seconds / 1e9:.3f} Gbit/s measured (64 MiB, one TCP stream); stated 1 Gbit/s')"
     done
-    mpi -np 4 "${KOLOS_HIER_BENCH:?}" 1 16 64 --rounds 3 >bench.txt 2>&1 || { cat bench.txt; fail "the benchmark"; }
+    mpi -np 4 "${KOLOS_HIER_BENCH:?}" 1 16 64 --rounds 3 --cluster "$src/examples/clusters/netns-2x2.toml" \
+      >bench.txt 2>&1 || { cat bench.txt; fail "the benchmark"; }
     cat bench.txt
     grep -q "4 ranks on 2 node(s), 2 on node 0" bench.txt || fail "not 2 ranks on each of 2 nodes"
     grep -q "results: both paths exact" bench.txt || fail "a path's sum is wrong"
+    grep -q "planner's prediction from .*netns-2x2.toml" bench.txt || fail "no prediction beside the measurement"
     ;;
   *)
     fail "unknown case $case_name"

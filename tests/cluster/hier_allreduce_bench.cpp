@@ -3,6 +3,7 @@
 // broadcast inside the node), float32 sum, for gradient-bucket sizes.
 //
 //   mpirun -np 4 --hostfile ... cluster_hier_allreduce_bench [MiB ...] [--rounds R]
+//                                                 [--cluster FILE]
 //
 // Raw MPI on the world's ranks, no kolos: it measures what a hierarchical
 // reduction of dp buckets would buy on a machine's links before kolos's
@@ -13,7 +14,11 @@
 // median. Both paths' results are compared with the exact sum (every rank
 // fills its buffer with small integers, exact in float32), and the program
 // exits 1 when they differ: the correctness is checked, the times are only
-// printed.
+// printed. With --cluster, a planner cluster file describing the machine
+// (examples/clusters/netns-2x2.toml for the namespace cluster), the
+// planner's predictions of both paths (kolos::planner::mpi_all_reduce_paths,
+// the alpha-beta terms of kolos's flat and hierarchical all-reduce) are
+// printed beside the measurements.
 #include <mpi.h>
 
 #include <algorithm>
@@ -23,6 +28,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "kolos/planner/cost_model.h"
 
 namespace {
 
@@ -109,8 +116,11 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   std::vector<int> sizes_mib;
   int rounds = 5;
+  std::string cluster_file;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+    if (std::strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
+      cluster_file = argv[++i];
+    } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
     } else {
       sizes_mib.push_back(std::max(1, std::atoi(argv[i])));
@@ -118,13 +128,35 @@ int main(int argc, char** argv) {
   }
   if (sizes_mib.empty()) sizes_mib = {1, 16, 64};
   Comms c = make_comms();
+  kolos::planner::Cluster cluster;
+  if (!cluster_file.empty()) {
+    try {
+      cluster = kolos::planner::load_cluster(cluster_file).cluster;
+    } catch (const std::exception& e) {
+      if (c.rank == 0) std::fprintf(stderr, "%s\n", e.what());
+      free_comms(c);
+      MPI_Finalize();
+      return 2;
+    }
+  }
+  const bool predict = !cluster_file.empty();
   if (c.rank == 0) {
     std::printf(
         "%d ranks on %d node(s), %d on node 0; %d round(s) per size, median of the "
         "slowest rank's time\n",
         c.size, c.nodes, c.node_size, rounds);
-    std::printf("%8s %10s %10s %12s %12s %10s\n", "MiB", "flat ms", "hier ms", "flat GB/s",
+    if (predict) {
+      std::printf("planner's prediction from %s (%s: %lld nodes x %lld ranks, node link %.3g "
+                  "bytes/s, shared memory %.3g bytes/s)\n",
+                  cluster_file.c_str(), cluster.name.c_str(), (long long)cluster.nodes,
+                  (long long)cluster.devices_per_node,
+                  cluster.inter_bandwidth * static_cast<double>(cluster.devices_per_node),
+                  cluster.intra_bandwidth);
+    }
+    std::printf("%8s %10s %10s %12s %12s %10s", "MiB", "flat ms", "hier ms", "flat GB/s",
                 "hier GB/s", "flat/hier");
+    if (predict) std::printf(" %12s %12s %10s", "pred flat", "pred hier", "pred f/h");
+    std::printf("\n");
   }
   bool ok = true;
   for (int mib : sizes_mib) {
@@ -144,8 +176,14 @@ int main(int argc, char** argv) {
     const double f = median(tf), h = median(th);
     const double bytes = static_cast<double>(buf.size() * sizeof(float));
     if (c.rank == 0) {
-      std::printf("%8d %10.1f %10.1f %12.3f %12.3f %10.2f\n", mib, f * 1e3, h * 1e3,
+      std::printf("%8d %10.1f %10.1f %12.3f %12.3f %10.2f", mib, f * 1e3, h * 1e3,
                   bytes / f / 1e9, bytes / h / 1e9, f / h);
+      if (predict) {
+        const auto p = kolos::planner::mpi_all_reduce_paths(cluster, bytes, c.size);
+        std::printf(" %12.1f %12.1f %10.2f", p.flat * 1e3, p.hierarchical * 1e3,
+                    p.flat / p.hierarchical);
+      }
+      std::printf("\n");
     }
   }
   if (c.rank == 0) {

@@ -204,3 +204,28 @@ TEST(PlannerCostModel, SharedCoresReplayTheScheduleWithProcessorSharing) {
   EXPECT_GE(shared, 4 * 8 * 3.0 / 2.0 - 1e-9);
   EXPECT_GE(shared, plain - 1e-9);
 }
+
+// kolos's own flat and hierarchical all-reduce (MPI backend) on a cluster
+// whose nodes each have one shared link, the namespace cluster's file.
+TEST(PlannerCostModel, MpiAllReducePathsOnSharedNodeLinks) {
+  const ClusterFile f = load_cluster(std::string(KOLOS_SOURCE_DIR) +
+                                     "/examples/clusters/netns-2x2.toml");
+  const Cluster& c = f.cluster;
+  ASSERT_EQ(c.devices_per_node, 2);
+  const double B = 64.0 * (1 << 20), link = 2 * 62.5e6, bi = 0.75e9;
+  const AllReducePaths t = mpi_all_reduce_paths(c, B, 4);
+  // Flat: a ring over 4, 1.5 B through the node link.
+  EXPECT_DOUBLE_EQ(t.flat, 6 * 50e-6 + 1.5 * B / link);
+  // Hierarchical: reduce and broadcast inside (2 steps, B each over 2
+  // ranks), the leaders' ring of 2 moves B across.
+  const double inside = 2 * 5e-6 + B / bi;
+  EXPECT_DOUBLE_EQ(t.hierarchical, inside + (2 * 50e-6 + B / link) + inside);
+  EXPECT_LT(t.hierarchical, t.flat);  // the link dominates at 64 MiB
+  // One node: both are the ring inside it.
+  const AllReducePaths one = mpi_all_reduce_paths(c, B, 2);
+  EXPECT_DOUBLE_EQ(one.flat, one.hierarchical);
+  EXPECT_DOUBLE_EQ(one.flat, 2 * 5e-6 + B / bi);
+  // Nothing to reduce.
+  EXPECT_EQ(mpi_all_reduce_paths(c, B, 1).flat, 0.0);
+  EXPECT_EQ(mpi_all_reduce_paths(c, 0, 4).hierarchical, 0.0);
+}

@@ -47,6 +47,30 @@ double collective_time(const Machine& m, Collective op, double bytes, int64_t n,
 // Whether n ranks spaced `stride` apart from rank `first` span more than one node.
 bool spans_nodes(const Cluster& c, int64_t n, int64_t stride, int64_t first = 0);
 
+// kolos's own two all-reduce paths on its MPI backend ([parallel]
+// allreduce, core/src/comm/hierarchical.cpp) for a group of the n
+// consecutive ranks from rank 0, devices_per_node (k) on each of D nodes,
+// where a node's ranks reach the other nodes through one shared link of
+// k x inter_bandwidth (one NIC per node, as the namespace cluster of
+// tests/cluster; inter_bandwidth is each rank's share of it):
+//   flat          one ring over the n ranks in rank order: 2(n-1) steps at
+//                 the slower latency, 2(n-1)/n x B through the slowest hop
+//                 (the one crossing nodes uses the whole node link; every
+//                 other hop stays inside a node).
+//   hierarchical  reduce onto the node's leader (a reduce-scatter and a
+//                 gather over k: 2(k-1) intra steps, 2(k-1)/k x B), ring
+//                 all-reduce of the whole B among the D leaders over the
+//                 node link, broadcast inside the node (a scatter and an
+//                 all-gather: 2(k-1)/k x B).
+// Neither term counts the CPU time of the sums and copies, nor ranks
+// waiting for a core (they are pure alpha-beta figures). Not used by
+// predict(), which costs a group across nodes as NCCL's hierarchy (one NIC
+// per device); docs/planner.md.
+struct AllReducePaths {
+  double flat = 0, hierarchical = 0;
+};
+AllReducePaths mpi_all_reduce_paths(const Cluster& c, double bytes, int64_t n);
+
 // Memory per rank at the peak, worst pipeline stage, with its parts. The
 // terms are those of core/src/engine/memory_estimate.cpp (parameters,
 // gradients, optimizer states per ZeRO stage, activations per block with
