@@ -708,6 +708,11 @@ class Reader {
                                        " is not a ZeRO stage; valid: 0 (off), 1 (optimizer "
                                        "states), 2 (+ gradients), 3 (+ parameters).");
     }
+    if (p.allreduce == "hierarchical" && p.zero.stage >= 2) {
+      s.fail("allreduce", "\"hierarchical\" is how dp and zero1 all-reduce whole gradients; "
+                          "ZeRO stage " + std::to_string(p.zero.stage) +
+                          " reduce-scatters them instead; remove allreduce or use stage 0 or 1.");
+    }
   }
 
   void read_checkpoint(CheckpointConfig& c) const {

@@ -205,6 +205,13 @@ TEST(Config, RefusesAnUnknownPath) {
     EXPECT_NE(m.find("ring"), std::string::npos) << m;
     EXPECT_NE(m.find("hierarchical"), std::string::npos) << m;
   }
+  // zero2/zero3 reduce-scatter: a hierarchical all-reduce would do nothing.
+  const std::string zero2 =
+      testing::config_error({"parallel.allreduce=\"hierarchical\"", "parallel.zero.stage=2"});
+  EXPECT_NE(zero2.find("allreduce"), std::string::npos) << zero2;
+  EXPECT_NE(zero2.find("reduce-scatters"), std::string::npos) << zero2;
+  EXPECT_EQ(testing::config_error({"parallel.allreduce=\"hierarchical\"", "parallel.zero.stage=1"}),
+            "");
   for (const char* ok : {"auto", "flat", "hierarchical"}) {
     EXPECT_EQ(testing::tiny_gpt_config({std::string("parallel.allreduce=\"") + ok + "\""})
                   .parallel.allreduce,
