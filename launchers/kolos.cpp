@@ -30,6 +30,7 @@
 
 #include "ckpt_command.h"
 #include "generate_command.h"
+#include "sample_command.h"
 #include "serve_command.h"
 #include "kolos/checkpoint/checkpoint.h"
 #include "kolos/config.h"
@@ -75,6 +76,7 @@ commands:
   ckpt inspect|verify|export DIR         look into, check or export a checkpoint
   generate CKPT --prompt-ids IDS [-n N]  continue prompts from a checkpoint or HF model (paged KV cache)
   serve CKPT [--port P] [-n N]           an OpenAI-style /v1/completions server over the same engine
+  sample CKPT --classes 0,1 -o grid.png  draw images from a diffusion (dit) checkpoint as a PNG grid
   slurm gen [CONFIG] [options]           write an sbatch script (srun, requeue on time limit)
   topo [--json]                          this node's cores, NUMA nodes, GPUs, NICs, NVLink domains
   version                                versions of kolos and what it was built with
@@ -921,11 +923,13 @@ int dispatch(int argc, char** argv) {
   if (command == "ckpt") return ckpt_command(args);
   if (command == "generate") return generate_command(args, argc, argv);
   if (command == "serve") return serve_command(args, argc, argv);
+  if (command == "sample") return sample_command(args);
   if (command == "slurm") return slurm_command(args);
   if (command == "topo") return topo(args);
   if (command == "version") return version(args);
   std::string hint = closest_match(command, {"train", "run", "check", "plan", "calibrate", "plugins", "data",
-                                             "ckpt", "generate", "serve", "slurm", "topo", "version"});
+                                             "ckpt", "generate", "serve", "sample", "slurm", "topo",
+                                             "version"});
   throw UsageError("unknown command `" + command + "`" +
                    (hint.empty() ? "" : " (did you mean `" + hint + "`?)") +
                    "; see `kolos --help`");

@@ -13,6 +13,7 @@ packages=(
   libhwloc-dev  # libkolos_topology (hwloc 2.x through pkg-config)
   nlohmann-json3-dev  # safetensors headers and Hugging Face config.json (ckpt import)
   libcpp-httplib-dev  # kolos serve: the HTTP server (with nlohmann-json for its bodies)
+  libpng-dev  # kolos sample: the PNG grid of a diffusion model's images
   # libkolos_tokenizer: PCRE2 (UTF, JIT) for the tokenizer.json pre-tokenizer
   # regexes (GPT-2's needs lookahead); ICU for its Unicode normalizers (NFC,
   # ...); libsentencepiece for tokenizer.model
