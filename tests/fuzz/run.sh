@@ -27,17 +27,40 @@ mkdir -p "$corpus" "$build/$target-artifacts"
 # A library the target reads through may crash on crafted input by a bug of
 # its own (Debian's HDF5 does: docs/reliability.md, "Fuzzing"). A target
 # names such libraries in tests/fuzz/TARGET/library_frames (an extended
-# regex of their file names). A report whose innermost frame that is either
-# such a library or kolos source lies in the library is recorded as the
-# library's, and fuzzing goes on for the time left; any other report fails.
+# regex of their file names). A report is the library's, recorded and
+# fuzzing going on for the time left, only when both
+#   - the faulting access: its innermost frame that is either such a
+#     library or kolos lies in the library, and
+#   - the memory it touched, when the sanitizer says where it came from
+#     ("allocated by" / "freed by" stacks): the innermost such frame of
+#     each of those stacks lies in the library too.
+# A buffer kolos allocated and handed to HDF5 with a wrong size is
+# overrun inside HDF5, but was allocated by kolos: that report is kolos's,
+# and any report of kolos's fails.
 library=$(grep -v '^#' "$here/$target/library_frames" 2>/dev/null | paste -sd'|')
 owner() {  # owner LOG -> library | kolos
-  local line
-  while read -r line; do
-    if [[ -n $library ]] && grep -Eq "$library" <<<"$line"; then echo library; return; fi
-    [[ $line == *" in kolos::"* || $line == *LLVMFuzzerTestOneInput* ]] && { echo kolos; return; }
-  done < <(grep -E '^ *#[0-9]+ 0x' "$1")
-  echo kolos
+  awk -v lib="$library" '
+    function who(line) {  # library | kolos | "" (neither: libc, the sanitizer, std::)
+      if (lib != "" && line ~ lib) return "library"
+      if (line ~ / in kolos::/ || line ~ /LLVMFuzzerTestOneInput/) return "kolos"
+      return ""
+    }
+    /^ *#[0-9]+ 0x/ {
+      if (stack == "") { stack = "access"; first = "" }
+      if (first == "") first = who($0)
+      next
+    }
+    {
+      if (stack == "access") access = first
+      if (stack == "memory" && first == "kolos") memory_kolos = 1
+      stack = ""
+      if ($0 ~ /(allocated|freed) by thread/ && access != "") { stack = "memory"; first = "" }
+    }
+    END {
+      if (stack == "access") access = first
+      if (stack == "memory" && first == "kolos") memory_kolos = 1
+      print (access == "library" && !memory_kolos) ? "library" : "kolos"
+    }' "$1"
 }
 deadline=$((SECONDS + seconds)) runs=0 library_reports=0
 while :; do
