@@ -758,6 +758,14 @@ class Reader {
                            "conditioning as one token of the sequence) while the sequence "
                            "strategies attend causally only; set parallel.sequence.size = 1.");
     }
+    if (c.model.name == "dit" && c.parallel.tensor.size > 1 && c.parallel.tensor.mode != "1d") {
+      root.fail_at_any({"parallel.tensor.mode", "parallel.tensor", "model.name"},
+                       "parallel.tensor.mode = " + quote_toml(c.parallel.tensor.mode) +
+                           ": model.name = \"dit\" runs under tensor parallelism with mode "
+                           "\"1d\" only (its patch, timestep and adaLN projections are "
+                           "replicated linear layers, which the 2d, 2.5d and 3d grids do not "
+                           "lay out); set parallel.tensor.mode = \"1d\".");
+    }
     // A [plugins] override and the settings that select a plugin of the
     // same role must agree.
     const int64_t stage = c.parallel.zero.stage;

@@ -107,6 +107,11 @@ TEST(DitConfig, RefusesWhatDoesNotApply) {
   const std::string sequence = config_error({"parallel.sequence.size=2"});
   EXPECT_HAS(sequence, "parallel.sequence");
   EXPECT_HAS(sequence, "model.name = \"dit\"");
+  // The 2d/2.5d/3d grids have no layout for its replicated projections.
+  const std::string grid =
+      config_error({"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""});
+  EXPECT_HAS(grid, "parallel.tensor.mode = \"2d\": model.name = \"dit\"");
+  EXPECT_HAS(grid, "set parallel.tensor.mode = \"1d\"");
   // A GPT or a ViT refuses the DiT's own keys.
   for (const char* other : {"gpt", "vit"}) {
     try {
