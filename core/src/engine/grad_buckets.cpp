@@ -157,14 +157,23 @@ GradBuckets::~GradBuckets() {
 // the dtype it is reduced in); rank 0 of the world logs it.
 void GradBuckets::Impl::choose_all_reduce() {
   torch::NoGradGuard no_grad;
+  // The bytes a bucket is reduced in (widened to fp32 under reduce_in_fp32).
+  const auto reduced_bytes = [this](const at::Tensor& t) {
+    return options.reduce_in_fp32 ? t.numel() * int64_t{4} : bytes_of(t);
+  };
   const Bucket* largest = nullptr;
   for (const auto& b : buckets) {
-    if (largest == nullptr || bytes_of(widened(b.buffer)) > bytes_of(widened(largest->buffer))) {
+    if (largest == nullptr || reduced_bytes(b.buffer) > reduced_bytes(largest->buffer)) {
       largest = &b;
     }
   }
-  at::Tensor sample = largest != nullptr ? torch::empty_like(widened(largest->buffer))
-                                         : torch::empty({1}, torch::kFloat);
+  at::Tensor sample = torch::empty({1}, torch::kFloat);
+  if (largest != nullptr) {
+    const at::Tensor& buffer = largest->buffer;
+    sample = torch::empty({buffer.numel()}, buffer.options().dtype(options.reduce_in_fp32
+                                                                        ? at::kFloat
+                                                                        : buffer.scalar_type()));
+  }
   choice = comm::choose_all_reduce(group, options.allreduce, sample);
   if (choice.nodes > 1 || choice.path == "hierarchical") {
     step_stats.all_reduce_path = last_stats.all_reduce_path = choice.path;

@@ -193,6 +193,38 @@ TEST(Training, HierarchicalEqualsFlat) {
       testing::tiny_gpt_config({"parallel.allreduce=\"hierarchical\""}));
 }
 
+// bf16 gradients, reduced in bf16 (the MPI backend's 2-byte type and its
+// user-defined sum) and widened to fp32 (train.reduce_dtype): the hierarchy
+// takes the same dtypes through reduce, all_reduce and broadcast.
+TEST(Training, HierarchicalEqualsFlatInBf16) {
+  modules::register_builtin_models();
+  SimulatedHosts hosts(halves);
+  auto world = testing::world_group();
+  for (const char* reduce : {"param", "fp32"}) {
+    const std::vector<std::string> common = {"train.precision=\"bf16\"", "train.steps=8",
+                                             std::string("train.reduce_dtype=\"") + reduce + "\""};
+    auto with = [&](const char* path) {
+      std::vector<std::string> o = common;
+      o.push_back(std::string("parallel.allreduce=\"") + path + "\"");
+      return testing::tiny_gpt_config(o);
+    };
+    const auto flat = testing::run_and_record(with("flat"), world);
+    const auto hier = testing::run_and_record(with("hierarchical"), world);
+    double worst = 0;
+    for (size_t i = 0; i < flat.losses.size(); ++i) {
+      worst = std::max(worst, std::abs(flat.losses[i] - hier.losses[i]) / std::abs(flat.losses[i]));
+    }
+    if (world_rank() == 0) {
+      std::printf("bf16, reduce_dtype %s: hierarchical vs flat, largest relative loss difference "
+                  "%.3g\n",
+                  reduce, worst);
+    }
+    // bf16 rounds each partial sum: a different order may round differently.
+    testing::expect_records_match(flat, hier, testing::Tolerance{1e-3, 1e-2, 1e-2},
+                                  std::string("bf16, reduce_dtype ") + reduce);
+  }
+}
+
 TEST(Config, RefusesAnUnknownPath) {
   const std::string text = "[model]\nname = \"gpt\"\n\n[parallel]\nallreduce = \"ring\"\n";
   try {
