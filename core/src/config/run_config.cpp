@@ -150,11 +150,11 @@ const SettingsTable<ModelConfig>& dit_table() {
       SettingsTable<ModelConfig>("model")
           .integer("diffusion_steps", &ModelConfig::diffusion_steps, 2, 100000)
           .choice("beta_schedule", &ModelConfig::beta_schedule, {"linear", "cosine"},
-                  "a noise schedule")
+                  "noise schedule")
           .number("class_dropout", &ModelConfig::class_dropout,
                   [](double x) { return x >= 0 && x < 1 ? "" : ">= 0 and < 1"; })
           .choice("pos_embed", &ModelConfig::pos_embed, {"sincos", "learned"},
-                  "a position embedding");
+                  "position embedding");
   return table;
 }
 

@@ -60,6 +60,12 @@ assert (w, h, depth, color) == (4 * 64 + 3, 3 * 64 + 2, 8, 0), (w, h, depth, col
 assert read_png("ddpm.png")[:2] == (2 * 64 + 1, 64)
 PY
 
+# A checkpoint written under another layout (tp1d over 2 ranks): read whole, resharded.
+"$KOLOS" run -n 2 "$example" "${small[@]}" --set train.steps=2 --set parallel.tensor.size=2 \
+  --set checkpoint.dir=\"cktp\" --set log.metrics=\"\" >tp.log 2>&1 || { cat tp.log; fail "tp1d run failed"; }
+"$KOLOS" sample cktp --classes 4 --per-class 1 --steps 3 -o tp.png || fail "kolos sample of a tp1d checkpoint failed"
+[[ -s tp.png ]] || fail "no tp.png"
+
 # Refusals, each naming what is wrong.
 sample=("$KOLOS" sample ck -o bad.png)
 expect_failure "class 10 is outside the model's classes 0\.\.9 \(model\.classes = 10\)" -- "${sample[@]}" --classes 1,10

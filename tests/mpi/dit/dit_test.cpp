@@ -172,6 +172,9 @@ TEST(DitDataParallel, MatchesSerial) {
 TEST(DitZero, Stage1MatchesSerial) {
   testing::expect_equivalent(serial(), tiny_dit({"parallel.zero.stage=1"}));
 }
+TEST(DitZero, Stage2MatchesSerial) {
+  testing::expect_equivalent(serial(), tiny_dit({"parallel.zero.stage=2"}));
+}
 TEST(DitZero, Stage3MatchesSerial) {
   testing::expect_equivalent(serial(), tiny_dit({"parallel.zero.stage=3"}));
 }
