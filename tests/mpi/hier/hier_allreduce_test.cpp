@@ -193,6 +193,20 @@ TEST(Training, HierarchicalEqualsFlat) {
       testing::tiny_gpt_config({"parallel.allreduce=\"hierarchical\""}));
 }
 
+// zero1 all-reduces whole gradients through the same buckets.
+TEST(Training, Zero1HierarchicalEqualsFlat) {
+  modules::register_builtin_models();
+  SimulatedHosts hosts(halves);
+  auto world = testing::world_group();
+  const auto flat = testing::run_and_record(
+      testing::tiny_gpt_config({"parallel.zero.stage=1", "parallel.allreduce=\"flat\""}), world);
+  const auto hier = testing::run_and_record(
+      testing::tiny_gpt_config({"parallel.zero.stage=1", "parallel.allreduce=\"hierarchical\""}),
+      world);
+  testing::expect_records_match(flat, hier, testing::Tolerance{1e-6, 1e-6, 1e-6},
+                                "zero1: hierarchical vs flat");
+}
+
 // bf16 gradients, reduced in bf16 (the MPI backend's 2-byte type and its
 // user-defined sum) and widened to fp32 (train.reduce_dtype): the hierarchy
 // takes the same dtypes through reduce, all_reduce and broadcast.
