@@ -66,6 +66,20 @@ PY
 "$KOLOS" sample cktp --classes 4 --per-class 1 --steps 3 -o tp.png || fail "kolos sample of a tp1d checkpoint failed"
 [[ -s tp.png ]] || fail "no tp.png"
 
+# A resumed run draws what the straight run drew (the noise keys follow the
+# global sample index): its step-4 loss is the straight run's.
+quick=("${small[@]}" --set train.steps=4 --set checkpoint.every=2 --set log.progress=\"lines\"
+  --set log.metrics=\"\" --set eval.every=0)
+"$KOLOS" train "$example" "${quick[@]}" --set checkpoint.dir=\"ckr\" >straight.log 2>&1 ||
+  { cat straight.log; fail "4-step run failed"; }
+rm -rf ckr/step-00000004 && echo step-00000002 >ckr/latest
+"$KOLOS" train "$example" "${quick[@]}" --set checkpoint.dir=\"ckr\" --resume ckr >resumed.log 2>&1 ||
+  { cat resumed.log; fail "resumed run failed"; }
+straight=$(grep -o '^step 4/4 loss [0-9.]*' straight.log)
+resumed=$(grep -o '^step 4/4 loss [0-9.]*' resumed.log)
+echo "straight: $straight; resumed from step 2: $resumed"
+[[ -n $straight && $straight == "$resumed" ]] || fail "the resumed run differs: $straight vs $resumed"
+
 # Refusals, each naming what is wrong.
 sample=("$KOLOS" sample ck -o bad.png)
 expect_failure "class 10 is outside the model's classes 0\.\.9 \(model\.classes = 10\)" -- "${sample[@]}" --classes 1,10
