@@ -4,7 +4,9 @@
 // of the PNG grid per class. No MPI.
 #include "sample_command.h"
 
+#if KOLOS_WITH_PNG
 #include <png.h>
+#endif
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -137,6 +139,7 @@ Options parse_options(const std::vector<std::string>& args) {
   return o;
 }
 
+#if KOLOS_WITH_PNG
 // Closes the file and frees libpng's state whatever happens.
 class PngWriter {
  public:
@@ -177,6 +180,18 @@ class PngWriter {
   png_structp png_ = nullptr;
   png_infop info_ = nullptr;
 };
+#else
+// Built without libpng (see launchers/CMakeLists.txt).
+class PngWriter {
+ public:
+  explicit PngWriter(const std::string&) {
+    throw Error(
+        "kolos sample: this kolos was built without libpng, so it cannot write PNG files; "
+        "install libpng-dev (scripts/install-deps.sh) and rebuild");
+  }
+  void write(int64_t, int64_t, int, std::vector<uint8_t>&) {}
+};
+#endif
 
 }  // namespace
 
@@ -188,6 +203,9 @@ int sample_command(const std::vector<std::string>& args) {
     }
   }
   const Options o = parse_options(args);
+#if !KOLOS_WITH_PNG
+  PngWriter refuse(o.output);  // throws: built without libpng
+#endif
   const std::string dir = checkpoint::resolve(o.checkpoint);
   const checkpoint::ModelWeights weights = checkpoint::read_model_weights(dir);
   if (weights.meta.config_toml.empty()) {
