@@ -264,6 +264,128 @@ PY
     grep -q "mesh pp=1 dp=4" "kolos-tmpl-$jid.out" || sfail "not dp 4"
     same_run serial.jsonl tmpl.jsonl || sfail "the template's 2-node job differs from the serial run"
     ;;
+  node_loss)
+    # The node-loss drill: a `kolos slurm gen --nodes 2` job (2 ranks per
+    # node, dp 4, a checkpoint every 20 of 300 steps) loses node1 as a power loss
+    # would: node1's link goes down (nothing more leaves it, not even a TCP
+    # reset) and every process on it (the ranks, slurmstepd, slurmd) is
+    # killed at once, at a state of the run (a checkpoint written and 7 more
+    # steps done), not after a timer. The ranks on node0 end within the
+    # watchdog deadline + 10 s naming node1; Slurm marks node1 down and
+    # requeues the job (--requeue); it comes back on node0 with 2 tasks,
+    # resumes from `latest` and trains on with the losses of an
+    # uninterrupted 2-rank run. Times are printed, never asserted.
+    chmod 755 "$work"
+    sfail() {
+      tail -n 40 "$work"/slurm/log/*.log >&2
+      for f in kolos-*.out; do [[ -f $f ]] && { echo "--- $f" >&2; cat "$f" >&2; }; done
+      fail "$@"
+    }
+    # node1's link comes back for the cases that follow (its qdisc stays).
+    restore_node1() { ip -n "$prefix-n1" link set eth0 up 2>/dev/null; }
+    trap 'restore_node1; cleanup' EXIT
+    deadline=8 every=20
+    CSLURM_CONF_EXTRA="SlurmdTimeout=10" cslurm_up "$state" "$work/slurm" || fail "could not start Slurm on the cluster"
+    export OMPI_MCA_btl_tcp_if_include=10.213.40.0/24 OMPI_MCA_oob_tcp_if_include=10.213.40.0/24
+    export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_orte_tmpdir_base=$work/slurm/tmp
+    run=(--set parallel.data=0 --set train.micro_batch=4 --set train.steps=300 --set log.progress=off
+      --set checkpoint.every=$every --set runtime.comm_timeout_s=$deadline)
+    mpi -np 2 --host node0:2 "$KOLOS" train "$tiny" "${run[@]}" --set checkpoint.dir="$work/straight" \
+      --set log.metrics="$work/straight.jsonl" >straight.txt 2>&1 || { cat straight.txt; sfail "the uninterrupted 2-rank run"; }
+    "$KOLOS" slurm gen "$tiny" --nodes 2 --tasks-per-node 2 --job-name loss "${run[@]}" \
+      --checkpoint-dir "$work/ckpt" --set checkpoint.dir="$work/ckpt" --set "log.metrics=$work/run.jsonl" -o loss.sbatch || sfail "kolos slurm gen"
+    jid=$("$cluster" exec "$state" node0 env SLURM_CONF="$SLURM_CONF" sbatch --parsable loss.sbatch) ||
+      sfail "sbatch"
+    jid=${jid##*$'\n'}
+    out=kolos-loss-$jid.out
+    # last_step FILE: the last step the metrics file records (0: none yet).
+    last_step() {
+      local s
+      s=$(tail -n 1 "$1" 2>/dev/null | grep -o '"step":[0-9]*')
+      echo "${s#*:}" | sed 's/^$/0/'
+    }
+    since() { $PY -c "import sys; print(f'{$(date +%s.%N) - $1:.1f}')"; }
+    ckpt=""
+    for _ in $(seq 1 900); do
+      if [[ -s $work/ckpt/latest ]]; then
+        ckpt=$(cat "$work/ckpt/latest")
+        (($(last_step run.jsonl) >= 10#${ckpt#step-} + 7)) && break
+      fi
+      sleep 0.1
+    done
+    [[ -n $ckpt ]] && (($(last_step run.jsonl) >= 10#${ckpt#step-} + 7)) || sfail "no checkpoint and 7 more steps after 90 s"
+    # The power loss: nothing leaves node1 any more, then every process on
+    # it dies at once.
+    ip -n "$prefix-n1" link set eth0 down
+    pids=$(ip netns pids "$prefix-n1")
+    # shellcheck disable=SC2086
+    kill -9 $pids
+    t0=$(date +%s.%N)
+    done_step=$(last_step run.jsonl)
+    ckpt=$(cat "$work/ckpt/latest")
+    at=$((10#${ckpt#step-}))
+    ((done_step < 300)) || sfail "the run had ended before the kill"
+    # The first run's metrics; the requeued run writes the file anew.
+    cp run.jsonl first.jsonl && rm -f run.jsonl
+    echo "node1 lost ($(wc -w <<<"$pids") processes: ranks 2-3, slurmstepd, slurmd) after step $done_step; latest is $ckpt"
+    kolos_on_node0() {
+      local p
+      for p in $(ip netns pids "$prefix-n0"); do
+        [[ $(cat "/proc/$p/comm" 2>/dev/null) == kolos ]] && return 0
+      done
+      return 1
+    }
+    for _ in $(seq 1 300); do
+      kolos_on_node0 || break
+      sleep 0.1
+    done
+    kolos_on_node0 && sfail "the ranks on node0 still run 30 s after node1 was lost"
+    t_exit=$(since "$t0")
+    grep -E "kolos: communication timeout on rank [01] \(node0\).*rank [23] \(node1\) stopped answering" "$out" ||
+      sfail "no message naming node1"
+    # Slurm marks node1 down (SlurmdTimeout) and requeues the job (--requeue);
+    # it waits for 2 nodes until it is changed to the remaining one
+    # (kolos.sbatch, "the requeue story", item 5).
+    for _ in $(seq 1 120); do
+      [[ $(cslurm "$work/slurm" squeue -h -j "$jid" -o %T 2>/dev/null) == PENDING ]] && break
+      sleep 0.5
+    done
+    cslurm "$work/slurm" squeue -h -j "$jid" -o '%i %T %D %R'
+    cslurm "$work/slurm" sinfo -h -N -o '%N %T'
+    [[ $(cslurm "$work/slurm" squeue -h -j "$jid" -o %T) == PENDING ]] || sfail "the job was not requeued 60 s after the node loss"
+    t_requeued=$(since "$t0")
+    cslurm "$work/slurm" scontrol update JobId="$jid" NumNodes=1 NumTasks=2 NumCPUs=2 ||
+      sfail "could not change the requeued job to 1 node"
+    for _ in $(seq 1 900); do
+      (($(last_step run.jsonl) > 0)) && break
+      sleep 0.1
+    done
+    (($(last_step run.jsonl) > 0)) || sfail "no step of the requeued run 90 s after the node loss"
+    t_resume=$(since "$t0")
+    for _ in $(seq 1 240); do
+      [[ -z $(cslurm "$work/slurm" squeue -h -j "$jid" -o %T 2>/dev/null) ]] && break
+      sleep 0.5
+    done
+    cat "$out"
+    [[ -z $(cslurm "$work/slurm" squeue -h -j "$jid" -o %T 2>/dev/null) ]] || sfail "the requeued job did not end"
+    grep -q "job $jid run 2: 1 node(s), 2 ranks, .* on node0" "$out" || sfail "the requeued run is not 2 ranks on node0"
+    grep -q "kolos: resumed from $work/ckpt/$ckpt at step $at" "$out" || sfail "the requeued run did not resume from $ckpt"
+    grep -q "kolos train exited with code 0" "$out" || sfail "the requeued run did not finish"
+    lost=$((done_step - at))
+    echo "node loss: the ranks on node0 ended ${t_exit} s after the kill (deadline ${deadline} s); job requeued after ${t_requeued} s; first resumed step after ${t_resume} s; steps lost: $lost (step $done_step done, resumed at $at; checkpoint every $every)"
+    ((lost <= every)) || fail "lost $lost steps, more than the checkpoint interval $every"
+    $PY - straight.jsonl run.jsonl "$at" <<'PY' || sfail "the resumed losses differ from the uninterrupted run's"
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "loss" in r}
+a, b, at = losses(sys.argv[1]), losses(sys.argv[2]), int(sys.argv[3])
+steps = sorted(b)
+assert steps and steps[0] == at + 1 and steps[-1] == max(a), (steps[:1], steps[-1:], max(a))
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+print(f"{len(steps)} steps after the resume at {at}: largest relative loss difference from the uninterrupted 2-rank run {worst:.2e} (bound 1e-5)")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+    ;;
   bench_allreduce)
     # The link's rate (one TCP stream each way), then flat against
     # hierarchical all-reduce of 1, 16 and 64 MiB over 2 nodes x 2 ranks.

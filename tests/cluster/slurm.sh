@@ -4,7 +4,9 @@
 # job of `-N 2` runs its tasks on two hosts with their own host names and
 # addresses. Source it, then:
 #   cslurm_up CLUSTER_STATE DIR   start; exports SLURM_CONF; returns once
-#                                 every node is idle
+#                                 every node is idle. CSLURM_CONF_EXTRA, when
+#                                 set, is added to slurm.conf (e.g. a short
+#                                 SlurmdTimeout for the node-loss drill)
 #   cslurm DIR COMMAND...         a Slurm client command, run on node0
 #                                 (slurmctld listens on node0's address)
 #   cslurm_down                   stop the daemons (safe to call twice)
@@ -94,7 +96,8 @@ SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-${node_lines}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+${CSLURM_CONF_EXTRA:+$CSLURM_CONF_EXTRA
+}${node_lines}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
   export SLURM_CONF=$dir/slurm.conf
   "$_cslurm_cluster" exec "$state" node0 slurmctld -i -f "$SLURM_CONF" ||
