@@ -24,7 +24,7 @@
 #include "kolos/core/run_config.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
-#include "plan.h"
+#include "kolos/schedules/plan.h"
 
 namespace {
 

@@ -4,26 +4,18 @@
 #include <cmath>
 
 #include "kolos/planner/cost_model.h"
+#include "kolos/schedules/plan.h"
+#include "schedule_kind.h"
 
 namespace kolos::planner {
 namespace {
 
 // Micro-batches whose activations pipeline rank r holds at once, in units of
-// its whole stage (plans of plugins/pipeline/plan.h: in_flight_bound).
+// its whole stage: the schedules' own count (libkolos_schedules).
 double in_flight(const Candidate& c, int64_t r) {
-  const double M = static_cast<double>(c.microbatches), P = static_cast<double>(c.pp);
-  const double V = static_cast<double>(c.chunks);
-  if (c.pp <= 1) return 1;
-  switch (c.schedule) {
-    case Schedule::kGPipe:
-      return M;
-    case Schedule::kInterleaved:
-      return std::min(M * V, (P - r - 1) * 2 + (V - 1) * P + 1) / V;
-    case Schedule::kZeroBubble:
-      return std::min(M, P);
-    default:
-      return std::min(M, P - static_cast<double>(r));
-  }
+  return pipeline::stage_activations_in_flight(
+      schedule_kind(c.schedule), static_cast<int>(c.pp), static_cast<int>(c.microbatches),
+      static_cast<int>(c.chunks), static_cast<int>(r));
 }
 
 bool ring_kernel(SpMode m) { return m == SpMode::kRing || m == SpMode::kHybrid; }

@@ -1,5 +1,6 @@
-// The pipeline's idle time, from the pipeline plugin's own schedules
-// (plugins/pipeline/plan.h: make_plan gives every rank's ordered actions).
+// The pipeline's idle time, from the schedules the pipeline plugin runs
+// (libkolos_schedules, kolos/schedules/plan.h: make_plan gives every rank's
+// ordered actions).
 // plan.h's simulate() takes one cost per kind of pass for all ranks and no
 // transfer time; the planner needs per-stage times (the first stage holds
 // the embedding, the last the logits) and a delay per message, so it
@@ -11,23 +12,11 @@
 #include <tuple>
 
 #include "kolos/planner/cost_model.h"
-#include "plan.h"
+#include "kolos/schedules/plan.h"
+#include "schedule_kind.h"
 
 namespace kolos::planner {
 namespace {
-
-pipeline::ScheduleKind kind_of(Schedule s) {
-  switch (s) {
-    case Schedule::kGPipe:
-      return pipeline::ScheduleKind::kGPipe;
-    case Schedule::kInterleaved:
-      return pipeline::ScheduleKind::kInterleaved;
-    case Schedule::kZeroBubble:
-      return pipeline::ScheduleKind::kZeroBubble;
-    default:
-      return pipeline::ScheduleKind::k1F1B;
-  }
-}
 
 // make_plan is deterministic in (kind, P, M, V): the search asks for the
 // same plans many times.
@@ -37,7 +26,7 @@ const pipeline::Plan& cached_plan(Schedule s, int64_t P, int64_t M, int64_t V) {
   auto it = cache.find(key);
   if (it == cache.end()) {
     it = cache
-             .emplace(key, pipeline::make_plan(kind_of(s), static_cast<int>(P), static_cast<int>(M),
+             .emplace(key, pipeline::make_plan(schedule_kind(s), static_cast<int>(P), static_cast<int>(M),
                                                static_cast<int>(V)))
              .first;
   }
@@ -50,7 +39,7 @@ double bubble_fraction(Schedule kind, int64_t P, int64_t M, int64_t V, double f,
                        double w) {
   if (P <= 1) return 0;
   pipeline::Plan plan;
-  plan.kind = kind_of(kind);
+  plan.kind = schedule_kind(kind);
   plan.stages = static_cast<int>(P);
   plan.micro = static_cast<int>(M);
   plan.chunks = static_cast<int>(V);

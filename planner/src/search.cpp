@@ -11,7 +11,7 @@
 #include <queue>
 
 #include "kolos/core/error.h"
-#include "plan.h"
+#include "kolos/schedules/plan.h"
 
 namespace kolos::planner {
 namespace {

@@ -58,8 +58,8 @@
 #include "kolos/core/schedule.h"
 #include "kolos/core/sequence.h"
 #include "kolos/core/tensor_storage.h"
-#include "plan.h"
-#include "settings.h"
+#include "kolos/schedules/plan.h"
+#include "kolos/schedules/pipeline_settings.h"
 
 namespace kolos::pipeline {
 namespace {

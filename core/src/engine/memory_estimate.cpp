@@ -47,6 +47,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
 #include "kolos/core/settings.h"
+#include "kolos/schedules/plan.h"
 
 namespace kolos {
 
@@ -130,19 +131,13 @@ int64_t pipeline_chunks(const RunConfig& config) {
 }
 
 // Micro-batches whose activations one stage (the first, which holds the
-// most) keeps at once, in units of the whole stage.
+// most) keeps at once, in units of the whole stage: the schedules' own
+// count (libkolos_schedules), the one the planner uses too.
 double in_flight(const std::string& schedule, int64_t pp, int64_t chunks, int64_t accumulation) {
-  const double m = static_cast<double>(accumulation);
   if (pp <= 1) return 1;
-  if (schedule == "gpipe") return m;
-  if (schedule == "interleaved") {
-    // Stage 0's warm-up: 2(pp-1) + (chunks-1)pp micro-batch chunks before
-    // its first backward, plus the one in its first 1F1B step; each chunk is
-    // 1/chunks of the stage's blocks.
-    const double chunk_steps = 2.0 * (pp - 1) + (chunks - 1.0) * pp + 1;
-    return std::min(m * chunks, chunk_steps) / chunks;
-  }
-  return std::min(m, static_cast<double>(pp));  // 1f1b, zb
+  return pipeline::stage_activations_in_flight(pipeline::parse_schedule(schedule),
+                                               static_cast<int>(pp), static_cast<int>(accumulation),
+                                               static_cast<int>(chunks), /*rank=*/0);
 }
 
 struct Piece {

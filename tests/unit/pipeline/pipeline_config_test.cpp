@@ -9,7 +9,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
-#include "settings.h"
+#include "kolos/schedules/pipeline_settings.h"
 
 namespace kolos {
 namespace {

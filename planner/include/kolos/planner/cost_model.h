@@ -84,7 +84,7 @@ double memory_per_rank(const Workload& w, const Candidate& c, std::vector<Memory
 
 // The whole prediction. Not thread-safe: the pipeline plans it simulates
 // are cached in a process-wide table. `simulate_pipeline`: run the pipeline plugin's
-// schedule (plugins/pipeline/plan.h) with per-stage times and transfer
+// schedule (kolos/schedules/plan.h) with per-stage times and transfer
 // delays; otherwise the closed-form bubble of plan.h with the slowest
 // stage's time (the search's first pass).
 Prediction predict(const Workload& w, const Machine& m, const Candidate& c,

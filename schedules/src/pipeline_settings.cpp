@@ -1,7 +1,7 @@
-#include "settings.h"
+#include "kolos/schedules/pipeline_settings.h"
 
 #include "kolos/core/settings.h"
-#include "plan.h"
+#include "kolos/schedules/plan.h"
 
 namespace kolos::pipeline {
 namespace {

@@ -1,4 +1,4 @@
-#include "plan.h"
+#include "kolos/schedules/plan.h"
 
 #include <algorithm>
 #include <deque>
@@ -219,7 +219,7 @@ std::string describe(const Action& a) {
   return s;
 }
 
-int Plan::in_flight_bound(int rank) const {
+int in_flight_bound(ScheduleKind kind, int stages, int micro, int chunks, int rank) {
   switch (kind) {
     case ScheduleKind::kGPipe:
       return micro;
@@ -232,6 +232,17 @@ int Plan::in_flight_bound(int rank) const {
       return std::min(micro, stages);
   }
   return micro;
+}
+
+double stage_activations_in_flight(ScheduleKind kind, int stages, int micro, int chunks,
+                                   int rank) {
+  if (stages <= 1) return 1;  // no pipeline: one micro-batch's forward and backward at a time
+  const int v = kind == ScheduleKind::kInterleaved ? std::max(chunks, 1) : 1;
+  return static_cast<double>(in_flight_bound(kind, stages, micro, v, rank)) / v;
+}
+
+int Plan::in_flight_bound(int rank) const {
+  return pipeline::in_flight_bound(kind, stages, micro, chunks, rank);
 }
 
 double Plan::theoretical_bubble(double f, double bi, double w) const {

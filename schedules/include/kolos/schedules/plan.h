@@ -76,6 +76,19 @@ struct Plan {
   double theoretical_bubble(double f, double bi, double w) const;
 };
 
+// Largest number of micro-batch chunks whose forward ran on `rank` of a
+// `kind` schedule over `stages` ranks, `micro` micro-batches and `chunks`
+// chunks per rank, and whose activations it still holds (backward, or W for
+// zero-bubble, not done): what Plan::in_flight_bound(rank) promises, which
+// the simulation checks, without building the plan.
+int in_flight_bound(ScheduleKind kind, int stages, int micro, int chunks, int rank);
+// The same in units of the rank's whole stage (a chunk holds 1/chunks of
+// it): the micro-batches' worth of activations the rank keeps at once; 1
+// without a pipeline (stages <= 1). The one count the memory estimate and
+// the planner use.
+double stage_activations_in_flight(ScheduleKind kind, int stages, int micro, int chunks,
+                                   int rank);
+
 // Checks P, M, V against what the schedule supports; "" when fine, else a
 // message naming the numbers and what would be valid.
 std::string plan_problem(ScheduleKind kind, int stages, int micro, int chunks);
