@@ -110,6 +110,7 @@ KNOWN_PACKAGES = {
     "icu4c": {"cxxstd"},
     "sentencepiece": set(),
     "cpp-httplib": set(),
+    "libpng": set(),
 }
 # CMake variables the recipe may set that LibTorch's CMake reads, not kolos's.
 LIBTORCH_VARIABLES = {"TORCH_CUDA_ARCH_LIST"}

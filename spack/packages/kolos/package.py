@@ -134,6 +134,9 @@ class Kolos(CMakePackage, CudaPackage):
     # `kolos serve`'s HTTP server (without it the command builds as a stub
     # that says so).
     depends_on("cpp-httplib@0.11:")
+    # `kolos sample`'s PNG grid (without it the command builds as a stub
+    # that says so).
+    depends_on("libpng@1.6:")
 
     # googletest (with gmock): in the graph whenever the tests are built,
     # that is with +tests, and with `spack install --test=root` (type="test").
