@@ -283,7 +283,7 @@ PY
     }
     # node1's link comes back for the cases that follow (its qdisc stays).
     restore_node1() { ip -n "$prefix-n1" link set eth0 up 2>/dev/null; }
-    trap 'restore_node1; cleanup' EXIT
+    trap 'rc=$?; restore_node1; (exit $rc); cleanup' EXIT  # cleanup exits with $?
     deadline=8 every=20
     CSLURM_CONF_EXTRA="SlurmdTimeout=10" cslurm_up "$state" "$work/slurm" || fail "could not start Slurm on the cluster"
     export OMPI_MCA_btl_tcp_if_include=10.213.40.0/24 OMPI_MCA_oob_tcp_if_include=10.213.40.0/24
@@ -322,12 +322,10 @@ PY
     kill -9 $pids
     t0=$(date +%s.%N)
     done_step=$(last_step run.jsonl)
-    ckpt=$(cat "$work/ckpt/latest")
-    at=$((10#${ckpt#step-}))
     ((done_step < 300)) || sfail "the run had ended before the kill"
     # The first run's metrics; the requeued run writes the file anew.
     cp run.jsonl first.jsonl && rm -f run.jsonl
-    echo "node1 lost ($(wc -w <<<"$pids") processes: ranks 2-3, slurmstepd, slurmd) after step $done_step; latest is $ckpt"
+    echo "node1 lost ($(wc -w <<<"$pids") processes: ranks 2-3, slurmstepd, slurmd) after step $done_step"
     kolos_on_node0() {
       local p
       for p in $(ip netns pids "$prefix-n0"); do
@@ -341,6 +339,10 @@ PY
     done
     kolos_on_node0 && sfail "the ranks on node0 still run 30 s after node1 was lost"
     t_exit=$(since "$t0")
+    # The last checkpoint: a save under way at the kill may still complete
+    # (under dp rank 0 on node0 writes it alone).
+    ckpt=$(cat "$work/ckpt/latest")
+    at=$((10#${ckpt#step-}))
     grep -E "kolos: communication timeout on rank [01] \(node0\).*rank [23] \(node1\) stopped answering" "$out" ||
       sfail "no message naming node1"
     # Slurm marks node1 down (SlurmdTimeout) and requeues the job (--requeue);
