@@ -272,8 +272,10 @@ PY
     # killed at once, at a state of the run (a checkpoint written and 7 more
     # steps done), not after a timer. The ranks on node0 end within the
     # watchdog deadline + 10 s naming node1; Slurm marks node1 down and
-    # requeues the job (--requeue); it comes back on node0 with 2 tasks,
-    # resumes from `latest` and trains on with the losses of an
+    # requeues the job (--requeue) for 2 nodes; changed to 1 node (scontrol
+    # update, as an operator would: the template cannot do it) it comes back
+    # on node0 with 2 tasks, resumes from `latest` and trains on with the
+    # losses of an
     # uninterrupted 2-rank run. Times are printed, never asserted.
     chmod 755 "$work"
     sfail() {
