@@ -267,11 +267,9 @@ int generate_command(const std::vector<std::string>& args, int argc, char** argv
 
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
-    std::string error;
-    int kind = 0;
     RunConfig config;
     inference::InferenceConfig settings;
-    try {
+    agreed(*runtime.world(), [&] {
       config = command_config(o);
       settings = inference::read_inference_config(config);
       if (!settings.chat_template.empty()) {
@@ -279,17 +277,16 @@ int generate_command(const std::vector<std::string>& args, int argc, char** argv
             "inference.chat_template: kolos generate continues prompts as given; the chat "
             "template is kolos serve's (/v1/chat/completions)");
       }
-    } catch (const Error& e) {
-      error = e.what();
-      kind = static_cast<int>(e.kind());
-    }
-    detail::agree_on_error(*runtime.world(), error, kind);
+    });
 
     inference::InferenceEngine engine(o.checkpoint, settings, runtime.world(), config.plugins.path);
     // Rank 0 opens the tokenizer and checks the requests (prompt length,
     // vocabulary, sampling); the verdict is agreed before the others wait
     // for steps.
-    error.clear();
+    // The requests are checked on the driver; a bad one is named by its
+    // index and flag, then agreed like any set-up error.
+    std::string error;
+    int kind = 0;
     std::vector<int64_t> ids;
     std::unique_ptr<tokenizer::Tokenizer> tok;
     if (engine.is_driver()) {

@@ -299,9 +299,7 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
   comm::ProcessGroup& world = *runtime.world();
   const int64_t ranks = runtime.size();
   std::shared_ptr<Planner> planner;
-  std::string error;
-  int kind = 0;
-  try {
+  agreed(world, [&] {
     planner = make_planner(config);
     planner->check(config);
     std::set<std::string> hosts;
@@ -313,11 +311,7 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
                                     "the calibration measures one node, not the network "
                                     "between nodes (docs/planner.md)"));
     }
-  } catch (const Error& e) {
-    error = e.what();
-    kind = static_cast<int>(e.kind());
-  }
-  detail::agree_on_error(world, error, kind);
+  });
   int calibrate = 0;
   if (runtime.rank() == 0) {
     calibrate = planner->needs_calibration() &&
@@ -334,49 +328,38 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
   // The finalists tried for a few steps, the fastest measured kept (tune.h).
   const Tuned tuned = plan_and_tune(runtime, *planner, config, path, overrides);
   std::string chosen;
-  if (runtime.rank() == 0) {
-    try {
-      const PlanReport& report = tuned.report;
-      if (!tuned.trials.empty()) std::fputs(format_trials(tuned, "parallel.auto").c_str(), stderr);
-      const PlannedRun& best = tuned.chosen;
-      for (const auto& o : best.overrides) chosen += o + "\n";
-      std::string sets;
-      for (const auto& o : best.overrides) sets += " --set " + o;
-      std::fprintf(stderr,
-                   "kolos: parallel.auto: %s | predicted %.3f s/step, %s per rank | %zu plan(s) "
-                   "kept of %s\nkolos: parallel.auto: the run is%s\n",
-                   best.describe.c_str(), best.step_s,
-                   detail::format_bytes(best.memory_bytes).c_str(), report.plans.size(),
-                   report.machine.c_str(), sets.c_str());
-      std::ostringstream h;
-      h.precision(9);
-      h << "{\"plan\":{\"describe\":" << json_quote(best.describe)
-        << ",\"predicted_step_s\":" << best.step_s << ",\"memory_bytes\":" << best.memory_bytes
-        << ",\"bytes_per_step\":" << best.bytes_per_step
-        << ",\"machine\":" << json_quote(report.machine) << ",\"overrides\":[";
-      for (size_t i = 0; i < best.overrides.size(); ++i) {
-        h << (i ? "," : "") << json_quote(best.overrides[i]);
-      }
-      h << "]";
-      if (!tuned.trials.empty()) h << ",\"tuning\":" << trials_json(tuned);
-      h << "}}";
-      *header = h.str();
-    } catch (const Error& e) {
-      error = e.what();
-      kind = static_cast<int>(e.kind());
+  agreed(world, [&] {
+    if (runtime.rank() != 0) return;  // rank 0 reports the pick and writes the header
+    const PlanReport& report = tuned.report;
+    if (!tuned.trials.empty()) std::fputs(format_trials(tuned, "parallel.auto").c_str(), stderr);
+    const PlannedRun& best = tuned.chosen;
+    for (const auto& o : best.overrides) chosen += o + "\n";
+    std::string sets;
+    for (const auto& o : best.overrides) sets += " --set " + o;
+    std::fprintf(stderr,
+                 "kolos: parallel.auto: %s | predicted %.3f s/step, %s per rank | %zu plan(s) "
+                 "kept of %s\nkolos: parallel.auto: the run is%s\n",
+                 best.describe.c_str(), best.step_s,
+                 detail::format_bytes(best.memory_bytes).c_str(), report.plans.size(),
+                 report.machine.c_str(), sets.c_str());
+    std::ostringstream h;
+    h.precision(9);
+    h << "{\"plan\":{\"describe\":" << json_quote(best.describe)
+      << ",\"predicted_step_s\":" << best.step_s << ",\"memory_bytes\":" << best.memory_bytes
+      << ",\"bytes_per_step\":" << best.bytes_per_step
+      << ",\"machine\":" << json_quote(report.machine) << ",\"overrides\":[";
+    for (size_t i = 0; i < best.overrides.size(); ++i) {
+      h << (i ? "," : "") << json_quote(best.overrides[i]);
     }
-  }
-  detail::agree_on_error(world, error, kind);
+    h << "]";
+    if (!tuned.trials.empty()) h << ",\"tuning\":" << trials_json(tuned);
+    h << "}}";
+    *header = h.str();
+  });
   const std::vector<std::string> plan = split_lines(broadcast_string(chosen));
   overrides.insert(overrides.end(), plan.begin(), plan.end());
   RunConfig resolved;
-  try {
-    resolved = load_run_config(path, overrides);
-  } catch (const Error& e) {
-    error = e.what();
-    kind = static_cast<int>(e.kind());
-  }
-  detail::agree_on_error(world, error, kind);
+  agreed(world, [&] { resolved = load_run_config(path, overrides); });
   return resolved;
 }
 
@@ -411,15 +394,7 @@ int train(const std::vector<std::string>& args, int argc, char** argv) {
   return run_guarded(runtime, [&] {
     modules::register_builtin_models();
     RunConfig config;
-    std::string error;
-    int kind = 0;
-    try {
-      config = load_run_config(config_path, overrides);
-    } catch (const Error& e) {
-      error = e.what();
-      kind = static_cast<int>(e.kind());
-    }
-    detail::agree_on_error(*runtime.world(), error, kind);
+    agreed(*runtime.world(), [&] { config = load_run_config(config_path, overrides); });
     std::string plan_header;
     if (config.parallel.auto_plan) {
       config = resolve_auto_plan(runtime, config_path, overrides, config, &plan_header);
@@ -753,18 +728,12 @@ int calibrate_command(const std::vector<std::string>& args, int argc, char** arg
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
     modules::register_builtin_models();
-    std::string error;
-    int kind = 0;
     RunConfig config;
     std::shared_ptr<Planner> planner;
-    try {
+    agreed(*runtime.world(), [&] {
       config = load_run_config(config_path, overrides);
       planner = make_planner(config);
-    } catch (const Error& e) {
-      error = e.what();
-      kind = static_cast<int>(e.kind());
-    }
-    detail::agree_on_error(*runtime.world(), error, kind);
+    });
     const auto start = std::chrono::steady_clock::now();
     calibrate_machine(runtime, *planner, config_path, overrides, config);
     const std::string path = planner->calibration_path(runtime.size());

@@ -838,38 +838,25 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
   std::signal(SIGINT, on_serve_stop_signal);
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
-    std::string error;
-    int kind = 0;
     RunConfig config;
     inference::InferenceConfig settings;
-    try {
+    agreed(*runtime.world(), [&] {
       config = inference_cli::command_config(config_path, all_overrides, "kolos serve");
       settings = inference::read_inference_config(config);
-    } catch (const Error& e) {
-      error = e.what();
-      kind = static_cast<int>(e.kind());
-    }
-    detail::agree_on_error(*runtime.world(), error, kind);
+    });
     inference::InferenceEngine engine(checkpoint, settings, runtime.world(), config.plugins.path);
     Server server{engine, settings, nullptr, model_name, max_queue};
     httplib::Server http;
-    error.clear();
     int bound = -1;
-    if (engine.is_driver()) {
-      try {
-        server.tok = inference_cli::open_tokenizer(settings, checkpoint);
-        load_chat_template(server, settings);
-        bound =
-            port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
-        if (bound < 0) {
-          throw UsageError("kolos serve: cannot listen on " + host + ":" + std::to_string(port));
-        }
-      } catch (const Error& e) {
-        error = e.what();
-        kind = static_cast<int>(e.kind());
+    agreed(*runtime.world(), [&] {
+      if (!engine.is_driver()) return;
+      server.tok = inference_cli::open_tokenizer(settings, checkpoint);
+      load_chat_template(server, settings);
+      bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
+      if (bound < 0) {
+        throw UsageError("kolos serve: cannot listen on " + host + ":" + std::to_string(port));
       }
-    }
-    detail::agree_on_error(*runtime.world(), error, kind);
+    });
     if (!engine.is_driver()) {
       engine.follow();
       return 0;

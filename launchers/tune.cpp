@@ -143,19 +143,13 @@ Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& c
   comm::ProcessGroup& world = *runtime.world();
   const bool root = runtime.rank() == 0;
   Tuned out;
-  std::string error, finalists;
-  int kind = 0;
-  if (root) {
-    try {
-      out.report = planner.plan(config, runtime.size());
-      if (out.report.plans.empty()) throw Error("the planner offered no plan");
-      if (out.report.finalists.size() >= 2) finalists = encode(out.report);
-    } catch (const Error& e) {
-      error = e.what();
-      kind = static_cast<int>(e.kind());
-    }
-  }
-  detail::agree_on_error(world, error, kind);
+  std::string finalists;
+  agreed(world, [&] {
+    if (!root) return;
+    out.report = planner.plan(config, runtime.size());
+    if (out.report.plans.empty()) throw Error("the planner offered no plan");
+    if (out.report.finalists.size() >= 2) finalists = encode(out.report);
+  });
   TuneSettings tune;
   std::vector<PlannedRun> plans;
   decode(broadcast_text(finalists), &tune, &plans);
@@ -190,17 +184,11 @@ Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& c
     }
     std::vector<double> times;
     try {
-      std::string load_error;
-      int load_kind = 0;
       RunConfig run;
-      try {
+      agreed(world, [&] {
         maybe_fail_setup(runtime, plans[i].describe);
         run = load_run_config(path, o);
-      } catch (const Error& e) {
-        load_error = e.what();
-        load_kind = static_cast<int>(e.kind());
-      }
-      detail::agree_on_error(world, load_error, load_kind);
+      });
       Engine engine(run, runtime.world(), [](const RunConfig& c) { return data::make_source(c); });
       engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
     } catch (const AgreedError& e) {
@@ -327,18 +315,12 @@ int plan_tune_worker(int argc, char** argv, const std::string& config_path,
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
     modules::register_builtin_models();
-    std::string error;
-    int kind = 0;
     RunConfig config;
     std::shared_ptr<Planner> planner;
-    try {
+    agreed(*runtime.world(), [&] {
       config = load_run_config(config_path, overrides);
       planner = make_planner(config);
-    } catch (const Error& e) {
-      error = e.what();
-      kind = static_cast<int>(e.kind());
-    }
-    detail::agree_on_error(*runtime.world(), error, kind);
+    });
     const Tuned tuned = plan_and_tune(runtime, *planner, config, config_path, overrides);
     if (runtime.rank() != 0) return 0;
     const PlanReport& r = tuned.report;

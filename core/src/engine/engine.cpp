@@ -35,23 +35,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
-// Runs `body`; then every rank of `world` learns whether any rank failed.
-// If one did, every rank throws the error of the lowest failing rank.
-template <typename Body>
-void agreed(comm::ProcessGroup& world, Body&& body) {
-  std::string error;
-  int kind = static_cast<int>(ErrorKind::kGeneric);
-  try {
-    body();
-  } catch (const Error& e) {
-    error = e.what();
-    kind = static_cast<int>(e.kind());
-  } catch (const std::exception& e) {
-    error = error_text(e);
-  }
-  detail::agree_on_error(world, error, kind);
-}
-
 std::vector<uint8_t> cpu_rng_state() {
   at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
   const auto* p = state.data_ptr<uint8_t>();

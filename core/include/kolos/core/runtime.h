@@ -101,4 +101,25 @@ void report_error(const std::exception& error, const RankInfo* where);
 // An exception's message, without LibTorch's backtrace.
 const char* error_text(const std::exception& error);
 
+// The catch-and-agree step, collective over `group`: runs `body` on this
+// rank, then every rank learns whether any rank's body threw (a kolos::Error
+// keeps its kind; any other std::exception is generic). If one did, every
+// rank throws the AgreedError of the lowest failing rank, so a rank-local
+// failure (a config one rank cannot read, a set-up one rank cannot do) ends
+// every rank the same way instead of leaving the others in a collective.
+template <typename Body>
+void agreed(comm::ProcessGroup& group, Body&& body) {
+  std::string error;
+  int kind = static_cast<int>(ErrorKind::kGeneric);
+  try {
+    body();
+  } catch (const Error& e) {
+    error = e.what();
+    kind = static_cast<int>(e.kind());
+  } catch (const std::exception& e) {
+    error = error_text(e);
+  }
+  detail::agree_on_error(group, error, kind);
+}
+
 }  // namespace kolos
