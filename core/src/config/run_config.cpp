@@ -448,17 +448,16 @@ class Reader {
     if (m.name == "dit") read_dit(s, m);
   }
 
-  // The keys of model.name = "dit": the image keys required (as for vit),
-  // its own with defaults; seq_len and vocab derived.
-  void read_dit(const ConfigSection& s, ModelConfig& m) const {
+  // The image keys of the image models (vit, dit): all required, read and
+  // checked together.
+  void read_image_keys(const ConfigSection& s, ModelConfig& m) const {
     for (const std::string& key : kVitKeys) {
       if (!s.has(key)) {
-        s.fail_here("model." + key + ": required when model.name = \"dit\" (set image_size, "
-                    "patch_size, channels and classes).");
+        s.fail_here("model." + key + ": required when model.name = \"" + m.name +
+                    "\" (set image_size, patch_size, channels and classes).");
       }
     }
     vit_table().read_rows(s, m);
-    dit_table().read_rows(s, m);
     if (m.image_size % m.patch_size != 0) {
       s.fail_at_any({"patch_size", "image_size"},
                     "model.image_size = " + std::to_string(m.image_size) +
@@ -471,32 +470,23 @@ class Reader {
       s.fail_at_any({"image_size", "channels"},
                     "model.image_size (<= 4096) or model.channels (<= 64) is out of range.");
     }
+  }
+
+  // The keys of model.name = "dit": the image keys, its own with defaults;
+  // seq_len (the pixels and the noise key, written twice: data/diffusion.cpp) and
+  // vocab derived.
+  void read_dit(const ConfigSection& s, ModelConfig& m) const {
+    read_image_keys(s, m);
+    dit_table().read_rows(s, m);
     m.seq_len = m.image_size * m.image_size * m.channels + 2;
     m.vocab = m.classes;
   }
 
-  // The keys of model.name = "vit": all required; seq_len and vocab derived.
+  // The keys of model.name = "vit": the image keys, its optional ones;
+  // seq_len and vocab derived.
   void read_vit(const ConfigSection& s, ModelConfig& m) const {
-    for (const std::string& key : kVitKeys) {
-      if (!s.has(key)) {
-        s.fail_here("model." + key + ": required when model.name = \"vit\" (set image_size, "
-                    "patch_size, channels and classes).");
-      }
-    }
-    vit_table().read_rows(s, m);
+    read_image_keys(s, m);
     vit_optional_table().read_rows(s, m);
-    if (m.image_size % m.patch_size != 0) {
-      s.fail_at_any({"patch_size", "image_size"},
-                    "model.image_size = " + std::to_string(m.image_size) +
-                        " is not divisible by model.patch_size = " +
-                        std::to_string(m.patch_size) +
-                        "; images are cut into whole square patches, so patch_size must divide "
-                        "image_size.");
-    }
-    if (m.image_size > 4096 || m.channels > 64) {
-      s.fail_at_any({"image_size", "channels"},
-                    "model.image_size (<= 4096) or model.channels (<= 64) is out of range.");
-    }
     m.seq_len = m.image_size * m.image_size * m.channels;
     m.vocab = m.classes;
   }
