@@ -17,6 +17,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECIPE = "spack/packages/kolos/package.py"
+# The recipe's release line (the tag v0.1.0's tarball, scripts/release-tarball.sh).
+RELEASED = ('version("0.1.0", '
+            'sha256="e80bb6f8883edfbf3a8e3c486c89d91fe358fcf9bba7f14e67513464194ca308")')
 ENV = "spack/spack.yaml"
 
 # (name, file, text to replace, replacement, expected message)
@@ -25,15 +28,15 @@ CASES = [
      '- "openmpi@4.1: fabrics=ucx schedulers=slurm"', "- openmpi@4.1: fabrics=ucx schedulers=slurm",
      "is not valid under Spack's schema for `specs`"),
     ("tag without a source", RECIPE,
-     'url = f"file://{_REPO_DIR}/releases/kolos-0.1.0.tar.gz"\n    version("0.1.0")',
+     'url = f"file://{_REPO_DIR}/releases/kolos-0.1.0.tar.gz"\n    ' + RELEASED,
      'version("0.1.0", tag="v0.1.0")', "names a source"),
-    ("a released version without a checksum", RECIPE, '    version("0.1.0")\n',
-     '    version("0.2.0")\n    version("0.1.0")\n', "is pinned by neither sha256 nor commit"),
+    ("a released version without a checksum", RECIPE, "    " + RELEASED + "\n",
+     '    version("0.2.0")\n    ' + RELEASED + "\n", "is pinned by neither sha256 nor commit"),
     ("a local url outside releases/", RECIPE, '{_REPO_DIR}/releases/kolos-0.1.0.tar.gz',
      '/tmp/kolos-0.1.0.tar.gz', "is a local file outside"),
-    ("placeholder maintainers", RECIPE, 'version("0.1.0")', 'version("0.1.0")\n    maintainers("kolos")',
+    ("placeholder maintainers", RECIPE, RELEASED, RELEASED + '\n    maintainers("kolos")',
      "maintainers() without a public source address"),
-    ("unpinned tag", RECIPE, 'version("0.1.0")',
+    ("unpinned tag", RECIPE, RELEASED,
      'git = "https://example.org/kolos.git"\n    version("0.1.0", tag="v0.1.0")',
      "without a commit pin"),
     ("tests ignore run_tests", RECIPE, 'spec.satisfies("+tests") or self.run_tests', 'spec.satisfies("+tests")',

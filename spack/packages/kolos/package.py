@@ -50,11 +50,12 @@ class Kolos(CMakePackage, CudaPackage):
     # when no mirror has it: the releases/ folder next to packages/ in this
     # Spack repository. A mirror serves it as kolos/kolos-<version>.tar.gz.
     # Versions: the project's (CMakeLists.txt `project(kolos VERSION ...)`).
-    # 0.1.0 is unreleased: no tag v0.1.0 and so no tarball to checksum. The
-    # release step (docs/launching.md) adds `sha256=` from the tarball of the
-    # release tag, in a commit after the tag.
+    # Each release's sha256 is that of scripts/release-tarball.sh's tarball of
+    # the release tag (deterministic: the same commit gives the same bytes),
+    # written here in a commit after the tag. 0.1.0 is tag v0.1.0, commit
+    # d913b48dc0e028a257e378c699d65587d6d5a6ff.
     url = f"file://{_REPO_DIR}/releases/kolos-0.1.0.tar.gz"
-    version("0.1.0")
+    version("0.1.0", sha256="e80bb6f8883edfbf3a8e3c486c89d91fe358fcf9bba7f14e67513464194ca308")
 
     # `cuda` and `cuda_arch` come from CudaPackage.
     variant("nccl", default=True, when="+cuda", description="NCCL collectives for CUDA tensors")
