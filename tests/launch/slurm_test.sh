@@ -372,8 +372,16 @@ SH
     cat >bin/scontrol <<'SH'
 #!/bin/bash
 echo "scontrol $*" >>"$FAKE_LOG"
+case "$1 $2" in
+  "show hostnames") [[ $3 == "node[0-1]" ]] && printf 'node0\nnode1\n' || echo "$3" ;;
+  "show job") echo "JobId=42 JobState=RUNNING NodeList=${FAKE_JOB_NODES:-node[0-1]} NumNodes=1" ;;
+esac
 SH
-    chmod +x bin/srun bin/scontrol
+    cat >bin/sinfo <<'SH'
+#!/bin/bash
+printf 'node0 idle\nnode1 %s\n' "${FAKE_NODE1:-idle}"
+SH
+    chmod +x bin/srun bin/scontrol bin/sinfo
     "$KOLOS" slurm gen "$tiny" --checkpoint-dir ckpt -o job.sbatch 2>/dev/null || fail "gen"
     export FAKE_LOG=$work/log.txt SLURM_JOB_ID=42
     unset SLURM_NTASKS SLURM_NPROCS SLURM_TASKS_PER_NODE SLURM_RESTART_COUNT  # ctest inside a job
@@ -425,6 +433,32 @@ SH
     run_job 2 FAKE_RC=0 SLURM_TASKS_PER_NODE=two
     grep -q "cannot read SLURM_TASKS_PER_NODE='two'" job.out || { cat job.out; fail "no message for a bad SLURM_TASKS_PER_NODE"; }
     ! grep -q "^srun" log.txt || fail "srun ran with an unreadable SLURM_TASKS_PER_NODE"
+    # A node lost (--no-kill): the first srun fails, node1 is down and out
+    # of the job; the script runs srun again on node0 with its 2 tasks and
+    # --resume; the second run's exit code is the job's.
+    grep -qx "#SBATCH --no-kill" job.sbatch || fail "no #SBATCH --no-kill"
+    cat >bin/srun <<'SH'
+#!/bin/bash
+echo "srun $*" >>"$FAKE_LOG"
+n=$(grep -c '^srun ' "$FAKE_LOG")
+[[ $n -eq 1 ]] && exit 1
+exit "${FAKE_RC:-0}"
+SH
+    echo step-00000020 >ckpt/latest
+    lost=(SLURM_JOB_NUM_NODES=2 'SLURM_JOB_NODELIST=node[0-1]' 'SLURM_TASKS_PER_NODE=2(x2)' SLURM_NTASKS=4)
+    run_job 0 "${lost[@]}" FAKE_JOB_NODES=node0 'FAKE_NODE1=down*'
+    grep -q "kolos.sbatch: node(s) node1 lost; restarting on node0 with 2 ranks from $work/ckpt/step-00000020$" job.out ||
+      { cat job.out; fail "no restart line after a node loss"; }
+    [[ $(grep -c '^srun ' log.txt) -eq 2 ]] || { cat log.txt; fail "not two sruns after a node loss"; }
+    grep '^srun ' log.txt | tail -n 1 |
+      grep -q -- "--overlap --nodes=1 --nodelist=node0 --ntasks=2 $KOLOS train .* --resume$" ||
+      { cat log.txt; fail "the second srun is not 2 tasks on node0 with --resume"; }
+    run_job 1 "${lost[@]}" FAKE_JOB_NODES=node0 'FAKE_NODE1=down*' KOLOS_MAX_REQUEUES=0
+    grep -q "node(s) node1 lost; not restarted: already restarted 0 times" job.out || { cat job.out; fail "restarted past KOLOS_MAX_REQUEUES"; }
+    # A failure with every node up: no restart once KOLOS_NODE_WAIT is over.
+    run_job 1 "${lost[@]}" KOLOS_NODE_WAIT=0
+    [[ $(grep -c '^srun ' log.txt) -eq 1 ]] || { cat log.txt; fail "restarted with no node lost"; }
+    rm ckpt/latest
     : >"$FAKE_LOG"
     env PATH="$work/bin:$PATH" bash job.sbatch third.toml --set train.steps=5 >/dev/null 2>&1
     grep -q "train third.toml --set checkpoint.dir=$work/ckpt --set train.steps=5$" log.txt ||
