@@ -132,8 +132,8 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
     if (source.model.name != "gpt" && source.model.name != "llama") {
       throw ConfigError(path + ": model.name = \"" + source.model.name +
                         "\" is not a language model; kolos generate and kolos serve run "
-                        "\"gpt\" and \"llama\" models (a classifier such as \"vit\" is "
-                        "evaluated by [eval] in kolos train)");
+                        "\"gpt\" and \"llama\" models (a \"vit\" classifier is evaluated by "
+                        "[eval] in kolos train; a \"dit\" model draws images with kolos sample)");
     }
     const int64_t stages = config.pipeline_stages;
     if (ranks % stages != 0 || stages > source.model.layers) {
