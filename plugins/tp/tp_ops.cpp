@@ -27,7 +27,10 @@ at::Tensor all_gathered(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
   shape[0] *= group.size();
   at::Tensor out = torch::empty(shape, rows.options());
   group.all_gather_flat(out, rows)->wait();
-  return out.movedim(0, dim);
+  // Contiguous in the caller's layout: the column layers that read one
+  // gathered input (q, k and v) then save that one tensor for their
+  // backward, where a strided view would have each save its own copy.
+  return dim == 0 ? out : out.movedim(0, dim).contiguous();
 }
 
 at::Tensor reduce_scattered(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
