@@ -92,14 +92,14 @@ void on_serve_stop_signal(int) { g_stop.store(true); }
 // A 4xx answer in OpenAI's shape.
 struct ApiError {
   int status = 400;
-  std::string message, param, type = "invalid_request_error";
+  std::string message, param, type = "invalid_request_error", code;
 };
 std::string error_body(const ApiError& e) {
   json j = {{"error",
              {{"message", e.message},
               {"type", e.type},
               {"param", e.param.empty() ? json(nullptr) : json(e.param)},
-              {"code", nullptr}}}};
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
   return j.dump();
 }
 
@@ -283,7 +283,7 @@ struct Server {
         throw ApiError{404,
                        "the model `" + body["model"].get<std::string>() +
                            "` does not exist; this server serves `" + model_name + "`",
-                       "model", "model_not_found"};
+                       "model", "invalid_request_error", "model_not_found"};
       }
     }
     auto job = std::make_shared<Job>();

@@ -14,7 +14,8 @@
 #           CUDA libraries that libtorch_python.so links through
 #           libtorch_cuda.so, several GB), safetensors, transformers, h5py,
 #           numpy, tokenizers, sentencepiece, scikit-learn (its bundled digits:
-#           scripts/digits-to-h5.py). The interop tests and the
+#           scripts/digits-to-h5.py), openai (its client drives `kolos serve`
+#           in e2e_inference_openai). The interop tests and the
 #           Python peers in bench/ use it.
 #
 # Environment: KOLOS_VENV (default <repo>/.cache/torch-venv; point several
@@ -39,7 +40,7 @@ torch_version=2.15.0
 # differently (docs/tokenizers.md). 0.1.99's wheels stop at CPython 3.11
 # (Debian 12's python3).
 interop=(safetensors==0.8.0 transformers==5.24.0 h5py==3.16.0 numpy==2.4.6 tokenizers==0.23.3
-  sentencepiece==0.1.99 scikit-learn==1.9.1)
+  sentencepiece==0.1.99 scikit-learn==1.9.1 openai==3.51.0)
 
 stamp=$venv/.kolos-$level-torch-$torch_version
 if [[ $level == python ]]; then
@@ -92,11 +93,11 @@ if [[ $level == python ]]; then
   "$venv/bin/python" - <<'PY'
 import warnings
 warnings.filterwarnings("ignore")
-import h5py, numpy, safetensors, sentencepiece, tokenizers, torch, transformers
+import h5py, numpy, openai, safetensors, sentencepiece, tokenizers, torch, transformers
 assert torch._C._GLIBCXX_USE_CXX11_ABI, "kolos builds with the C++11 ABI; this torch does not use it"
 print(f"kolos: venv: torch {torch.__version__} (C++11 ABI), safetensors {safetensors.__version__}, "
       f"transformers {transformers.__version__}, h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version}), "
-      f"tokenizers {tokenizers.__version__}, sentencepiece {sentencepiece.__version__}")
+      f"tokenizers {tokenizers.__version__}, sentencepiece {sentencepiece.__version__}, openai {openai.__version__}")
 PY
 fi
 touch "$stamp"
