@@ -9,6 +9,7 @@
 //   kolos plugins [--path DIR ...]          plugins found, their role and versions
 //   kolos data prepare FILE... -o OUT       byte-level token file from text
 //         [--tokenizer PATH]              ... or tokenizer.json / tokenizer.model ids
+//   kolos data prepare --images DIR -o OUT  images file from PNG/JPEG class folders or .npy
 //   kolos slurm gen [CONFIG] [options]      a ready sbatch script (launchers/slurm_command.cpp)
 //   kolos topo [--json]                     this node's topology (libkolos_topology)
 //   kolos version
@@ -73,6 +74,8 @@ commands:
   plugins [--path DIR ...]               list the plugins found, their role, versions, refusals
   data prepare FILE... -o OUT            write a byte-level token file for [data] kind = "tokens"
          [--tokenizer PATH]             ... or the ids of a tokenizer.json / tokenizer.model
+  data prepare --images DIR -o OUT.h5    an images file for [data] kind = "images" from PNG/JPEG
+         [--images X.npy --labels Y.npy] ... or from NumPy arrays
   ckpt inspect|verify|export DIR         look into, check or export a checkpoint
   generate CKPT --prompt-ids IDS [-n N]  continue prompts from a checkpoint or HF model (paged KV cache)
   serve CKPT [--port P] [-n N]           an OpenAI-style /v1/completions server over the same engine
@@ -761,28 +764,71 @@ int plugins(const std::vector<std::string>& args) {
 }
 
 int data_command(const std::vector<std::string>& args) {
+  constexpr const char* kSynopsis =
+      "FILE... -o OUT [--tokenizer PATH] | --images DIR -o OUT.h5 | --images X.npy --labels "
+      "Y.npy -o OUT.h5";
   if (args.empty() || args[0] != "prepare") {
     if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-      std::cout << "usage: kolos data prepare FILE... -o OUT [--tokenizer PATH]\n";
+      std::cout << "usage: kolos data prepare " << kSynopsis << "\n";
       return 0;
     }
-    throw UsageError("kolos data: expected `kolos data prepare FILE... -o OUT`");
+    throw UsageError("kolos data: expected `kolos data prepare FILE... -o OUT` or `kolos data "
+                     "prepare --images DIR -o OUT.h5`");
   }
   po::options_description options("options");
   std::vector<std::string> inputs;
-  std::string output, tokenizer_path;
-  options.add_options()("input", po::value(&inputs)->required(), "text files to tokenise")(
+  std::string output, tokenizer_path, images_path, labels_path;
+  options.add_options()("input", po::value(&inputs), "text files to tokenise")(
       "output,o", po::value(&output)->required(),
-      "token file to write (uint16, vocab 256; with --tokenizer uint16 or uint32)")(
+      "file to write: a token file (uint16, vocab 256; with --tokenizer uint16 or uint32), or "
+      "with --images an HDF5 images file for [data] kind = \"images\"")(
       "tokenizer", po::value(&tokenizer_path),
       "tokenizer.json, tokenizer.model or a directory holding one: each FILE is one document, "
-      "eos between documents (docs/data.md)");
+      "eos between documents (docs/data.md)")(
+      "images", po::value(&images_path),
+      "a folder with one subfolder of PNG/JPEG images per class (sorted names are labels "
+      "0..K-1), or a .npy of uint8 images (N x H x W x C or N x H x W) with --labels")(
+      "labels", po::value(&labels_path),
+      "with --images X.npy: a .npy of N int64, int32 or uint8 labels");
   po::positional_options_description positional;
   positional.add("input", -1);
-  Parsed parsed =
-      parse("data prepare", {args.begin() + 1, args.end()}, options, positional,
-            "FILE... -o OUT [--tokenizer PATH]");
+  Parsed parsed = parse("data prepare", {args.begin() + 1, args.end()}, options, positional,
+                        kSynopsis);
   if (parsed.help) return 0;
+  if (!images_path.empty()) {
+    if (!inputs.empty() || !tokenizer_path.empty()) {
+      throw UsageError("kolos data prepare: --images makes an images file; it takes no text "
+                       "FILEs and no --tokenizer");
+    }
+    // Without --labels: a folder (prepare_images_from_folder says so when it is not one).
+    if (!labels_path.empty() && std::filesystem::is_directory(images_path)) {
+      throw UsageError("kolos data prepare: --labels goes with --images X.npy; a folder's labels "
+                       "are its class subfolders");
+    }
+    const data::ImagesPrepared r =
+        labels_path.empty() ? data::prepare_images_from_folder(images_path, output)
+                            : data::prepare_images_from_npy(images_path, labels_path, output);
+    std::cout << "kolos: wrote " << r.images << " images of " << r.height << "x" << r.width << "x"
+              << r.channels << " and " << r.classes << " classes";
+    if (!r.class_names.empty()) {
+      std::cout << " (";
+      for (size_t i = 0; i < r.class_names.size(); ++i) {
+        std::cout << (i ? ", " : "") << i << " = " << r.class_names[i];
+      }
+      std::cout << ")";
+    }
+    std::cout << " to " << output << ": set model.image_size = " << r.height
+              << ", model.channels = " << r.channels << ", model.classes >= " << r.classes
+              << "\n";
+    return 0;
+  }
+  if (!labels_path.empty()) {
+    throw UsageError("kolos data prepare: --labels goes with --images X.npy");
+  }
+  if (inputs.empty()) {
+    throw UsageError("kolos data prepare: no input files; give text FILEs to tokenise or "
+                     "--images DIR (see `kolos data prepare --help`)");
+  }
   if (!tokenizer_path.empty()) {
     const auto tok = tokenizer::open_tokenizer(tokenizer_path);
     const auto r = tokenizer::prepare_token_file(inputs, output, *tok);

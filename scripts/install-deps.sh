@@ -13,7 +13,8 @@ packages=(
   libhwloc-dev  # libkolos_topology (hwloc 2.x through pkg-config)
   nlohmann-json3-dev  # safetensors headers and Hugging Face config.json (ckpt import)
   libcpp-httplib-dev  # kolos serve: the HTTP server (with nlohmann-json for its bodies)
-  libpng-dev  # kolos sample: the PNG grid of a diffusion model's images
+  libpng-dev  # kolos sample: the PNG grid of a diffusion model's images; data prepare --images
+  libjpeg-dev  # kolos data prepare --images: JPEG images (libjpeg62-turbo-dev on Debian 12)
   # libkolos_tokenizer: PCRE2 (UTF, JIT) for the tokenizer.json pre-tokenizer
   # regexes (GPT-2's needs lookahead); ICU for its Unicode normalizers (NFC,
   # ...); libsentencepiece for tokenizer.model

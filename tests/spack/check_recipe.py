@@ -111,6 +111,7 @@ KNOWN_PACKAGES = {
     "sentencepiece": set(),
     "cpp-httplib": set(),
     "libpng": set(),
+    "jpeg": set(),  # virtual: libjpeg-turbo, libjpeg
 }
 # CMake variables the recipe may set that LibTorch's CMake reads, not kolos's.
 LIBTORCH_VARIABLES = {"TORCH_CUDA_ARCH_LIST"}

@@ -19,11 +19,14 @@
 #include <vector>
 
 #include "hash.h"
+#include "hdf5_id.h"
 #include "kolos/core/error.h"
 #include "kolos/modules/data.h"
 
 namespace kolos::data {
 namespace {
+
+using internal::Hid;
 
 constexpr uint64_t kShuffleDomain = 0x696d616765736876ULL;  // "imageshv"
 constexpr uint64_t kAugmentDomain = 0x696d616765617567ULL;  // "imageaug"
@@ -31,23 +34,6 @@ constexpr uint64_t kPatternDomain = 0x696d616765706174ULL;  // "imagepat"
 
 // A uniform double in [0, 1) from a hash.
 double unit(uint64_t h) { return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0); }
-
-// Owns one HDF5 identifier; `close` is its H5?close.
-class Hid {
- public:
-  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  ~Hid() {
-    if (id_ >= 0) close_(id_);
-  }
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
 
 // Turns stored uint8 images into samples: normalisation, crop, flip.
 class ImageSampler {

@@ -1,14 +1,20 @@
-// Owned POSIX file descriptors and errno messages (internal to modules/data).
+// Owned POSIX file descriptors, errno messages and the pieces of an atomic
+// file write (internal to modules/data).
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
+
+#include "kolos/core/error.h"
 
 namespace kolos::data::internal {
 
@@ -62,5 +68,58 @@ class ScopedFd {
 
   int fd_ = -1;
 };
+
+// Removes a temporary file unless commit() was called. Never throws.
+class TempFileGuard {
+ public:
+  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
+  TempFileGuard(const TempFileGuard&) = delete;
+  TempFileGuard& operator=(const TempFileGuard&) = delete;
+  ~TempFileGuard() {
+    if (!committed_) ::unlink(path_.c_str());
+  }
+  void commit() { committed_ = true; }
+
+ private:
+  std::string path_;
+  bool committed_ = false;
+};
+
+// The directory holding `path` ("." for a bare file name).
+inline std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Makes a rename into `path`'s directory durable. Best effort: the data is
+// already safe and some file systems refuse fsync on a directory.
+inline void sync_parent_directory(const std::string& path) {
+  ScopedFd dir(::open(parent_directory(path).c_str(), O_RDONLY | O_CLOEXEC));
+  if (dir.valid()) ::fsync(dir.get());
+}
+
+// The whole content of a regular file. Throws DataError naming `path`
+// (described as `what`, e.g. "image") when it cannot be opened or read.
+inline std::vector<uint8_t> read_whole_file(const std::string& path, const std::string& what) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) throw DataError("cannot open " + what + " " + path + ": " + errno_text(errno));
+  std::vector<uint8_t> bytes;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) == 0 && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
+  uint8_t buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // A directory opens fine and fails here with EISDIR.
+      throw DataError("cannot read " + what + " " + path + ": " + errno_text(errno));
+    }
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buffer, buffer + n);
+  }
+  return bytes;
+}
 
 }  // namespace kolos::data::internal

@@ -18,22 +18,6 @@ namespace {
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
 
-// Removes the temporary file unless commit() was called. Never throws.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
-  ~TempFileGuard() {
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  void commit() { committed_ = true; }
-
- private:
-  std::string path_;
-  bool committed_ = false;
-};
-
 // Writes all of `size` bytes, retrying short writes and EINTR.
 void write_all(int fd, const unsigned char* data, size_t size, const std::string& path) {
   while (size > 0) {
@@ -45,14 +29,6 @@ void write_all(int fd, const unsigned char* data, size_t size, const std::string
     data += n;
     size -= static_cast<size_t>(n);
   }
-}
-
-// The directory holding `path` ("." for a bare file name).
-std::string parent_directory(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 // Appends the bytes of `input` to `out_fd` as little-endian uint16 ids.
@@ -97,7 +73,7 @@ int64_t prepare_byte_tokens(const std::vector<std::string>& inputs, const std::s
     throw DataError("cannot create " + temp + " (temporary file for " + output +
                     "): " + internal::errno_text(errno));
   }
-  TempFileGuard guard(temp);
+  internal::TempFileGuard guard(temp);
 
   int64_t count = 0;
   for (const std::string& input : inputs) count += append_byte_tokens(input, out.get(), temp);
@@ -114,10 +90,7 @@ int64_t prepare_byte_tokens(const std::vector<std::string>& inputs, const std::s
     throw DataError("cannot rename " + temp + " to " + output + ": " + internal::errno_text(errno));
   }
   guard.commit();
-  // Make the rename itself durable. Best effort: the data is already safe and
-  // some file systems refuse fsync on a directory.
-  internal::ScopedFd dir(::open(parent_directory(output).c_str(), O_RDONLY | O_CLOEXEC));
-  if (dir.valid()) ::fsync(dir.get());
+  internal::sync_parent_directory(output);
   return count;
 }
 

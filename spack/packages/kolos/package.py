@@ -135,9 +135,12 @@ class Kolos(CMakePackage, CudaPackage):
     # `kolos serve`'s HTTP server (without it the command builds as a stub
     # that says so).
     depends_on("cpp-httplib@0.11:")
-    # `kolos sample`'s PNG grid (without it the command builds as a stub
-    # that says so).
+    # `kolos sample`'s PNG grid and `kolos data prepare --images`'s PNG and
+    # JPEG images (`jpeg` is the virtual that libjpeg-turbo and libjpeg
+    # provide; without either library the commands build and refuse that
+    # format, saying so).
     depends_on("libpng@1.6:")
+    depends_on("jpeg")
 
     # googletest (with gmock): in the graph whenever the tests are built,
     # that is with +tests, and with `spack install --test=root` (type="test").

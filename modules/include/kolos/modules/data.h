@@ -96,4 +96,29 @@ std::unique_ptr<TokenSource> make_source(const RunConfig& config);
 // input that cannot be read.
 int64_t prepare_byte_tokens(const std::vector<std::string>& inputs, const std::string& output);
 
+// `kolos data prepare --images`: an images file for data.kind = "images",
+// datasets `images` (N x H x W x C uint8) and `labels` (N int64), written
+// atomically like the token file.
+struct ImagesPrepared {
+  int64_t images = 0, height = 0, width = 0, channels = 0;
+  int64_t classes = 0;                   // the largest label + 1
+  std::vector<std::string> class_names;  // label i's folder name (folders only)
+};
+
+// From a folder holding one subfolder per class: the subfolders, sorted by
+// name, are labels 0..K-1, and every file under one (sorted by path, hidden
+// files skipped) is a PNG or JPEG image of the same H x W x C, H = W. The
+// names are also stored as the `labels` dataset's attribute `class_names`.
+// Throws DataError naming the file for a file that is not a readable PNG or
+// JPEG, an image of another shape than the first (naming both), a folder
+// with no class subfolders or a class subfolder without images.
+ImagesPrepared prepare_images_from_folder(const std::string& dir, const std::string& output);
+
+// From NumPy arrays saved with numpy.save: `images` uint8 N x H x W x C or
+// N x H x W (C = 1), H = W; `labels` int64, int32 or uint8, N values >= 0.
+// Throws DataError naming the file for another dtype or shape, Fortran
+// order, a negative label, or labels of another count than the images.
+ImagesPrepared prepare_images_from_npy(const std::string& images, const std::string& labels,
+                                       const std::string& output);
+
 }  // namespace kolos::data
