@@ -25,6 +25,12 @@ namespace {
 std::string slash(const std::string& path) { return "/" + path; }
 }  // namespace
 
+std::string list_string(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 std::string dims_string(const std::vector<int64_t>& dims) {
   std::string out = "[";
   for (size_t d = 0; d < dims.size(); ++d) out += (d ? ", " : "") + std::to_string(dims[d]);
@@ -69,8 +75,19 @@ IndexInfo read_index(const std::string& dir, bool with_rng) {
     }
     m.loss_scale_good_steps = count("loss_scale_good_steps");
   }
-  const auto mesh = h5::read_attr_ints(file, "mesh", 4, path);
-  if (mesh.size() != 4) throw CheckpointError(path + ": attribute mesh needs 4 sizes");
+  const auto mesh = h5::read_attr_ints(file, "mesh", kMaxAxes, path);
+  // The axes' names: the core's four unless the writer used more.
+  std::vector<std::string> names{"pp", "dp", "sp", "tp"};
+  if (h5::has_attr(file, "mesh_axes")) {
+    names.clear();
+    std::istringstream list(h5::read_attr_string(file, "mesh_axes", 256, path));
+    for (std::string name; std::getline(list, name, ',');) names.push_back(name);
+  }
+  if (mesh.size() != names.size() || names.size() < 4 || names[0] != "pp" || names[1] != "dp" ||
+      names[2] != "sp" || names[3] != "tp") {
+    throw CheckpointError(path + ": attribute mesh " + dims_string(mesh) +
+                          " does not match its axes (mesh_axes) or lacks pp, dp, sp, tp first");
+  }
   int64_t ranks = 1;
   for (const int64_t size : mesh) {
     if (size < 1 || __builtin_mul_overflow(ranks, size, &ranks)) {
@@ -79,10 +96,20 @@ IndexInfo read_index(const std::string& dir, bool with_rng) {
     }
   }
   m.mesh = MeshShape{mesh[0], mesh[1], mesh[2], mesh[3]};
+  for (size_t i = 4; i < names.size(); ++i) {
+    const std::optional<Axis> axis = find_axis(names[i]);
+    if (!axis) {
+      throw CheckpointError(path + ": written on a mesh with axis \"" + names[i] + "\" (size " +
+                            std::to_string(mesh[i]) +
+                            "), which this program does not register; its pieces are "
+                            "still readable by any layout once the axis's plugin is loaded");
+    }
+    m.mesh.set(*axis, mesh[i]);
+  }
   m.world_size = h5::read_attr_int(file, "world_size", path);
   if (m.world_size != ranks) {
     throw CheckpointError(path + ": attribute world_size is " + std::to_string(m.world_size) +
-                          ", the mesh " + dims_string(mesh) + " (pp, dp, sp, tp) has " +
+                          ", the mesh " + dims_string(mesh) + " (" + list_string(names) + ") has " +
                           std::to_string(ranks) + " ranks");
   }
   info.writers = h5::read_attr_ints(file, "writers", kMaxMappings, path);

@@ -212,9 +212,16 @@ void write_index(const std::string& path, const std::vector<Record>& records, co
     h5::write_attr(file, "loss_scale", std::string(text));
     h5::write_attr(file, "loss_scale_good_steps", meta.loss_scale_good_steps);
   }
-  h5::write_attr(file, "mesh", std::vector<int64_t>{meta.mesh.pp, meta.mesh.dp, meta.mesh.sp,
-                                                    meta.mesh.tp});
-  h5::write_attr(file, "mesh_axes", std::string("pp,dp,sp,tp"));
+  // The core's four axes, then each registered axis the mesh uses, by name.
+  std::vector<int64_t> sizes{meta.mesh.pp, meta.mesh.dp, meta.mesh.sp, meta.mesh.tp};
+  std::string names = "pp,dp,sp,tp";
+  for (Axis a : axes_in_order()) {
+    if (static_cast<int>(a) < kCoreAxes || meta.mesh.of(a) == 1) continue;
+    sizes.push_back(meta.mesh.of(a));
+    names += std::string(",") + to_string(a);
+  }
+  h5::write_attr(file, "mesh", sizes);
+  h5::write_attr(file, "mesh_axes", names);
   h5::write_attr(file, "world_size", meta.world_size);
   h5::write_attr(file, "writers", writers);
 

@@ -66,8 +66,8 @@ std::string format_inspection(const Inspection& in) {
   out << "checkpoint " << in.dir << "\n"
       << "  kolos " << m.kolos_version << ", step " << m.step << ", data position "
       << m.data_position << " samples, optimizer steps " << m.optimizer_steps << "\n"
-      << "  written by mesh pp=" << m.mesh.pp << " dp=" << m.mesh.dp << " sp=" << m.mesh.sp
-      << " tp=" << m.mesh.tp << " (" << m.world_size << " ranks; " << in.writers.size()
+      << "  written by mesh " << MeshLayout(m.mesh).describe() << " (" << m.world_size
+      << " ranks; " << in.writers.size()
       << " wrote shards)\n"
       << "  rng states: " << m.rng_cpu.size() << " ranks\n";
   int64_t total = 0;

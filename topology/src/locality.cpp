@@ -74,8 +74,12 @@ LocalityReport check_locality(const MeshShape& shape, const std::vector<std::str
   report.nodes =
       static_cast<int>(std::set<std::string>(host_of_rank.begin(), host_of_rank.end()).size());
 
-  for (Axis axis : {Axis::kTP, Axis::kSP}) {
-    if (layout.size(axis) == 1) continue;
+  // Every axis registered as within a node (tp and sp, and any other),
+  // innermost first.
+  std::vector<Axis> inner_first = axes_in_order();
+  std::reverse(inner_first.begin(), inner_first.end());
+  for (Axis axis : inner_first) {
+    if (layout.size(axis) == 1 || !axis_info(axis).within_node) continue;
     const std::string name = to_string(axis);
     std::set<int64_t> seen;
     for (int64_t rank = 0; rank < world; ++rank) {

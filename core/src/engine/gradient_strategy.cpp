@@ -54,7 +54,7 @@ double global_grad_norm(const std::vector<at::Tensor>& piece_norms,
   // Every rank must reduce the same sets in the same order: the sets any
   // rank holds, agreed by a max over one flag per set (no communication
   // when every piece is replicated, the common case).
-  at::Tensor flags = torch::zeros({16}, torch::kInt64);
+  at::Tensor flags = torch::zeros({kAxisSets}, torch::kInt64);
   for (const auto& [bits, sum] : sums) flags[bits] = 1;
   bool any_sharded = false;
   for (const auto& [bits, sum] : sums) any_sharded |= bits != 0;
@@ -63,7 +63,7 @@ double global_grad_norm(const std::vector<at::Tensor>& piece_norms,
   if (any.item<int64_t>() == 0) return std::sqrt(sums.count(0) ? sums[0] : 0.0);
   mesh.world()->all_reduce(flags, comm::ReduceOp::kMax)->wait();
   double total = 0.0;
-  for (int b = 0; b < 16; ++b) {
+  for (int b = 0; b < kAxisSets; ++b) {
     if (flags[b].item<int64_t>() == 0) continue;
     double local = sums.count(b) ? sums[b] : 0.0;
     AxisSet axes(static_cast<uint8_t>(b));

@@ -92,7 +92,7 @@ bool Placement::intersect(const Placement& other, std::vector<DimSlice>* out) co
 }
 
 bool Placement::is_canonical_replica(const Coords& coords, AxisSet among) const {
-  for (int a = 0; a < kNumAxes; ++a) {
+  for (int a = 0; a < kMaxAxes; ++a) {
     const Axis axis = static_cast<Axis>(a);
     if (among.contains(axis) && !sharded_.contains(axis) && coords[a] != 0) return false;
   }

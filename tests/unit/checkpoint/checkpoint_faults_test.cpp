@@ -181,6 +181,48 @@ TEST_F(Faults, TheReaderBoundsSizesBeforeAllocating) {
   EXPECT_TRUE(has(e, shard_) && has(e, "/model/b") && has(e, "exceed")) << e;
 }
 
+// Rewrites index.h5's mesh attributes as a writer with other axes would.
+void rewrite_mesh(const std::string& index, const std::vector<int64_t>& sizes,
+                  const std::string& names, int64_t world_size) {
+  hid_t f = H5Fopen(index.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  for (const char* name : {"mesh", "mesh_axes", "world_size"}) ASSERT_GE(H5Adelete(f, name), 0);
+  hsize_t n = sizes.size();
+  hid_t space = H5Screate_simple(1, &n, nullptr);
+  hid_t a = H5Acreate2(f, "mesh", H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, sizes.data());
+  H5Aclose(a);
+  H5Sclose(space);
+  hid_t scalar = H5Screate(H5S_SCALAR);
+  a = H5Acreate2(f, "world_size", H5T_NATIVE_INT64, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &world_size);
+  H5Aclose(a);
+  hid_t str = H5Tcopy(H5T_C_S1);
+  H5Tset_size(str, names.size());
+  a = H5Acreate2(f, "mesh_axes", str, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, str, names.c_str());
+  H5Aclose(a);
+  H5Tclose(str);
+  H5Sclose(scalar);
+  H5Fclose(f);
+}
+
+TEST_F(Faults, AnAxisThisProgramDoesNotRegisterIsNamed) {
+  rewrite_mesh(dir_ + "/index.h5", {1, 1, 1, 1, 2}, "pp,dp,sp,tp,zz", 2);
+  std::string e = load_error();
+  EXPECT_TRUE(has(e, "axis \"zz\" (size 2)") && has(e, "does not register")) << e;
+  // Sizes and names that disagree, or without the core's axes first.
+  rewrite_mesh(dir_ + "/index.h5", {1, 1, 1, 1, 2}, "pp,dp,sp,tp", 2);
+  e = load_error();
+  EXPECT_TRUE(has(e, "does not match its axes")) << e;
+  rewrite_mesh(dir_ + "/index.h5", {1, 1, 1, 1}, "dp,pp,sp,tp", 1);
+  e = load_error();
+  EXPECT_TRUE(has(e, "does not match its axes")) << e;
+  // The core's four alone, as every writer so far: loads.
+  rewrite_mesh(dir_ + "/index.h5", {1, 1, 1, 1}, "pp,dp,sp,tp", 1);
+  EXPECT_EQ(load_error(), "");
+}
+
 TEST_F(Faults, ADeadSaveLeavesThePreviousCheckpointAndLatest) {
   // What a save killed mid-way leaves: a temporary directory with some
   // shards and no index. `latest` still names the previous one, which loads.

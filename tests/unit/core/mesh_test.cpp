@@ -39,7 +39,7 @@ TEST(MeshLayout, GroupsPartitionTheWorld) {
         for (int64_t member : group) EXPECT_EQ(layout.group_ranks(member, axes), group);
         // Members differ from r only along the axes of the set.
         for (int64_t member : group) {
-          for (int a = 0; a < kNumAxes; ++a) {
+          for (int a = 0; a < kMaxAxes; ++a) {
             if (!axes.contains(static_cast<Axis>(a))) {
               EXPECT_EQ(layout.coords(member)[a], layout.coords(r)[a]);
             }

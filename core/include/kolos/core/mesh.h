@@ -49,7 +49,12 @@ class DeviceMesh {
   MeshLayout layout_;
   int64_t rank_ = 0;
   Coords coords_{};
-  std::array<comm::ProcessGroupPtr, 16> groups_;  // index: AxisSet bits
+  // The color of this rank's group over `axes`: its coordinates outside them.
+  int64_t outside(AxisSet axes) const;
+
+  AxisSet present_;  // the axes with groups (see the constructor)
+  std::array<comm::ProcessGroupPtr, kAxisSets> groups_;  // index: AxisSet bits
+  comm::ProcessGroupPtr self_;  // for sets of unused registered axes
   mutable std::vector<comm::ProcessGroupPtr> extra_groups_;
   comm::ProcessGroupPtr world_;  // the group the mesh was split from
 };

@@ -1,39 +1,73 @@
 // Mesh layout: the arithmetic of the device mesh, without MPI or LibTorch.
 //
-// Axes, outermost first: pp, dp, sp, tp. The rank of coordinates
-// (p, d, s, t) is ((p*DP + d)*SP + s)*TP + t, so tensor-parallel peers are
-// consecutive ranks (the same node under a block mapping) and pipeline stages
-// are farthest apart. MeshShape holds the four sizes, MeshLayout answers
-// coordinates and groups; DeviceMesh (mesh.h) adds the process groups.
+// The mesh's axes are named and registered (AxisInfo): the four of the core,
+// outermost first pp, dp, sp, tp, and any axis a plugin or a test registers
+// with register_axis() (an expert axis, say), placed among them by its
+// `order`. The rank of coordinates is row-major over the axes in order, so
+// with only the core's axes (p, d, s, t) is ((p*DP + d)*SP + s)*TP + t:
+// tensor-parallel peers are consecutive ranks (the same node under a block
+// mapping) and pipeline stages are farthest apart. An axis of size 1 takes
+// no part in the arithmetic, so registering one changes no existing mesh.
+// MeshShape holds the sizes, MeshLayout answers coordinates and groups;
+// DeviceMesh (mesh.h) adds the process groups.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace kolos {
 
-// Sizes of the mesh axes, in mesh order pp, dp, sp, tp.
-struct MeshShape {
-  int64_t pp = 1, dp = 1, sp = 1, tp = 1;
-  int64_t size() const { return pp * dp * sp * tp; }
+enum class Axis : int { kPP = 0, kDP = 1, kSP = 2, kTP = 3 };
+// The core's axes; registered axes take the ids after them.
+inline constexpr int kCoreAxes = 4;
+// At most this many axes, registered ones included (an AxisSet is 8 bits).
+inline constexpr int kMaxAxes = 8;
+// The number of distinct AxisSets (index: AxisSet::bits()).
+inline constexpr int kAxisSets = 1 << kMaxAxes;
+
+// What the mesh knows of an axis.
+struct AxisInfo {
+  std::string name;          // "tp"; in group names, checkpoints and messages
+  int order = 0;             // place in the rank order: smaller is outer
+  bool within_node = false;  // its groups should not cross nodes (checked by topology)
 };
 
-enum class Axis : int { kPP = 0, kDP = 1, kSP = 2, kTP = 3 };
-inline constexpr int kNumAxes = 4;
+// Registers an axis once per process: the same name again with the same
+// order and locality returns the same axis; a different order or locality,
+// an order another axis has, a name that is not [a-z][a-z0-9_]*, or a ninth
+// axis is an Error. Call it before any mesh that uses the axis is built.
+// The core's axes: pp 100, dp 200, sp 300, tp 400 (sp and tp within a node).
+Axis register_axis(const std::string& name, int order, bool within_node);
+const AxisInfo& axis_info(Axis axis);
+std::optional<Axis> find_axis(const std::string& name);
+// Every registered axis, outermost first (sorted by order).
+std::vector<Axis> axes_in_order();
 const char* to_string(Axis axis);
+
+// Sizes of the mesh axes: the core's four by name, registered axes through
+// of()/set() (1 unless set).
+struct MeshShape {
+  int64_t pp = 1, dp = 1, sp = 1, tp = 1;
+  std::array<int64_t, kMaxAxes - kCoreAxes> registered{1, 1, 1, 1};
+  int64_t of(Axis axis) const;
+  void set(Axis axis, int64_t size);
+  int64_t size() const;  // the product over every axis
+};
 
 // A set of mesh axes, as a bit mask (bit i = Axis i).
 class AxisSet {
  public:
   constexpr AxisSet() = default;
-  constexpr explicit AxisSet(uint8_t bits) : bits_(bits & 0xF) {}
+  constexpr explicit AxisSet(uint8_t bits) : bits_(bits) {}
   constexpr AxisSet(std::initializer_list<Axis> axes) {
     for (Axis a : axes) bits_ |= static_cast<uint8_t>(1u << static_cast<int>(a));
   }
-  static constexpr AxisSet all() { return AxisSet(0xF); }
+  // Every axis, registered now or later (the world group's set).
+  static constexpr AxisSet all() { return AxisSet(0xFF); }
   constexpr bool contains(Axis a) const { return bits_ & (1u << static_cast<int>(a)); }
   constexpr bool empty() const { return bits_ == 0; }
   constexpr uint8_t bits() const { return bits_; }
@@ -42,14 +76,16 @@ class AxisSet {
   constexpr AxisSet without(AxisSet o) const { return AxisSet(bits_ & ~o.bits_); }
   constexpr bool operator==(AxisSet o) const { return bits_ == o.bits_; }
   constexpr bool operator!=(AxisSet o) const { return bits_ != o.bits_; }
-  // "dp×sp"; "none" when empty.
+  // "dp×sp"; "none" when empty, "world" when it holds every registered axis.
   std::string to_string() const;
 
  private:
   uint8_t bits_ = 0;
 };
 
-using Coords = std::array<int64_t, kNumAxes>;
+// A rank's coordinate along each axis, indexed by the axis's id (0 for
+// axes the mesh does not use).
+using Coords = std::array<int64_t, kMaxAxes>;
 
 class MeshLayout {
  public:
@@ -65,10 +101,12 @@ class MeshLayout {
   std::vector<int64_t> group_ranks(int64_t rank, AxisSet axes) const;
   // This rank's index within its group over `axes` (row-major over the axes).
   int64_t index_in_group(int64_t rank, AxisSet axes) const;
-  std::string describe() const;  // "pp=1 dp=2 sp=1 tp=1"
+  // "pp=1 dp=2 sp=1 tp=1", then registered axes larger than 1 ("ep=2").
+  std::string describe() const;
 
  private:
   MeshShape shape_;
+  std::vector<Axis> order_;  // the axes registered when the layout was made, outermost first
 };
 
 }  // namespace kolos

@@ -5,7 +5,9 @@
 // then sequence-parallel peers, and pipeline stages are farthest apart. With
 // the block mapping of mpirun (--map-by slot/core/numa) and srun
 // (--distribution=block, the default), consecutive ranks share a node, so a
-// tp group stays inside one node when TP divides the ranks per node. This
+// tp group stays inside one node when TP divides the ranks per node. The
+// axes checked are those registered as within a node (tp, sp, and any a
+// plugin registers so: AxisInfo::within_node). This
 // check says, for a concrete rank-to-node layout, which tp and sp groups
 // cross nodes (or NVLink domains, when those are known) and whether pp
 // crosses nodes, as it should.
@@ -20,7 +22,7 @@
 namespace kolos::topology {
 
 struct LocalityFinding {
-  std::string axis;                // "tp" or "sp"
+  std::string axis;                // an axis registered within a node: "tp", "sp", ...
   std::vector<int64_t> ranks;      // the group's world ranks
   std::vector<std::string> hosts;  // distinct hosts of the group, in rank order
   bool crosses_nodes = false;
