@@ -204,10 +204,10 @@ def bad(out):
     folder("cut_jpeg", {"a/1.jpg": lambda p: write_flat_jpeg(p, rng.integers(0, 256, (4, 4, 3)))})
     data = open(f"{out}/cut_jpeg/a/1.jpg", "rb").read()
     open(f"{out}/cut_jpeg/a/1.jpg", "wb").write(data[: len(data) - 12])
-    folder("bad_crc", {"a/1.png": png((8, 8))})
-    data = bytearray(open(f"{out}/bad_crc/a/1.png", "rb").read())
-    data[40] ^= 0xFF  # inside IDAT
-    open(f"{out}/bad_crc/a/1.png", "wb").write(bytes(data))
+    folder("corrupt_png", {"a/1.png": png((8, 8))})
+    data = bytearray(open(f"{out}/corrupt_png/a/1.png", "rb").read())
+    data[45] ^= 0xFF  # in IDAT's data (8 signature + 25 IHDR + 8 length and type bytes)
+    open(f"{out}/corrupt_png/a/1.png", "wb").write(bytes(data))
 
     x = rng.integers(0, 256, (5, 8, 8), dtype=np.uint8)
     np.save(f"{out}/x.npy", x)
@@ -219,7 +219,7 @@ def bad(out):
     np.save(f"{out}/negative_labels.npy", np.array([0, 1, -2, 1, 0]))
     np.save(f"{out}/labels_2d.npy", np.zeros((5, 1), np.int64))
     np.save(f"{out}/images_2d.npy", x.reshape(5, 64))
-    np.save(f"{out}/fortran.npy", np.asfortranarray(x.transpose(1, 2, 0)).transpose(2, 0, 1))
+    np.save(f"{out}/fortran.npy", np.asfortranarray(x))
     np.save(f"{out}/wide.npy", rng.integers(0, 256, (5, 8, 12), dtype=np.uint8))
     data = open(f"{out}/x.npy", "rb").read()
     open(f"{out}/cut.npy", "wb").write(data[:-10])
