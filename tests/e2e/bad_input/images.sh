@@ -42,6 +42,7 @@ run_case truncated_png 'cut_png/a/2\.png: not a readable PNG image: the file end
 run_case truncated_jpeg 'cut_jpeg/a/1\.jpg: not a readable JPEG image: Premature end of JPEG file' \
   "${prepare[@]}" cut_jpeg
 run_case corrupt_png 'corrupt_png/a/1\.png: not a readable PNG image: IDAT: ' "${prepare[@]}" corrupt_png
+run_case cmyk_jpeg 'cmyk/a/1\.jpg: a CMYK JPEG; convert it to RGB or grayscale first' "${prepare[@]}" cmyk
 run_case missing_folder '--images missing: no such file or folder' "${prepare[@]}" missing
 run_case npy_without_labels '--images x\.npy: not a folder; .*--labels Y\.npy' "${prepare[@]}" x.npy
 run_case folder_with_labels 'usage error: .*--labels goes with --images X\.npy' \

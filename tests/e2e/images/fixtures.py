@@ -80,7 +80,8 @@ class BitWriter:
 
 
 def write_flat_jpeg(path, blocks):
-    """blocks: (H/8, W/8, C) integers 0..255, C = 1 (gray) or 3 (Y, Cb, Cr)."""
+    """blocks: (H/8, W/8, C) integers 0..255, C = 1 (gray), 3 (Y, Cb, Cr) or
+    4 (CMYK)."""
     blocks = np.asarray(blocks, np.int64)
     by, bx, c = blocks.shape
 
@@ -204,6 +205,8 @@ def bad(out):
     folder("cut_jpeg", {"a/1.jpg": lambda p: write_flat_jpeg(p, rng.integers(0, 256, (4, 4, 3)))})
     data = open(f"{out}/cut_jpeg/a/1.jpg", "rb").read()
     open(f"{out}/cut_jpeg/a/1.jpg", "wb").write(data[: len(data) - 12])
+    # Four components and no Adobe marker: libjpeg reads CMYK.
+    folder("cmyk", {"a/1.jpg": lambda p: write_flat_jpeg(p, rng.integers(0, 256, (1, 1, 4)))})
     folder("corrupt_png", {"a/1.png": png((8, 8))})
     data = bytearray(open(f"{out}/corrupt_png/a/1.png", "rb").read())
     data[45] ^= 0xFF  # in IDAT's data (8 signature + 25 IHDR + 8 length and type bytes)
