@@ -89,12 +89,6 @@ class HeaderParser {
 
 }  // namespace
 
-int64_t NpyArray::count() const {
-  int64_t n = 1;
-  for (const int64_t d : shape) n *= d;
-  return n;
-}
-
 int64_t NpyArray::integer(int64_t i) const {
   const uint8_t* p = data.data() + static_cast<size_t>(i) * static_cast<size_t>(itemsize);
   uint64_t bits = 0;

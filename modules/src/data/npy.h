@@ -18,7 +18,6 @@ struct NpyArray {
   std::vector<int64_t> shape;
   std::vector<uint8_t> data;
 
-  int64_t count() const;  // the number of elements
   // Element i as an integer, for kind 'u' or 'i' arrays of itemsize 1, 2,
   // 4 or 8 (in the file's byte order, whatever the host's).
   int64_t integer(int64_t i) const;
