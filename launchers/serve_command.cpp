@@ -847,6 +847,13 @@ int serve_command(const std::vector<std::string>& args, int argc, char** argv) {
     inference::InferenceEngine engine(checkpoint, settings, runtime.world(), config.plugins.path);
     Server server{engine, settings, nullptr, model_name, max_queue};
     httplib::Server http;
+    // A request holds its handler thread until it ends, so the pool has one
+    // for every request the engine may run (max_seqs) or queue
+    // (--max-queue), one more to answer the next with 429, and a few for
+    // /health and /metrics. cpp-httplib's default, max(8, cores - 1),
+    // would leave the ninth concurrent request unread in the listen backlog.
+    const auto handlers = static_cast<size_t>(settings.max_seqs + max_queue + 4);
+    http.new_task_queue = [handlers] { return new httplib::ThreadPool(handlers); };
     int bound = -1;
     agreed(*runtime.world(), [&] {
       if (!engine.is_driver()) return;
