@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Serving under load: `kolos serve` on 127.0.0.1 against transformers'
+# `generate` in static batches, on the same random-weight GPT-2 and the same
+# requests in the same run.
+#
+#   bench/run_serve_bench.sh [--concurrency 1,4,16,64] [--prompt-len 128]
+#                            [--output-len 64] [--requests 8]
+#                            [--hidden 768] [--layers 12] [--heads 12]
+#                            [--vocab 32000] [--build build]
+#
+# Builds nothing: it needs build/bin/kolos (ninja -C build kolos) and the
+# virtual environment with torch and transformers (scripts/install-venv.sh;
+# KOLOS_VENV, default .cache/torch-venv). At each concurrency C, max(--requests,
+# 2 C) requests of --prompt-len token ids asking for exactly --output-len
+# greedy tokens: kolos from C client threads streaming /v1/completions in a
+# closed loop, transformers in batches of C. Printed: request throughput,
+# output tokens/s, TTFT, TPOT and ITL (median and p99, as vLLM's
+# benchmark_serving defines them) for both, kolos/transformers output
+# tokens/s per level, how many requests got the same tokens from both, and
+# the single-stream decode rate against the memory-bandwidth bound (weight
+# bytes per token over a read bandwidth measured in the same run).
+# bench/serve/bench.py says what exactly is timed. The default model has
+# 110M parameters; the whole run takes minutes on a few cores.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+concurrency=1,4,16,64 prompt_len=128 output_len=64 requests=8
+hidden=768 layers=12 heads=12 vocab=32000 build=build
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --concurrency) concurrency=$2 ;;
+    --prompt-len) prompt_len=$2 ;;
+    --output-len) output_len=$2 ;;
+    --requests) requests=$2 ;;
+    --hidden) hidden=$2 ;;
+    --layers) layers=$2 ;;
+    --heads) heads=$2 ;;
+    --vocab) vocab=$2 ;;
+    --build) build=$2 ;;
+    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_serve_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+cd "$root"
+kolos=$root/$build/bin/kolos
+[[ -x $kolos ]] || { echo "run_serve_bench.sh: $kolos missing (ninja -C $build kolos)" >&2; exit 1; }
+venv=${KOLOS_VENV:-$root/.cache/torch-venv}
+"$venv/bin/python" -c 'import torch, transformers' 2>/dev/null ||
+  { echo "run_serve_bench.sh: $venv/bin/python has no torch or transformers (scripts/install-venv.sh)" >&2; exit 1; }
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-serve-bench.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+export NO_PROXY=127.0.0.1 no_proxy=127.0.0.1
+echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+"$venv/bin/python" -W ignore "$here/serve/bench.py" "$kolos" "$tmp" "$concurrency" "$prompt_len" "$output_len" \
+  "$requests" "$hidden" "$layers" "$heads" "$vocab"

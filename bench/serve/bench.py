@@ -1,0 +1,294 @@
+"""`kolos serve` under a bounded load against transformers' `generate` in
+static batches, on the same weights and the same requests in the same run
+(bench/run_serve_bench.sh).
+
+Usage: bench.py KOLOS WORK CONCURRENCIES PROMPT_LEN OUTPUT_LEN REQUESTS_MIN
+                HIDDEN LAYERS HEADS VOCAB
+
+The model: a GPT-2 of the given shape with transformers' random
+initialisation (seed 0), saved with save_pretrained (no tokenizer: prompts
+and outputs are token ids, and no request stops before OUTPUT_LEN tokens).
+The requests: for each concurrency C, max(REQUESTS_MIN, 2 C) prompts of
+PROMPT_LEN random ids (seeded), each asking for exactly OUTPUT_LEN new
+tokens, greedy.
+
+kolos: `kolos serve` on 127.0.0.1 (max_seqs = the largest C, a KV pool
+for that many full sequences); C client threads each send a streamed
+/v1/completions request, read its server-sent events, and send the next
+one, until the level's requests are done (a closed loop: C requests in
+flight, as vLLM's benchmark_serving with --max-concurrency C and an
+infinite request rate).
+
+transformers: the same requests in batches of C (static batching: a batch
+starts when the previous one has finished, so a request arrives at its
+batch's start), `generate(do_sample=False, min_new_tokens=max_new_tokens=
+OUTPUT_LEN)` in-process (no HTTP), eager attention, a streamer that
+timestamps every decoding step.
+
+Metrics, as vLLM's benchmark_serving defines them:
+  request throughput  completed requests / the level's wall time
+  output tokens/s     generated tokens / the level's wall time
+  TTFT                a request's send (kolos) or its batch's start
+                      (transformers) to its first generated token
+  TPOT                per request, (latency - TTFT) / (OUTPUT_LEN - 1)
+  ITL                 every gap between two successive chunks of a
+                      request's stream (kolos: server-sent events carrying
+                      tokens; transformers: decoding steps), pooled
+medians and 99th percentiles over the level's requests (ITL: over the
+gaps). Also: the fraction of requests whose tokens equal between the two,
+and, for the single-stream decode, the memory-bandwidth bound (weight
+bytes read per token against a read bandwidth measured in this run by a
+torch sum over 1 GiB).
+"""
+import http.client
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+import transformers
+
+transformers.utils.logging.disable_progress_bar()
+
+
+def pct(values, q):
+    """numpy's default (linear) percentile, as benchmark_serving uses."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarise(name, c, wall, per_request, itl, output_len):
+    """per_request: [(ttft, latency, tokens)]"""
+    ttft = [r[0] for r in per_request]
+    tpot = [(r[1] - r[0]) / (output_len - 1) for r in per_request]
+    tokens = sum(r[2] for r in per_request)
+    return {
+        "name": name, "c": c, "requests": len(per_request), "wall": wall,
+        "req_s": len(per_request) / wall, "tok_s": tokens / wall,
+        "ttft_med": statistics.median(ttft), "ttft_p99": pct(ttft, 99),
+        "tpot_med": statistics.median(tpot), "tpot_p99": pct(tpot, 99),
+        "itl_med": statistics.median(itl), "itl_p99": pct(itl, 99),
+    }
+
+
+def start_server(kolos, model_dir, max_seqs, kv_bytes, log):
+    err = open(log, "w")
+    proc = subprocess.Popen(
+        [kolos, "serve", model_dir, "--port", "0", "--max-queue", str(4 * max_seqs),
+         "--set", f"inference.max_seqs={max_seqs}",
+         "--set", f"inference.kv_cache_memory={kv_bytes // (1 << 20) + 1}MiB"],
+        stdout=subprocess.DEVNULL, stderr=err)
+    for _ in range(1200):
+        with open(log) as f:
+            text = f.read()
+        if "serving on http://127.0.0.1:" in text:
+            port = int(text.split("serving on http://127.0.0.1:")[1].split()[0].rstrip(")"))
+            return proc, port, text
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"bench: kolos serve did not start:\n{open(log).read()}")
+
+
+def kolos_request(port, prompt, output_len):
+    """One streamed completion: (ttft, latency, tokens, itl gaps, ids)."""
+    body = json.dumps({"prompt": prompt, "max_tokens": output_len, "temperature": 0, "stream": True})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    start = time.perf_counter()
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"kolos answered {resp.status}: {resp.read()[:300]!r}")
+    ids, ttft, last, gaps = [], None, None, []
+    for line in resp:
+        if not line.startswith(b"data: "):
+            continue
+        if line.startswith(b"data: [DONE]"):
+            break
+        got = json.loads(line[6:])["choices"][0]["token_ids"]
+        if not got:
+            continue
+        now = time.perf_counter()
+        if ttft is None:
+            ttft = now - start
+        else:
+            gaps.append(now - last)
+        last = now
+        ids += got
+    conn.close()
+    latency = time.perf_counter() - start
+    if len(ids) != output_len:
+        raise RuntimeError(f"kolos returned {len(ids)} tokens, asked for {output_len}")
+    return ttft, latency, len(ids), gaps, ids
+
+
+def run_kolos(port, prompts, c, output_len):
+    queue = list(range(len(prompts)))
+    lock = threading.Lock()
+    results, itl, errors = [None] * len(prompts), [], []
+
+    def worker():
+        while True:
+            with lock:
+                if not queue or errors:
+                    return
+                i = queue.pop(0)
+            try:
+                ttft, latency, n, gaps, ids = kolos_request(port, prompts[i], output_len)
+            except Exception as e:  # reported after the level
+                with lock:
+                    errors.append(e)
+                return
+            with lock:
+                results[i] = (ttft, latency, n, ids)
+                itl.extend(gaps)
+
+    threads = [threading.Thread(target=worker) for _ in range(c)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise SystemExit(f"bench: a kolos request failed: {errors[0]}")
+    return wall, results, itl
+
+
+class StepClock(transformers.generation.streamers.BaseStreamer):
+    """Timestamps each decoding step of generate (its first put is the prompt)."""
+
+    def __init__(self):
+        self.times = []
+        self.prompt_seen = False
+
+    def put(self, value):
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def run_transformers(model, prompts, c, output_len):
+    results, itl = [], []
+    start = time.perf_counter()
+    for b in range(0, len(prompts), c):
+        batch = torch.tensor(prompts[b:b + c])
+        clock = StepClock()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=False,
+                                 max_new_tokens=output_len, min_new_tokens=output_len,
+                                 eos_token_id=None, pad_token_id=0, streamer=clock)
+        t1 = time.perf_counter()
+        assert len(clock.times) == output_len, (len(clock.times), output_len)
+        gaps = [b_ - a_ for a_, b_ in zip(clock.times, clock.times[1:])]
+        for row in out[:, batch.size(1):].tolist():
+            results.append((clock.times[0] - t0, t1 - t0, len(row), row))
+            itl.extend(gaps)
+    return time.perf_counter() - start, results, itl
+
+
+def read_bandwidth():
+    """GB/s of a torch sum over 1 GiB of fp32 (best of 5, after a warm-up)."""
+    x = torch.ones(1 << 28)
+    x.sum()
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def main():
+    kolos, work = sys.argv[1], sys.argv[2]
+    levels = [int(c) for c in sys.argv[3].split(",")]
+    prompt_len, output_len, requests_min = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    hidden, layers, heads, vocab = (int(v) for v in sys.argv[7:11])
+    context = prompt_len + output_len
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=context, n_embd=hidden, n_layer=layers,
+                                  n_head=heads, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    model_dir = os.path.join(work, "gpt2")
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(model_dir)
+    os.sync()  # the weights' write-back would otherwise stall the first measurements
+    model = transformers.GPT2LMHeadModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    params = sum(p.numel() for p in model.parameters())  # the tied head counted once
+    weight_bytes = params * 4
+    print(f"model: GPT-2, hidden {hidden}, {layers} layers, {heads} heads, vocab {vocab}, context {context}: "
+          f"{params / 1e6:.1f}M parameters, {weight_bytes / 2**20:.0f} MiB in fp32 "
+          f"(random weights, transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads)")
+    print(f"requests: {prompt_len} prompt tokens, {output_len} new tokens each (greedy, no early stop); "
+          f"max({requests_min}, 2 x concurrency) per level")
+
+    rng = random.Random(1)
+    prompts = {c: [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(max(requests_min, 2 * c))]
+               for c in levels}
+
+    # kolos first: its server is alone on the machine while it runs.
+    max_seqs = max(levels)
+    kv_bytes = max_seqs * context * layers * 2 * hidden * 4 * 5 // 4  # full sequences, 16-token blocks rounding
+    proc, port, log = start_server(kolos, model_dir, max_seqs, kv_bytes, os.path.join(work, "serve.err"))
+    print("kolos: " + " | ".join(l.removeprefix("kolos: ") for l in log.splitlines() if l.startswith("kolos: gpt")))
+    rows, outputs = [], {}
+    for p in prompts[levels[0]][:2]:  # warm-up: two full requests, not measured
+        kolos_request(port, p, output_len)
+    for c in levels:
+        wall, results, itl = run_kolos(port, prompts[c], c, output_len)
+        rows.append(summarise("kolos", c, wall, [r[:3] for r in results], itl, output_len))
+        outputs[("kolos", c)] = [r[3] for r in results]
+    proc.terminate()
+    if proc.wait(60) != 0:
+        raise SystemExit(f"bench: kolos serve exited {proc.returncode} on SIGTERM")
+
+    run_transformers(model, prompts[levels[0]][:2], 1, output_len)  # warm-up, likewise
+    for c in levels:
+        wall, results, itl = run_transformers(model, prompts[c], c, output_len)
+        rows.append(summarise("transformers", c, wall, [r[:3] for r in results], itl, output_len))
+        outputs[("transformers", c)] = [r[3] for r in results]
+
+    print()
+    print("| server | concurrency | requests | req/s | output tok/s | TTFT med / p99 (ms) | "
+          "TPOT med / p99 (ms) | ITL med / p99 (ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['name']} | {r['c']} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
+              f"{r['ttft_med'] * 1e3:.0f} / {r['ttft_p99'] * 1e3:.0f} | "
+              f"{r['tpot_med'] * 1e3:.1f} / {r['tpot_p99'] * 1e3:.1f} | "
+              f"{r['itl_med'] * 1e3:.1f} / {r['itl_p99'] * 1e3:.1f} |")
+    print()
+    by = {(r["name"], r["c"]): r for r in rows}
+    for c in levels:
+        k, t = by[("kolos", c)], by[("transformers", c)]
+        same = sum(a == b for a, b in zip(outputs[("kolos", c)], outputs[("transformers", c)]))
+        print(f"concurrency {c}: output tokens/s kolos/transformers = {k['tok_s'] / t['tok_s']:.2f}; "
+              f"same greedy tokens in {same} of {len(prompts[c])} requests")
+
+    bw = read_bandwidth()
+    bound = bw * 1e9 / weight_bytes
+    if 1 in levels:
+        single = 1.0 / by[("kolos", 1)]["tpot_med"]
+        print(f"single-stream decode: kolos {single:.1f} tokens/s (1 / median TPOT at concurrency 1); "
+              f"memory-bandwidth bound {bound:.1f} tokens/s ({weight_bytes / 2**20:.0f} MiB of weights per token "
+              f"at a read bandwidth of {bw:.1f} GB/s, torch sum over 1 GiB): {100 * single / bound:.0f}% of it")
+
+
+if __name__ == "__main__":
+    main()
