@@ -11,8 +11,12 @@
 # non-streamed text and tokens; errors reach the client as its exception
 # classes with the server's message, field and code: an unknown model
 # (NotFoundError, 404) and max_tokens past the context (BadRequestError,
-# 400). Bounded: every request has a timeout and the client does not retry.
+# 400); a completion is answered at once while 12 other connections stall
+# mid-request. Bounded: every request has a timeout and the client does not
+# retry.
+import socket
 import sys
+import time
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -125,3 +129,23 @@ except openai.BadRequestError as e:
 again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=64, temperature=0)
 assert again.choices[0].text == choice.text, again
 print("ok: still serving after the errors")
+
+# Twelve connections that stop in the middle of a request body each hold a
+# handler thread (until the server's 5 s read timeout); a completion sent
+# meanwhile is still answered at once. A pool of 8 handler threads,
+# cpp-httplib's default on a small machine, would keep it waiting 5 s.
+stalled = []
+for _ in range(12):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n{\"prompt\": ")
+    stalled.append(sock)
+time.sleep(0.3)
+quick = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=3, max_retries=0)
+start = time.perf_counter()
+short = quick.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+elapsed = time.perf_counter() - start
+assert short.choices[0].token_ids == expected[:8], (short.choices[0].token_ids, expected[:8])
+for sock in stalled:
+    sock.close()
+print(f"ok: a completion answered in {elapsed:.2f} s beside 12 stalled connections")
