@@ -168,7 +168,7 @@ class Tp1dRmsNorm : public Layer {
     weight_ = register_placed("weight", torch::ones({dim}), Placement::replicated({dim}));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) *
+    return rms_normalize(x, x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true), eps_) *
            whole(weight_, *group_, split_now(megatron_));
   }
 

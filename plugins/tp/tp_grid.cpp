@@ -126,9 +126,10 @@ class GridRmsNorm : public Layer {
   at::Tensor forward(const at::Tensor& x) override {
     const double n = static_cast<double>(dim_);
     at::Tensor mean_square =
-        all_reduce_2(x.pow(2).sum(-1, /*keepdim=*/true), grid_->group(features_)) / n;
+        all_reduce_2(x.to(at::kFloat).pow(2).sum(-1, /*keepdim=*/true), grid_->group(features_)) /
+        n;
     at::Tensor gamma = gather(weight_, grid_->group(batch_), 0).narrow(0, 0, rows_);
-    return x * torch::rsqrt(mean_square + eps_) * gamma;
+    return rms_normalize(x, mean_square, eps_) * gamma;
   }
 
  private:

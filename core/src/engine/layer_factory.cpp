@@ -76,7 +76,7 @@ class DenseRmsNorm : public Layer {
     weight_ = register_placed("weight", torch::ones({dim}), Placement::replicated({dim}));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight_;
+    return rms_normalize(x, x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true), eps_) * weight_;
   }
 
  private:
@@ -326,6 +326,10 @@ at::Tensor LayerFactory::loss(const at::Tensor& logits, const at::Tensor& target
   // bf16 loses the loss's small differences (docs/precision.md).
   return torch::nn::functional::cross_entropy(logits.to(at::kFloat).reshape({-1, logits.size(-1)}),
                                               targets.reshape({-1}));
+}
+
+at::Tensor rms_normalize(const at::Tensor& x, const at::Tensor& mean_square, double eps) {
+  return (x.to(at::kFloat) * torch::rsqrt(mean_square + eps)).to(x.scalar_type());
 }
 
 at::Tensor local_piece(const at::Tensor& global, const Placement& placement) {

@@ -151,6 +151,15 @@ class LayerFactory : public RolePlugin {
 // contiguous: how a parallel factory keeps its slice of a weight drawn whole.
 at::Tensor local_piece(const at::Tensor& global, const Placement& placement);
 
+// RMSNorm's x / sqrt(mean_square + eps), where mean_square is the mean of
+// x^2 over the features computed in float32 (a tensor-parallel factory
+// reduces it over its group first): the division is done in float32 and the
+// result returned in x's dtype, as transformers' LlamaRMSNorm does. In fp16
+// rsqrt's backward cubes its output, which overflows (past 65504) once the
+// mean square is under about 6e-4, i.e. for activations of std 0.025 such
+// as freshly initialised embeddings.
+at::Tensor rms_normalize(const at::Tensor& x, const at::Tensor& mean_square, double eps);
+
 // The built-in serial factory (the default of the "layers" role).
 std::shared_ptr<LayerFactory> make_serial_layer_factory();
 
