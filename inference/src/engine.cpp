@@ -129,6 +129,11 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
     modules::register_builtin_models();
     source = open_source(path);
     // The engine generates text: a causal language model with a KV cache.
+    if (source.model.name == "mixtral") {
+      throw ConfigError(path + ": model.name = \"mixtral\": kolos generate and kolos serve do "
+                        "not run mixture-of-experts models yet (\"gpt\" and \"llama\" only); "
+                        "ckpt export --format hf writes it for transformers");
+    }
     if (source.model.name != "gpt" && source.model.name != "llama") {
       throw ConfigError(path + ": model.name = \"" + source.model.name +
                         "\" is not a language model; kolos generate and kolos serve run "

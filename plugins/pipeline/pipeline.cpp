@@ -51,6 +51,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "kolos/core/aux_loss.h"
 #include "kolos/core/comm/watchdog.h"
 #include "kolos/core/error.h"
 #include "kolos/core/mesh.h"
@@ -481,6 +482,9 @@ StepLoss PipelineExecutor::run(StepContext& context) {
   KOLOS_CHECK(static_cast<int>(micro.size()) == plan_.micro, "pipeline: the step has ",
               micro.size(), " micro-batches but the plan was made for ", plan_.micro);
   const double scale = context.loss_scale / static_cast<double>(plan_.micro);
+  // Every stage's auxiliary losses (a router's) count as the last stage's
+  // loss does.
+  set_aux_loss_multiplier(scale);
   const int last_stage = plan_.virtual_stages() - 1;
   ++step_;
   StepLoss result;

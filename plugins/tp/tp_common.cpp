@@ -106,7 +106,7 @@ std::string grid_problem(const TpShape& tp) {
 void require_mlp_and_kv(const RunConfig& config, const TpShape& tp, const std::string& what,
                         const std::function<int64_t(int64_t)>& side) {
   const auto& m = config.model;
-  if (m.name != "llama") {
+  if (!llama_family(m)) {
     require_divisible(config, tp, "model.hidden * model.mlp_ratio", m.hidden * m.mlp_ratio, tp.q,
                       what, side);
     return;

@@ -82,6 +82,21 @@ const SettingsTable<ModelConfig>& llama_table() {
   return table;
 }
 
+// The keys only model.name = "mixtral" has (besides llama's).
+const std::vector<std::string> kMoeKeys = {"experts",       "top_k",       "moe_every",
+                                           "aux_loss_coef", "z_loss_coef", "capacity_factor"};
+
+const SettingsTable<ModelConfig>& moe_table() {
+  static const auto table = SettingsTable<ModelConfig>("model")
+                                .integer("experts", &ModelConfig::experts, 1)
+                                .integer("top_k", &ModelConfig::top_k, 1)
+                                .integer("moe_every", &ModelConfig::moe_every, 1)
+                                .number("aux_loss_coef", &ModelConfig::aux_loss_coef, non_negative)
+                                .number("z_loss_coef", &ModelConfig::z_loss_coef, non_negative)
+                                .number("capacity_factor", &ModelConfig::capacity_factor, non_negative);
+  return table;
+}
+
 // What to_toml writes for "llama": model_table() less mlp_ratio, then its keys.
 const SettingsTable<ModelConfig>& llama_written_table() {
   static const auto table = SettingsTable<ModelConfig>("model")
@@ -346,16 +361,26 @@ class Reader {
     // message than "unknown key"); the other models' tables read as before.
     std::string name = m.name;
     s.read("name", name);
-    if (name == "llama") {
+    if (name != "mixtral") {
+      for (const std::string& key : kMoeKeys) {
+        if (s.has(key)) {
+          s.fail(key, "applies to model.name = \"mixtral\" only, not to model.name = " +
+                          quote_toml(name) + "; remove it (or set name = \"mixtral\").");
+        }
+      }
+    }
+    if (name == "llama" || name == "mixtral") {
       if (s.has("mlp_ratio")) {
         s.fail("mlp_ratio",
-               "applies to model.name = \"gpt\"; the SwiGLU width of model.name = \"llama\" is "
-               "model.ffn_hidden (default: 2/3 * 4 * hidden rounded up to a multiple of 256, or "
-               "of hidden when hidden < 256); remove mlp_ratio.");
+               "applies to model.name = \"gpt\"; the SwiGLU width of model.name = " +
+                   quote_toml(name) +
+                   " is model.ffn_hidden (default: 2/3 * 4 * hidden rounded up to a multiple of "
+                   "256, or of hidden when hidden < 256); remove mlp_ratio.");
       }
       std::vector<std::string> valid = {"name",    "layers", "hidden",  "heads",
                                         "seq_len", "vocab",  "init_std"};
       valid.insert(valid.end(), kLlamaKeys.begin(), kLlamaKeys.end());
+      if (name == "mixtral") valid.insert(valid.end(), kMoeKeys.begin(), kMoeKeys.end());
       s.check_keys(valid);
       model_table().read_rows(s, m);
     } else if (name == "vit") {
@@ -443,7 +468,8 @@ class Reader {
                         " is not divisible by model.heads = " + std::to_string(m.heads) +
                         "; hidden must be a multiple of heads (" + hint + ").");
     }
-    if (m.name == "llama") read_llama(s, m);
+    if (m.name == "llama" || m.name == "mixtral") read_llama(s, m);
+    if (m.name == "mixtral") read_moe(s, m);
     if (m.name == "vit") read_vit(s, m);
     if (m.name == "dit") read_dit(s, m);
   }
@@ -489,6 +515,29 @@ class Reader {
     vit_optional_table().read_rows(s, m);
     m.seq_len = m.image_size * m.image_size * m.channels;
     m.vocab = m.classes;
+  }
+
+  // The keys of model.name = "mixtral" besides llama's.
+  void read_moe(const ConfigSection& s, ModelConfig& m) const {
+    moe_table().read_rows(s, m);
+    if (m.experts < 2) {
+      s.fail("experts", "model.experts = " + std::to_string(m.experts) +
+                            ": a mixture needs at least 2 experts (for 1, use model.name = "
+                            "\"llama\").");
+    }
+    if (m.top_k > m.experts) {
+      s.fail_at_any({"top_k", "experts"},
+                    "model.top_k = " + std::to_string(m.top_k) + " is more than model.experts = " +
+                        std::to_string(m.experts) + "; each token goes to top_k distinct "
+                        "experts, so use top_k <= " + std::to_string(m.experts) + ".");
+    }
+    if (m.moe_every > m.layers) {
+      s.fail_at_any({"moe_every", "layers"},
+                    "model.moe_every = " + std::to_string(m.moe_every) + " is more than "
+                    "model.layers = " + std::to_string(m.layers) +
+                        ": no block would have experts; use moe_every <= " +
+                        std::to_string(m.layers) + ".");
+    }
   }
 
   // The keys of model.name = "llama", checked and resolved (0 = default).
@@ -729,6 +778,34 @@ class Reader {
     }
   }
 
+  // What model.name = "mixtral" runs under: the layouts its equivalence
+  // test covers (tests/mpi/moe); the others are refused by name.
+  void check_moe_roles(const RunConfig& c, const ConfigSection& root) const {
+    if (c.parallel.sequence.size > 1 || c.parallel.sequence.mode == "megatron") {
+      root.fail_at_any({"parallel.sequence", "parallel.sequence.mode", "model.name"},
+                       "model.name = \"mixtral\" does not run under sequence parallelism yet: "
+                       "its routing and load-balancing loss see a rank's tokens, which a "
+                       "sequence split would change; set parallel.sequence.size = 1.");
+    }
+    if (c.parallel.tensor.size > 1 && c.parallel.tensor.mode != "1d") {
+      root.fail_at_any({"parallel.tensor.mode", "parallel.tensor", "model.name"},
+                       "parallel.tensor.mode = " + quote_toml(c.parallel.tensor.mode) +
+                           ": model.name = \"mixtral\" runs under tensor mode \"1d\" only "
+                           "(each expert's MLP split as a dense one); set "
+                           "parallel.tensor.mode = \"1d\".");
+    }
+    if (c.parallel.auto_plan) {
+      root.fail_at_any({"parallel.auto", "model.name"},
+                       "parallel.auto: the planner does not model mixture-of-experts layers "
+                       "(model.name = \"mixtral\"); set the layout yourself.");
+    }
+    if (!choose_plugins(c).memory.empty()) {
+      root.fail_at_any({"memory", "plugins.memory", "model.name"},
+                       "model.name = \"mixtral\" is not run by the chunks memory plugin yet; "
+                       "remove [memory].");
+    }
+  }
+
   // Which plugin each role gets, and the keys of a role's section that the
   // choice leaves without a reader.
   void check_roles(const RunConfig& c) const {
@@ -756,6 +833,7 @@ class Reader {
                            "replicated linear layers, which the 2d, 2.5d and 3d grids do not "
                            "lay out); set parallel.tensor.mode = \"1d\".");
     }
+    if (c.model.name == "mixtral") check_moe_roles(c, root);
     // A [plugins] override and the settings that select a plugin of the
     // same role must agree.
     const int64_t stage = c.parallel.zero.stage;
@@ -1217,6 +1295,10 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
   return mesh;
 }
 
+bool is_moe_block(const ModelConfig& c, int64_t block) {
+  return c.name == "mixtral" && (block + 1) % c.moe_every == 0;
+}
+
 int64_t default_ffn_hidden(int64_t hidden) {
   if (hidden <= 0 || hidden > std::numeric_limits<int64_t>::max() / 8) return 0;
   const int64_t multiple = hidden < 256 ? hidden : 256;
@@ -1261,13 +1343,14 @@ std::string to_toml(const RunConfig& c) {
     out << " (read from " << source << ")";
   }
   out << "\n\n[model]\n";
-  (c.model.name == "llama" ? llama_written_table()
+  (llama_family(c.model) ? llama_written_table()
    : c.model.name == "vit" ? vit_written_table()
    : c.model.name == "dit" ? vit_written_table()
                             : model_table())
       .write(c.model, out);
   if (c.model.name == "dit") dit_table().write(c.model, out);
   if (c.model.name == "vit") vit_optional_table().write(c.model, out);
+  if (c.model.name == "mixtral") moe_table().write(c.model, out);
   out << "\n[data]\n";
   if (c.data.kind == "images") {  // data.dtype does not apply to it
     out << "kind = " << quote_toml(c.data.kind) << "\npath = " << quote_toml(c.data.path) << "\n";

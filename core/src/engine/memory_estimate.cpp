@@ -78,6 +78,9 @@ struct Shape {
   double layers, hidden, heads, seq, vocab, inner;
   double kv_heads;     // key/value heads (llama's grouped-query attention)
   bool llama = false;  // modules/'s llama: no biases, SwiGLU, RMSNorm, untied head, no wpe
+  // mixtral: the share of blocks whose MLP is `experts` SwiGLU experts, each
+  // token through top_k of them (0 share for the dense models).
+  double moe_share = 0, experts = 0, top_k = 1;
 };
 
 Shape shape_of(const RunConfig& c) {
@@ -86,8 +89,15 @@ Shape shape_of(const RunConfig& c) {
           static_cast<double>(m.heads),  static_cast<double>(m.seq_len),
           static_cast<double>(m.vocab),  static_cast<double>(m.mlp_ratio * m.hidden),
           static_cast<double>(m.heads)};
-  if (m.name == "llama") {
+  if (llama_family(m)) {
     s.llama = true;
+    if (m.name == "mixtral") {
+      int64_t moe = 0;
+      for (int64_t b = 0; b < m.layers; ++b) moe += is_moe_block(m, b) ? 1 : 0;
+      s.moe_share = static_cast<double>(moe) / static_cast<double>(m.layers);
+      s.experts = static_cast<double>(m.experts);
+      s.top_k = static_cast<double>(m.top_k);
+    }
     s.inner = static_cast<double>(m.ffn_hidden > 0 ? m.ffn_hidden : default_ffn_hidden(m.hidden));
     s.kv_heads = static_cast<double>(m.kv_heads > 0 ? m.kv_heads : m.heads);
   }
@@ -100,7 +110,10 @@ Shape shape_of(const RunConfig& c) {
 double block_params(const Shape& s) {
   if (s.llama) {
     const double kv = s.kv_heads * s.hidden / s.heads;
-    return 2 * s.hidden * s.hidden + 2 * s.hidden * kv + 3 * s.hidden * s.inner + 2 * s.hidden;
+    // A mixture block's MLP: its experts and the router (mean over blocks).
+    const double mlp = (1 - s.moe_share) * 3 * s.hidden * s.inner +
+                       s.moe_share * (s.experts * 3 * s.hidden * s.inner + s.hidden * s.experts);
+    return 2 * s.hidden * s.hidden + 2 * s.hidden * kv + mlp + 2 * s.hidden;
   }
   return 4 * (s.hidden * s.hidden + s.hidden) + 2 * s.hidden * s.inner + s.inner + s.hidden +
          4 * s.hidden;
@@ -194,7 +207,8 @@ double block_activations(const Shape& s, const MeshShape& mesh, const std::strin
   if (sequence == "megatron") norms = (norms - 2 * bsh) / tp + 2 * bsh;
   // SwiGLU keeps four inner-wide tensors (gate, silu(gate), up, their
   // product), GELU two.
-  const double wide = s.llama ? 4 : 2;
+  // A mixture block runs each token through top_k experts.
+  const double wide = (s.llama ? 4 : 2) * (1 + s.moe_share * (s.top_k - 1));
   // The ring kernel saves contiguous copies of q, k and v (the serial core
   // reads them as views of the projection's output) besides the output
   // (counted), and the log-sum-exp.

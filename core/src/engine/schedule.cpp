@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "kolos/core/aux_loss.h"
 #include "kolos/core/comm/watchdog.h"
 
 namespace kolos {
@@ -16,6 +17,7 @@ class SingleStageSchedule : public PipelineSchedule {
   StepLoss run(StepContext& context) override {
     const auto& micro = *context.micro_batches;
     const double scale = context.loss_scale / static_cast<double>(micro.size());
+    set_aux_loss_multiplier(scale);
     StepLoss result;
     for (size_t m = 0; m < micro.size(); ++m) {
       comm::set_progress_micro_batch(static_cast<int64_t>(m));

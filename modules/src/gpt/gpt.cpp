@@ -92,6 +92,7 @@ std::shared_ptr<Model> build_gpt(const ModelConfig& c, LayerFactory& factory) {
 void register_builtin_models() {
   register_model("gpt", &build_gpt);
   register_model("llama", &build_llama);
+  register_model("mixtral", &build_llama);  // llama with mixture-of-experts MLPs
   register_model("vit", &build_vit);
   register_model("dit", &build_dit);
 }

@@ -73,11 +73,11 @@ bool Config::boolean(const std::string& key, bool fallback) const {
 
 HfModel to_hf(const ModelConfig& model, const NamedTensors& weights) {
   if (model.name == "gpt") return gpt_to_hf_gpt2(model, weights);
-  if (model.name == "llama") return llama_to_hf_llama(model, weights);
+  if (llama_family(model)) return llama_to_hf_llama(model, weights);
   if (model.name == "vit") return vit_to_hf_vit(model, weights);
   throw ConfigError("model `" + model.name +
                     "` has no Hugging Face counterpart; --format hf converts `gpt` (GPT-2), "
-                    "`llama` (LLaMA) and `vit` (ViT)");
+                    "`llama` (LLaMA), `mixtral` (Mixtral) and `vit` (ViT)");
 }
 
 ImportedModel from_hf(const std::string& config_json, const NamedTensors& tensors,
@@ -93,12 +93,12 @@ ImportedModel from_hf(const std::string& config_json, const NamedTensors& tensor
   const hf_detail::Config config(json, file);
   const std::string type = config.string("model_type", "");
   if (type == "gpt2") return hf_detail::gpt2_from_hf(config, tensors);
-  if (type == "llama") return hf_detail::llama_from_hf(config, tensors);
+  if (type == "llama" || type == "mixtral") return hf_detail::llama_from_hf(config, tensors);
   if (type == "vit") return hf_detail::vit_from_hf(config, tensors);
   config.refuse("model_type",
                 "kolos imports \"gpt2\" (GPT2LMHeadModel, as model `gpt`), \"llama\" "
-                "(LlamaForCausalLM, as model `llama`) and \"vit\" (ViTForImageClassification, "
-                "as model `vit`)");
+                "(LlamaForCausalLM, as model `llama`), \"mixtral\" (MixtralForCausalLM, as "
+                "model `mixtral`) and \"vit\" (ViTForImageClassification, as model `vit`)");
 }
 
 }  // namespace kolos::modules

@@ -31,6 +31,20 @@ std::vector<Named> llama_names(const ModelConfig& c) {
     out.push_back({k + "attn.v_proj.weight", l + "self_attn.v_proj.weight", {kv * hd, h}});
     out.push_back({k + "attn.o_proj.weight", l + "self_attn.o_proj.weight", {h, c.heads * hd}});
     out.push_back({k + "ln_2.weight", l + "post_attention_layernorm.weight", {h}});
+    if (is_moe_block(c, i)) {
+      // Mixtral's saved names (transformers 5 converts them to its fused
+      // experts on load, and writes them so on save): w1 gate, w3 up, w2 down.
+      const std::string moe = l + "block_sparse_moe.";
+      out.push_back({k + "mlp.router.weight", moe + "gate.weight", {c.experts, h}});
+      for (int64_t e = 0; e < c.experts; ++e) {
+        const std::string ke = k + "mlp.experts." + std::to_string(e) + ".";
+        const std::string he = moe + "experts." + std::to_string(e) + ".";
+        out.push_back({ke + "gate_proj.weight", he + "w1.weight", {f, h}});
+        out.push_back({ke + "up_proj.weight", he + "w3.weight", {f, h}});
+        out.push_back({ke + "down_proj.weight", he + "w2.weight", {h, f}});
+      }
+      continue;
+    }
     out.push_back({k + "mlp.gate_proj.weight", l + "mlp.gate_proj.weight", {f, h}});
     out.push_back({k + "mlp.up_proj.weight", l + "mlp.up_proj.weight", {f, h}});
     out.push_back({k + "mlp.down_proj.weight", l + "mlp.down_proj.weight", {h, f}});
@@ -43,20 +57,32 @@ std::vector<Named> llama_names(const ModelConfig& c) {
 }  // namespace
 
 HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
-  KOLOS_CHECK_KIND(kConfig, c.name == "llama", "model `", c.name, "` is not a llama");
+  KOLOS_CHECK_KIND(kConfig, llama_family(c), "model `", c.name, "` is not a llama");
+  const bool mixtral = c.name == "mixtral";
+  if (mixtral && c.moe_every != 1) {
+    throw ConfigError("model.moe_every = " + std::to_string(c.moe_every) +
+                      ": MixtralForCausalLM has experts in every block; --format hf exports "
+                      "mixtral with moe_every = 1 only");
+  }
+  if (mixtral && c.capacity_factor > 0) {
+    throw ConfigError("model.capacity_factor = " + std::to_string(c.capacity_factor) +
+                      ": MixtralForCausalLM routes without dropping tokens; --format hf "
+                      "exports dropless mixtral only");
+  }
   hf_detail::Tensors left(weights, "the checkpoint");
   HfModel hf;
-  hf.architecture = "LlamaForCausalLM";
+  hf.architecture = mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM";
   for (const Named& n : llama_names(c)) hf.tensors.emplace_back(n.hf, left.take(n.kolos, n.shape));
-  left.expect_empty("LLaMA", "is this checkpoint's model a llama with layers = " +
-                                 std::to_string(c.layers) + "?");
+  left.expect_empty(mixtral ? "Mixtral" : "LLaMA",
+                    "is this checkpoint's model a " + c.name + " with layers = " +
+                        std::to_string(c.layers) + "?");
   const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
   const int64_t f = c.ffn_hidden > 0 ? c.ffn_hidden : default_ffn_hidden(c.hidden);
   std::ostringstream json;
   json.precision(17);
   json << "{\n"
-       << "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-       << "  \"model_type\": \"llama\",\n"
+       << "  \"architectures\": [\"" << hf.architecture << "\"],\n"
+       << "  \"model_type\": \"" << (mixtral ? "mixtral" : "llama") << "\",\n"
        << "  \"vocab_size\": " << c.vocab << ",\n"
        << "  \"hidden_size\": " << c.hidden << ",\n"
        << "  \"intermediate_size\": " << f << ",\n"
@@ -73,7 +99,15 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
        << "  \"mlp_bias\": false,\n"
        << "  \"attention_dropout\": 0.0,\n"
        << "  \"initializer_range\": " << c.init_std << ",\n"
-       << "  \"tie_word_embeddings\": false,\n"
+       << "  \"tie_word_embeddings\": false,\n";
+  if (mixtral) {
+    json << "  \"num_local_experts\": " << c.experts << ",\n"
+         << "  \"num_experts_per_tok\": " << c.top_k << ",\n"
+         << "  \"router_aux_loss_coef\": " << c.aux_loss_coef << ",\n"
+         << "  \"router_jitter_noise\": 0.0,\n"
+         << "  \"output_router_logits\": false,\n";
+  }
+  json
        << "  \"torch_dtype\": \"float32\"\n"
        << "}\n";
   hf.config_json = json.str();
@@ -84,9 +118,30 @@ namespace hf_detail {
 
 ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
   ImportedModel out;
-  out.architecture = "LlamaForCausalLM";
+  const bool mixtral = config.string("model_type", "llama") == "mixtral";
+  out.architecture = mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM";
   ModelConfig& c = out.model;
-  c.name = "llama";
+  c.name = mixtral ? "mixtral" : "llama";
+  if (mixtral) {
+    c.experts = config.integer("num_local_experts");
+    c.top_k = config.integer("num_experts_per_tok");
+    c.moe_every = 1;
+    c.aux_loss_coef = config.number("router_aux_loss_coef", 0.001);
+    c.z_loss_coef = 0;
+    c.capacity_factor = 0;
+    if (c.experts < 2) config.refuse("num_local_experts", "kolos's mixtral needs at least 2");
+    if (c.top_k < 1 || c.top_k > c.experts) {
+      config.refuse("num_experts_per_tok", "must be between 1 and num_local_experts");
+    }
+    // Jitter multiplies the router's input by noise in training; kolos's
+    // router has none, so training would differ.
+    if (config.number("router_jitter_noise", 0.0) != 0.0) {
+      config.refuse("router_jitter_noise", "kolos's mixtral router has no input jitter");
+    }
+    if (config.has("sliding_window")) {
+      config.refuse("sliding_window", "kolos's attention is full causal attention");
+    }
+  }
   c.hidden = config.integer("hidden_size");
   c.layers = config.integer("num_hidden_layers");
   c.heads = config.integer("num_attention_heads");
@@ -107,7 +162,7 @@ ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
   }
   // What kolos's llama computes; anything else would load and compute another function.
   if (config.string("hidden_act", "silu") != "silu") {
-    config.refuse("hidden_act", "kolos's llama has a SwiGLU MLP (silu)");
+    config.refuse("hidden_act", "kolos's " + c.name + " has a SwiGLU MLP (silu)");
   }
   // RoPE: transformers 5 writes {"rope_parameters": {"rope_type", "rope_theta"}},
   // earlier versions rope_theta and rope_scaling at the top.
@@ -152,8 +207,9 @@ ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
     if (n.kolos == "embed.wte.weight") embedding = t;
     out.weights.emplace_back(n.kolos, t);
   }
-  left.expect_empty("kolos llama", "is this a LLaMA with num_hidden_layers = " +
-                                       std::to_string(c.layers) + " (config.json)?");
+  left.expect_empty("kolos " + c.name, "is this a " + std::string(mixtral ? "Mixtral" : "LLaMA") +
+                                          " with num_hidden_layers = " +
+                                          std::to_string(c.layers) + " (config.json)?");
   return out;
 }
 

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
+#include "kolos/core/aux_loss.h"
 #include "kolos/core/error.h"
 
 namespace kolos::modules {
@@ -42,9 +45,110 @@ class SwiGluMlp : public Layer {
   LayerPtr gate_, up_, down_;
 };
 
+// Layers held only as a named list ("0", "1", ...): the experts.
+class LayerList : public Layer {
+ public:
+  void add(LayerPtr layer) {
+    layers_.push_back(register_module(std::to_string(layers_.size()), std::move(layer)));
+  }
+  const std::vector<LayerPtr>& layers() const { return layers_; }
+  at::Tensor forward(const at::Tensor&) override {
+    KOLOS_CHECK(false, "a layer list is not run as one layer");
+    return {};
+  }
+
+ private:
+  std::vector<LayerPtr> layers_;
+};
+
+// A mixture of SwiGLU experts (Mixtral's sparse MoE block): a router scores
+// every token for every expert (softmax over `experts`), the token goes to
+// its top_k, weighted by their scores renormalised over the top_k; dropless
+// unless capacity_factor > 0, which keeps each expert's first
+// ceil(capacity_factor * tokens * top_k / experts) assignments (first
+// choices of every token before second choices, tokens in order) and drops
+// the rest (their weight is lost, not given to the others). Every expert
+// runs every step, on no rows when it received none, so each holds a
+// gradient and a tensor-parallel expert's collectives run on every rank.
+//
+// The Switch/GShard load-balancing loss aux_loss_coef * experts *
+// sum_{k,e} f[k][e] * P[e] (f: the fraction of tokens whose k-th choice is
+// e; P: the mean router probability of e; Hugging Face's
+// load_balancing_loss_func per micro-batch) and the z-loss z_loss_coef *
+// mean(logsumexp(logits)^2) train the router through with_aux_loss.
+class MoeMlp : public Layer {
+ public:
+  MoeMlp(LayerFactory& factory, const ModelConfig& c)
+      : top_k_(c.top_k),
+        aux_coef_(c.aux_loss_coef),
+        z_coef_(c.z_loss_coef),
+        capacity_factor_(c.capacity_factor) {
+    router_ = register_module("router", factory.linear(LinearSpec{c.hidden, c.experts, false,
+                                                                  LinearRole::kReplicated,
+                                                                  c.init_std}));
+    auto experts = std::make_shared<LayerList>();
+    for (int64_t e = 0; e < c.experts; ++e) experts->add(std::make_shared<SwiGluMlp>(factory, c));
+    experts_ = register_module("experts", experts);
+  }
+
+  at::Tensor forward(const at::Tensor& input) override {
+    const int64_t hidden = input.size(-1);
+    const at::Tensor x = input.reshape({-1, hidden});
+    const int64_t n = x.size(0);
+    const auto& experts = experts_->layers();
+    const int64_t e_count = static_cast<int64_t>(experts.size());
+    const at::Tensor logits = router_->forward(x).to(at::kFloat);  // [N, E]
+    const at::Tensor probs = torch::softmax(logits, -1);
+    auto [top, choice] = probs.topk(top_k_, -1);  // [N, k]
+    const at::Tensor weights = top / top.sum(-1, /*keepdim=*/true);
+    // [k, N, E]: assignment (k-th choice of token t) -> expert, one-hot.
+    const at::Tensor one_hot =
+        torch::one_hot(choice.t(), e_count).to(at::kFloat);  // [k, N, E]
+    at::Tensor kept = torch::ones({top_k_, n}, torch::kBool);
+    if (capacity_factor_ > 0) {
+      const int64_t capacity = static_cast<int64_t>(
+          std::ceil(capacity_factor_ * static_cast<double>(n * top_k_) / e_count));
+      // Position of each assignment in its expert's queue, 1-based.
+      const at::Tensor position =
+          (one_hot.reshape({top_k_ * n, e_count}).cumsum(0) * one_hot.reshape({top_k_ * n, e_count}))
+              .sum(-1)
+              .reshape({top_k_, n});
+      kept = position <= capacity;
+    }
+    dropped_ = (top_k_ * n) - kept.sum().item<int64_t>();
+    at::Tensor out = torch::zeros_like(x);
+    const at::Tensor choice_t = choice.t();  // [k, N]
+    for (int64_t e = 0; e < e_count; ++e) {
+      const at::Tensor hit = (choice_t == e).logical_and(kept).nonzero();  // [m, 2]: (k, token)
+      const at::Tensor slot = hit.select(1, 0), rows = hit.select(1, 1);
+      at::Tensor y = experts[e]->forward(x.index_select(0, rows));
+      const at::Tensor w = weights.index({rows, slot}).unsqueeze(-1);
+      out = out.index_add(0, rows, y * w.to(y.scalar_type()));
+    }
+    at::Tensor aux;
+    if (aux_coef_ > 0) {
+      const at::Tensor fraction = one_hot.mean(1);  // [k, E]
+      aux = aux_coef_ * static_cast<double>(e_count) * (fraction * probs.mean(0)).sum();
+    }
+    if (z_coef_ > 0) {
+      const at::Tensor z = z_coef_ * torch::logsumexp(logits, -1).pow(2).mean();
+      aux = aux.defined() ? aux + z : z;
+    }
+    out = out.reshape(input.sizes());
+    return aux.defined() ? with_aux_loss(out, aux) : out;
+  }
+
+ private:
+  int64_t top_k_;
+  double aux_coef_, z_coef_, capacity_factor_;
+  int64_t dropped_ = 0;
+  LayerPtr router_;
+  std::shared_ptr<LayerList> experts_;
+};
+
 class LlamaBlock : public Layer {
  public:
-  LlamaBlock(LayerFactory& factory, const ModelConfig& c) {
+  LlamaBlock(LayerFactory& factory, const ModelConfig& c, bool moe) {
     // Hugging Face's LLaMA initialises every linear layer N(0, init_std),
     // without GPT-2's residual scaling.
     AttentionSpec attention{c.hidden, c.heads, c.init_std, c.init_std};
@@ -54,7 +158,8 @@ class LlamaBlock : public Layer {
     ln_1_ = register_module("ln_1", factory.rms_norm(c.hidden, c.norm_eps));
     attn_ = register_module("attn", factory.attention(attention));
     ln_2_ = register_module("ln_2", factory.rms_norm(c.hidden, c.norm_eps));
-    mlp_ = register_module("mlp", std::make_shared<SwiGluMlp>(factory, c));
+    mlp_ = register_module("mlp", moe ? LayerPtr(std::make_shared<MoeMlp>(factory, c))
+                                      : LayerPtr(std::make_shared<SwiGluMlp>(factory, c)));
   }
   at::Tensor forward(const at::Tensor& x) override {
     at::Tensor h = x + attn_->forward(ln_1_->forward(x));
@@ -95,7 +200,8 @@ std::shared_ptr<Model> build_llama(const ModelConfig& c, LayerFactory& factory) 
   model->add_block("embed", std::make_shared<LlamaEmbedding>(factory, c));
   for (int64_t i = 0; i < c.layers; ++i) {
     // Repeated: the blocks train.recompute may recompute.
-    model->add_block("h." + std::to_string(i), std::make_shared<LlamaBlock>(factory, c),
+    model->add_block("h." + std::to_string(i),
+                     std::make_shared<LlamaBlock>(factory, c, is_moe_block(c, i)),
                      /*repeated=*/true);
   }
   model->add_block("head", std::make_shared<LlamaHead>(factory, c));

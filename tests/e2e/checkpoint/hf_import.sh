@@ -10,6 +10,8 @@
 #        the trained model's logits.
 # llama: the same for LlamaForCausalLM with grouped-query attention, a tied
 #        and an untied head.
+# mixtral: the same for MixtralForCausalLM (4 experts, top 2, GQA), and its
+#        router jitter refused.
 # bad:   a missing tensor, an extra tensor, a shard the index misplaces, a
 #        truncated file, unsupported config.json keys: each refused, naming it.
 set -uo pipefail
@@ -38,6 +40,12 @@ if kind == "gpt2":
     cfg = transformers.GPT2Config(vocab_size=96, n_positions=24, n_embd=48, n_layer=2, n_head=4,
                                   resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
     model = transformers.GPT2LMHeadModel(cfg)
+elif kind == "mixtral":
+    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=64, intermediate_size=48,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     num_local_experts=4, num_experts_per_tok=2,
+                                     max_position_embeddings=64, rope_theta=500000.0, rms_norm_eps=1e-6)
+    model = transformers.MixtralForCausalLM(cfg)
 else:
     tied = kind == "llama_tied"
     cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
@@ -170,6 +178,20 @@ PYEOF
     cp -r one.ckpt run.ckpt
     train_from run.ckpt train.toml
     export_matches run.ckpt
+    ;;
+  mixtral)
+    # Experts routed top-2 of 4 in both blocks: the same logits means the
+    # same routing, weights and experts (and the same first-step loss).
+    make_model mixtral one ""
+    same_logits one
+    grep -q '^name = "mixtral"' one.import.txt && grep -q '^experts = 4' one.import.txt ||
+      { cat one.import.txt; fail "the import's [model] table is not a mixtral with 4 experts"; }
+    sed -n '/^\[model\]/,$p' one.import.txt >train.toml
+    cp -r one.ckpt run.ckpt
+    train_from run.ckpt train.toml
+    export_matches run.ckpt
+    make_model mixtral jitter "model.config.router_jitter_noise = 0.1"
+    expect_failure "\`router_jitter_noise\` = 0.1" "$KOLOS" ckpt import jitter --format hf -o j.ckpt
     ;;
   bad)
     make_model gpt2 good ""

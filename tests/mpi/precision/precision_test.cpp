@@ -147,6 +147,11 @@ TEST(Bf16, LlamaZero3RecomputedTrainsLikeFp32) {
   expect_bf16_trains_like_fp32({"model.name=llama", "model.kv_heads=2", "parallel.zero.stage=3",
                                 "train.recompute=\"full\""});
 }
+// Mixtral: the router's softmax and weights in fp32, the experts in bf16.
+TEST(Bf16, MixtralTrainsLikeFp32) {
+  expect_bf16_trains_like_fp32(
+      {"model.name=mixtral", "model.experts=4", "model.top_k=2", "model.kv_heads=2"});
+}
 
 // ---- fp16: loss scaling and a skipped step ---------------------------------------
 
@@ -197,6 +202,37 @@ TEST(Fp16, TrainsLikeFp32) {
   auto b = make_engine(tiny_gpt_config({"train.steps=100", "train.precision=\"fp16\""}));
   const double low = b->train().final_loss;
   // fp16 keeps 11 significant bits (2^-12 relative rounding): tighter than bf16.
+  EXPECT_NEAR(low, reference, kFinalLossRel * reference);
+}
+
+// LLaMA's RMSNorm divides in float32: in fp16 rsqrt's backward (its output
+// cubed) overflowed at the small activations of a fresh model, so every
+// step was skipped and the scale halved forever.
+TEST(Fp16, LlamaTrainsLikeFp32) {
+  const std::string why = fp16_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  auto a = make_engine(tiny_gpt_config({"model.name=llama", "train.steps=100"}));
+  const TrainSummary reference = a->train();
+  auto b = make_engine(
+      tiny_gpt_config({"model.name=llama", "train.steps=100", "train.precision=\"fp16\""}));
+  const TrainSummary low = b->train();
+  EXPECT_LT(low.final_loss, 0.8 * low.first_loss);
+  EXPECT_NEAR(low.final_loss, reference.final_loss, kFinalLossRel * reference.final_loss);
+}
+
+// Mixtral: the router's auxiliary losses get the scaled loss's multiplier
+// (with_aux_loss), and their gradients are unscaled with the rest.
+TEST(Fp16, MixtralTrainsLikeFp32) {
+  const std::string why = fp16_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const std::vector<std::string> moe = {"model.name=mixtral", "model.experts=4", "model.top_k=2",
+                                        "model.aux_loss_coef=0.1", "train.steps=100"};
+  auto a = make_engine(tiny_gpt_config(moe));
+  const double reference = a->train().final_loss;
+  std::vector<std::string> low_moe = moe;
+  low_moe.push_back("train.precision=\"fp16\"");
+  auto b = make_engine(tiny_gpt_config(low_moe));
+  const double low = b->train().final_loss;
   EXPECT_NEAR(low, reference, kFinalLossRel * reference);
 }
 

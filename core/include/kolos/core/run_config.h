@@ -57,7 +57,22 @@ struct ModelConfig {
   std::string beta_schedule = "linear";  // "linear" | "cosine"
   double class_dropout = 0.1;            // P(label -> the null class), for guidance
   std::string pos_embed = "sincos";      // "sincos" (fixed) | "learned"
+  // name = "mixtral" only (refused for the others), besides llama's keys:
+  // the MLP of every moe_every-th block (blocks moe_every-1, 2*moe_every-1,
+  // ...) is a mixture of `experts` SwiGLU experts of width ffn_hidden, each
+  // token sent to its top_k (docs/moe.md).
+  int64_t experts = 8;
+  int64_t top_k = 2;
+  int64_t moe_every = 1;
+  double aux_loss_coef = 0.01;   // Switch/GShard load-balancing loss
+  double z_loss_coef = 0.0;      // router z-loss (ST-MoE)
+  double capacity_factor = 0.0;  // 0: dropless; else capacity per expert, tokens beyond dropped
 };
+
+// Whether block `block` of `c` has a mixture-of-experts MLP.
+bool is_moe_block(const ModelConfig& c, int64_t block);
+// llama and mixtral share the LLaMA block (RMSNorm, RoPE, SwiGLU).
+inline bool llama_family(const ModelConfig& c) { return c.name == "llama" || c.name == "mixtral"; }
 
 // LLaMA's SwiGLU width for `hidden`: 2/3 * 4 * hidden rounded up to a
 // multiple of 256, or of hidden itself when hidden < 256 (so a tiny model

@@ -12,7 +12,7 @@ namespace kolos::modules {
 
 std::shared_ptr<Model> build_gpt(const ModelConfig& config, LayerFactory& factory);
 
-// Registers every model of this library ("gpt", "llama", "vit", "dit") with kolos::register_model.
+// Registers every model of this library ("gpt", "llama", "mixtral", "vit", "dit") with kolos::register_model.
 void register_builtin_models();
 
 }  // namespace kolos::modules

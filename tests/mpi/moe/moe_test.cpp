@@ -1,0 +1,279 @@
+// Mixture of experts (model.name = "mixtral"; modules/src/llama/llama.cpp).
+//
+// - The layer: with top_k = experts and no capacity, its output is every
+//   expert's output weighted by the router's softmax (the dense sum), so
+//   dispatch and combine lose and repeat nothing; with top_k < experts, the
+//   same sum over each token's top_k, renormalised.
+// - The load-balancing loss reaches the router through with_aux_loss: its
+//   gradient equals the gradient of the same loss added to the model's.
+// - Equivalence with the serial run (20 steps, the harness's tolerances):
+//   dp, zero1-3, tp1d (x dp), pipeline 1f1b, full recomputation, a
+//   capacity that drops tokens, moe_every = 2 with the z-loss. A dp rank's
+//   micro-batch holds the samples of one serial micro-batch of the same
+//   size (Engine::next_micro_batches), so the per-micro-batch routing, loss
+//   and drops are the serial run's.
+// - Bad input: each key named.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "equivalence.h"
+#include "kolos/core/aux_loss.h"
+#include "kolos/core/engine.h"
+#include "kolos/core/error.h"
+#include "kolos/core/model.h"
+#include "kolos/modules/gpt.h"
+
+namespace kolos {
+namespace {
+
+using testing::config_error;
+using testing::world_size;
+
+#define REQUIRE_RANKS(...)                                                        \
+  do {                                                                            \
+    const std::vector<int> allowed{__VA_ARGS__};                                  \
+    if (std::find(allowed.begin(), allowed.end(), world_size()) == allowed.end()) \
+      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                           \
+  } while (0)
+
+void expect_has(const std::string& message, const std::string& part) {
+  EXPECT_NE(message.find(part), std::string::npos) << "missing \"" << part << "\" in: " << message;
+}
+
+// hidden 32, 4 heads, 4 experts of SwiGLU width 96, top 2.
+std::vector<std::string> mixtral(std::vector<std::string> overrides) {
+  overrides.insert(overrides.begin(),
+                   {"model.name=mixtral", "model.vocab=65", "model.experts=4", "model.top_k=2",
+                    "model.aux_loss_coef=0.05", "optim.grad_clip=0.05"});
+  return overrides;
+}
+RunConfig serial(std::vector<std::string> overrides = {}) {
+  overrides.push_back("parallel.data=1");
+  return testing::tiny_gpt_config(mixtral(std::move(overrides)));
+}
+RunConfig parallel(std::vector<std::string> overrides) {
+  return testing::tiny_gpt_config(mixtral(std::move(overrides)));
+}
+std::string dp_all() { return "parallel.data=" + std::to_string(world_size()); }
+
+// ---- the layer ----------------------------------------------------------------
+
+struct Built {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<LayerFactory> factory;
+};
+Built build(const RunConfig& c) {
+  modules::register_builtin_models();
+  Built b;
+  b.factory = make_serial_layer_factory();
+  torch::manual_seed(3);
+  b.model = build_model(c.model, *b.factory);
+  return b;
+}
+
+torch::nn::Module& child(torch::nn::Module& m, const std::string& path) {
+  torch::nn::Module* at = &m;
+  size_t start = 0;
+  while (start < path.size()) {
+    const size_t dot = path.find('.', start);
+    const std::string name = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    at = at->named_children()[name].get();
+    start = dot == std::string::npos ? path.size() : dot + 1;
+  }
+  return *at;
+}
+
+// The MoE MLP of block 0 and its pieces, run on x [N, H].
+struct Moe {
+  Layer* layer;
+  at::Tensor router;                   // [E, H]
+  std::vector<Layer*> experts;
+};
+Moe moe_of(Model& model, int64_t experts) {
+  Moe m;
+  auto& block = *model.blocks()[1].second;  // h.0
+  m.layer = dynamic_cast<Layer*>(&child(block, "mlp"));
+  m.router = child(block, "mlp.router").named_parameters()["weight"];
+  for (int64_t e = 0; e < experts; ++e) {
+    m.experts.push_back(dynamic_cast<Layer*>(&child(block, "mlp.experts." + std::to_string(e))));
+  }
+  return m;
+}
+
+TEST(MoeLayer, AllExpertsEqualTheDenseMixture) {
+  REQUIRE_RANKS(1);
+  const RunConfig c = serial({"model.top_k=4"});
+  Built b = build(c);
+  Moe m = moe_of(*b.model, 4);
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = torch::randn({2, 5, 32});
+  const at::Tensor flat = x.reshape({-1, 32});
+  const at::Tensor probs = torch::softmax(torch::matmul(flat, m.router.t()), -1);
+  at::Tensor dense = torch::zeros_like(flat);
+  for (int64_t e = 0; e < 4; ++e) {
+    dense += m.experts[e]->forward(flat) * probs.select(1, e).unsqueeze(-1);
+  }
+  const at::Tensor out = m.layer->forward(x);
+  EXPECT_EQ(out.sizes(), x.sizes());
+  EXPECT_TRUE(torch::allclose(out.reshape({-1, 32}), dense, 1e-5, 1e-6))
+      << (out.reshape({-1, 32}) - dense).abs().max().item<double>();
+}
+
+TEST(MoeLayer, TopTwoIsTheRenormalisedSumOverEachTokensChoices) {
+  REQUIRE_RANKS(1);
+  const RunConfig c = serial();
+  Built b = build(c);
+  Moe m = moe_of(*b.model, 4);
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = torch::randn({3, 4, 32});
+  const at::Tensor flat = x.reshape({-1, 32});
+  const at::Tensor probs = torch::softmax(torch::matmul(flat, m.router.t()), -1);
+  at::Tensor expected = torch::zeros_like(flat);
+  for (int64_t t = 0; t < flat.size(0); ++t) {
+    auto [top, idx] = probs[t].topk(2);
+    for (int64_t j = 0; j < 2; ++j) {
+      const int64_t e = idx[j].item<int64_t>();
+      expected[t] += m.experts[e]->forward(flat[t].unsqueeze(0))[0] * (top[j] / top.sum());
+    }
+  }
+  const at::Tensor out = m.layer->forward(x).reshape({-1, 32});
+  EXPECT_TRUE(torch::allclose(out, expected, 1e-5, 1e-6))
+      << (out - expected).abs().max().item<double>();
+}
+
+TEST(MoeLayer, TheLoadBalancingLossTrainsTheRouterAsIfAddedToTheLoss) {
+  REQUIRE_RANKS(1);
+  const RunConfig c = serial({"model.aux_loss_coef=0.3", "model.z_loss_coef=0.01"});
+  Built b = build(c);
+  Moe m = moe_of(*b.model, 4);
+  const at::Tensor x = torch::randn({2, 6, 32});
+  // kolos: the layer's output carries the auxiliary loss; the objective
+  // is sum(out * g) for a fixed g, with multiplier 0.5.
+  const at::Tensor g = torch::randn({2, 6, 32});
+  set_aux_loss_multiplier(0.5);
+  (m.layer->forward(x) * g).sum().mul(0.5).backward();
+  const at::Tensor kolos_grad = m.router.grad().clone();
+  m.router.mutable_grad().zero_();
+  // The reference: the same objective with the losses written out.
+  const at::Tensor flat = x.reshape({-1, 32});
+  const at::Tensor logits = torch::matmul(flat, m.router.t());
+  const at::Tensor probs = torch::softmax(logits, -1);
+  const at::Tensor choice = std::get<1>(probs.topk(2, -1));
+  const at::Tensor fraction = torch::one_hot(choice, 4).to(at::kFloat).mean(0);  // [k, E]
+  const at::Tensor aux = 0.3 * 4 * (fraction * probs.mean(0)).sum() +
+                         0.01 * torch::logsumexp(logits, -1).pow(2).mean();
+  set_aux_loss_multiplier(1.0);
+  {
+    // The layer without its auxiliary losses: coefficients 0.
+    RunConfig plain = c;
+    plain.model.aux_loss_coef = 0;
+    plain.model.z_loss_coef = 0;
+    Built p = build(plain);  // the same seed: the same weights
+    Moe pm = moe_of(*p.model, 4);
+    ((pm.layer->forward(x) * g).sum().mul(0.5) + aux.mul(0.5)).backward();
+    // The aux graph above read m.router; its gradient lands there.
+    const at::Tensor reference = pm.router.grad() + m.router.grad();
+    EXPECT_TRUE(torch::allclose(kolos_grad, reference, 1e-5, 1e-7))
+        << (kolos_grad - reference).abs().max().item<double>();
+    // And the auxiliary part is not negligible here.
+    EXPECT_GT(m.router.grad().abs().max().item<double>(), 1e-3);
+  }
+}
+
+// ---- equivalence ----------------------------------------------------------------
+
+TEST(MoeDataParallel, MatchesSerial) {
+  REQUIRE_RANKS(2, 4);
+  testing::expect_equivalent(serial(), parallel({dp_all()}));
+}
+
+TEST(MoeZero, EveryStageMatchesSerial) {
+  REQUIRE_RANKS(2, 4);
+  for (const int stage : {1, 2, 3}) {
+    SCOPED_TRACE("zero" + std::to_string(stage));
+    testing::expect_equivalent(
+        serial(), parallel({dp_all(), "parallel.zero.stage=" + std::to_string(stage)}));
+  }
+}
+
+TEST(MoeTp1d, MatchesSerial) {
+  REQUIRE_RANKS(2, 4);
+  testing::expect_equivalent(
+      serial(), parallel({"parallel.tensor.size=2", "parallel.data=" +
+                                                        std::to_string(world_size() / 2)}));
+}
+
+TEST(MoePipeline, OneFOneBMatchesSerial) {
+  REQUIRE_RANKS(2, 4);
+  testing::expect_equivalent(serial(),
+                             parallel({"parallel.pipeline.size=2", "parallel.data=" +
+                                                                       std::to_string(world_size() / 2)}));
+}
+
+TEST(MoeRecompute, FullMatchesSerial) {
+  REQUIRE_RANKS(2);
+  testing::expect_equivalent(serial(), parallel({dp_all(), "train.recompute=full"}));
+}
+
+TEST(MoeCapacity, DroppedTokensMatchSerial) {
+  // Capacity 0.5 x 16 tokens x 2 / 4 experts = 2 per expert and micro-batch
+  // of 4 x 32 tokens... (128 tokens: capacity 32 of 64 assignments each on
+  // average): many assignments dropped, the same ones in every layout.
+  REQUIRE_RANKS(2, 4);
+  const std::vector<std::string> cap = {"model.capacity_factor=0.5"};
+  std::vector<std::string> mix = cap;
+  mix.push_back(dp_all());
+  testing::expect_equivalent(serial(cap), parallel(mix));
+}
+
+TEST(MoeEveryOtherBlock, WithZLossUnderTp1dMatchesSerial) {
+  REQUIRE_RANKS(2);
+  const std::vector<std::string> every = {"model.layers=4", "model.moe_every=2",
+                                          "model.z_loss_coef=0.001"};
+  std::vector<std::string> mix = every;
+  mix.push_back("parallel.tensor.size=2");
+  testing::expect_equivalent(serial(every), parallel(mix));
+}
+
+// ---- bad input ----------------------------------------------------------------
+
+TEST(MoeBadInput, KeysNamed) {
+  REQUIRE_RANKS(1);
+  EXPECT_EQ(config_error(mixtral({})), "");
+  expect_has(config_error(mixtral({"model.top_k=5"})),
+             "model.top_k = 5 is more than model.experts = 4");
+  expect_has(config_error(mixtral({"model.experts=1", "model.top_k=1"})),
+             "a mixture needs at least 2 experts");
+  EXPECT_EQ(config_error(mixtral({"model.capacity_factor=0.0"})), "");  // dropless
+  expect_has(config_error(mixtral({"model.capacity_factor=-1.0"})), "model.capacity_factor");
+  expect_has(config_error(mixtral({"model.moe_every=3"})), "model.moe_every = 3 is more than");
+  expect_has(config_error(mixtral({"model.aux_loss_coef=-0.1"})), "model.aux_loss_coef");
+  expect_has(config_error(mixtral({"model.mlp_ratio=4"})), "model.mlp_ratio");
+  // The experts' keys on another model.
+  const std::string m = config_error({"model.experts=4"});
+  expect_has(m, "model.experts");
+  expect_has(m, "applies to model.name = \"mixtral\" only, not to model.name = \"gpt\"");
+  expect_has(config_error({"model.name=llama", "model.top_k=2"}),
+             "applies to model.name = \"mixtral\" only, not to model.name = \"llama\"");
+}
+
+TEST(MoeBadInput, LayoutsNotCoveredAreRefused) {
+  REQUIRE_RANKS(1);
+  expect_has(config_error(mixtral({"parallel.sequence.size=2"})),
+             "does not run under sequence parallelism yet");
+  expect_has(config_error(mixtral({"parallel.tensor.size=4", "parallel.tensor.mode=2d"})),
+             "runs under tensor mode \"1d\" only");
+  expect_has(config_error(mixtral({"memory.compute_budget=\"1GiB\""})),
+             "not run by the chunks memory plugin yet");
+  expect_has(config_error(mixtral({"parallel.auto=true"})),
+             "the planner does not model mixture-of-experts layers");
+}
+
+}  // namespace
+}  // namespace kolos
