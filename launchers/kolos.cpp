@@ -528,7 +528,7 @@ int check(const std::vector<std::string>& args) {
   if (parsed.help) return 0;
   const RunConfig config = load_run_config(config_path, overrides);
   if (ranks <= 0) {
-    ranks = std::max<int64_t>(config.parallel.data, 1) * non_data_ranks(config);
+    ranks = fewest_ranks(config);
   }
   const RunPlan plan = check_run(config, ranks);
   const MemoryEstimate memory = estimate_memory(config, ranks, resident_bytes());
@@ -537,13 +537,17 @@ int check(const std::vector<std::string>& args) {
   const MemoryBudget budget = memory_budget(config, per_node > 0 ? std::min(per_node, ranks) : 1);
   check_memory_fits(config, memory, budget, ranks);
   std::cout << "kolos: " << config_path << ": ok for " << ranks << (ranks == 1 ? " rank" : " ranks")
-            << ": mesh pp=" << plan.shape.pp << " dp=" << plan.shape.dp << " sp=" << plan.shape.sp
-            << " tp=" << plan.shape.tp << " | layers " << plan.roles.layers << ", pipeline "
+            << ": mesh " << MeshLayout(plan.shape).describe() << " | layers " << plan.roles.layers
+            << ", pipeline "
             << plan.roles.pipeline << ", gradients " << plan.roles.gradients
             << (plan.roles.sequence.empty() ? "" : ", sequence " + plan.roles.sequence)
             << (plan.roles.memory.empty() ? "" : ", memory " + plan.roles.memory)
             << " | batch " << config.train.global_batch << " = " << config.train.micro_batch
-            << " x " << plan.accumulation << " accum x " << plan.shape.dp << " dp | memory about "
+            << " x " << plan.accumulation << " accum x " << plan.shape.dp << " dp"
+            << (plan.shape.of(expert_axis()) > 1
+                    ? " x " + std::to_string(plan.shape.of(expert_axis())) + " ep"
+                    : std::string())
+            << " | memory about "
             << detail::format_bytes(memory.peak()) << " per rank of "
             << detail::format_bytes(budget.bytes) << "\n";
   if (config.parallel.auto_plan) {

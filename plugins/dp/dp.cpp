@@ -9,8 +9,17 @@
 // launches what is left and waits. Buckets follow the order gradients
 // became ready on the first step (agreed over the group). Accumulation
 // micro-batches communicate nothing.
+//
+// A gradient is averaged over the data axes (dp, ep: batch_axes()) and sp
+// that its parameter is not held apart along: every parameter over all of
+// them, except an expert of an expert-parallel mixture (held apart along ep),
+// over dp x sp only, by buckets of its own, and then divided by the ep size:
+// the all-to-all's backward already summed, on the expert's rank, the
+// gradients of every ep peer's tokens, so the mean over all data ranks is
+// that sum over dp x sp divided by dp x sp x ep.
 #include <torch/torch.h>
 
+#include <map>
 #include <vector>
 
 #include "kolos/core/error.h"
@@ -29,12 +38,13 @@ class DataParallel : public GradientStrategy {
 
   void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override {
     model_ = &model;
-    group_ = mesh.group(AxisSet{Axis::kDP, Axis::kSP});
-    std::vector<GradBuckets::Param> bucketed;
+    const AxisSet data = batch_axes() | AxisSet{Axis::kSP};
+    std::map<uint8_t, std::vector<GradBuckets::Param>> by_axes;
     for (auto& p : model.placed_parameters()) {
       if (!p.tensor.requires_grad()) continue;
       params_.push_back(p);
-      bucketed.push_back(GradBuckets::Param{p.name, p.tensor, {}});
+      const AxisSet over = data.without(p.placement.sharded());
+      by_axes[over.bits()].push_back(GradBuckets::Param{p.name, p.tensor, {}});
     }
     GradBuckets::Options options;
     options.reduction = GradBuckets::Reduction::kAllReduce;
@@ -42,24 +52,42 @@ class DataParallel : public GradientStrategy {
                                                          : config.parallel.bucket_mb * 1024 * 1024;
     options.reduce_in_fp32 = reduce_in_fp32(config);
     options.allreduce = comm::parse_all_reduce_mode(config.parallel.allreduce);
-    buckets_ = std::make_unique<GradBuckets>(std::move(bucketed), group_, options);
+    // The whole data group's buckets first (every rank has them), then the
+    // narrower groups', in the order of their axis bits: the same on every
+    // rank of each group.
+    auto whole = by_axes.find(data.bits());
+    if (whole != by_axes.end()) {
+      sets_.push_back(make_set(mesh, data, data, std::move(whole->second), options));
+      by_axes.erase(whole);
+    }
+    for (auto& [bits, params] : by_axes) {
+      sets_.push_back(make_set(mesh, data, AxisSet(bits), std::move(params), options));
+    }
+    group_ = mesh.group(data);
 
     // The .grad tensors keep their identity when the buckets are rebuilt.
     optimizer_ = std::make_unique<AdamW>(adamw_settings(config.optim));
     for (auto& p : params_) optimizer_->add(p.name, p.tensor, p.tensor.grad(), p.placement);
   }
 
-  void zero_grad() override { buckets_->zero_grad(); }
+  void zero_grad() override {
+    for (auto& set : sets_) set.buckets->zero_grad();
+  }
 
   void prepare_backward(bool sync) override {
     sync_ = sync;
-    buckets_->prepare_backward(sync);
+    for (auto& set : sets_) set.buckets->prepare_backward(sync);
   }
 
   void finish_backward() override {
     KOLOS_CHECK(sync_ || group_->size() == 1,
                 "dp: finish_backward() after a backward that was not the step's last");
-    buckets_->finish_backward();
+    for (auto& set : sets_) {
+      set.buckets->finish_backward();
+      if (set.factor != 1.0) {
+        for (auto& grad : set.grads) grad.mul_(set.factor);
+      }
+    }
   }
 
   std::vector<GradPiece> grad_pieces() override {
@@ -78,17 +106,49 @@ class DataParallel : public GradientStrategy {
   MemoryStats memory() const override {
     MemoryStats m;
     for (const auto& p : params_) m.parameter_bytes += p.tensor.numel() * p.tensor.element_size();
-    m.gradient_bytes = buckets_->gradient_bytes();
+    for (const auto& set : sets_) m.gradient_bytes += set.buckets->gradient_bytes();
     m.optimizer_bytes = optimizer_->state_bytes() + optimizer_->master_bytes();
     return m;
   }
 
-  ReductionStats reduction_stats() const override { return buckets_->stats(); }
+  // The whole data group's figures, with the narrower groups' traffic added.
+  ReductionStats reduction_stats() const override {
+    if (sets_.empty()) return {};
+    ReductionStats stats = sets_.front().buckets->stats();
+    for (size_t i = 1; i < sets_.size(); ++i) {
+      const ReductionStats more = sets_[i].buckets->stats();
+      stats.bytes += more.bytes;
+      stats.bytes_during_backward += more.bytes_during_backward;
+      stats.wait_s += more.wait_s;
+      stats.reductions += more.reductions;
+      stats.completed_before_finish += more.completed_before_finish;
+    }
+    return stats;
+  }
 
  private:
+  // Parameters whose gradients are averaged over one group.
+  struct BucketSet {
+    std::unique_ptr<GradBuckets> buckets;
+    double factor = 1.0;            // after the group's mean: its size / the data group's
+    std::vector<at::Tensor> grads;  // the .grad tensors to scale by it
+  };
+  static BucketSet make_set(const DeviceMesh& mesh, AxisSet data, AxisSet over,
+                            std::vector<GradBuckets::Param> params,
+                            const GradBuckets::Options& options) {
+    BucketSet set;
+    std::vector<at::Tensor> tensors;
+    for (const auto& p : params) tensors.push_back(p.tensor);
+    set.buckets = std::make_unique<GradBuckets>(std::move(params), mesh.group(over), options);
+    set.factor = static_cast<double>(mesh.layout().size(over)) /
+                 static_cast<double>(mesh.layout().size(data));
+    for (const auto& t : tensors) set.grads.push_back(t.grad());
+    return set;
+  }
+
   comm::ProcessGroupPtr group_;
   std::vector<PlacedParameter> params_;
-  std::unique_ptr<GradBuckets> buckets_;
+  std::vector<BucketSet> sets_;
   std::unique_ptr<AdamW> optimizer_;
   bool sync_ = true;
 };

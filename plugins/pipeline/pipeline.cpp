@@ -210,7 +210,7 @@ void PipelineExecutor::setup(Model& model, const DeviceMesh& mesh, const RunConf
   const int V = static_cast<int>(settings_.chunks);
   rank_ = static_cast<int>(mesh.coord(Axis::kPP));
   world_rank_ = static_cast<int>(mesh.rank());
-  const int64_t per_step = config.train.micro_batch * mesh.size(Axis::kDP);
+  const int64_t per_step = config.train.micro_batch * mesh.layout().size(batch_axes());
   const int M = static_cast<int>(config.train.global_batch / per_step);
   plan_ = make_plan(parse_schedule(settings_.schedule), P, M, V);
 

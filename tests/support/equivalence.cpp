@@ -93,7 +93,7 @@ std::string config_error(const std::vector<std::string>& overrides) {
   try {
     // At the fewest ranks the config's mesh fits, as `kolos check` does.
     const RunConfig config = tiny_gpt_config(overrides);
-    plan_run(config, std::max<int64_t>(config.parallel.data, 1) * non_data_ranks(config));
+    plan_run(config, fewest_ranks(config));
   } catch (const ConfigError& e) {
     return e.what();
   }

@@ -701,10 +701,35 @@ class Reader {
     return size_key;
   }
 
+  // parallel.expert = { size = E } (or the integer E): the ep axis. Not a
+  // role's section: the core reads all of it (kolos/core/experts.h).
+  void read_expert(ParallelConfig& p) const {
+    const toml::value* v = doc_->find("parallel.expert");
+    if (v == nullptr) return;
+    std::string key = "parallel.expert";
+    if (v->is_integer()) {
+      p.expert.size = v->as_integer();
+    } else if (v->is_table()) {
+      const ConfigSection expert = section("parallel.expert");
+      expert.check_keys({"size"});
+      expert.read("size", p.expert.size);
+      key += ".size";
+    } else {
+      section("parallel").fail("expert", std::string("expected an integer or a table such as "
+                                                     "{ size = 2 }, found ") + type_phrase(v->type()) + " (" +
+                                         show_value(*v) + ")");
+    }
+    if (p.expert.size < 1) {
+      ConfigSection(doc_, "").fail(key, std::to_string(p.expert.size) +
+                                            " is out of range; it must be >= 1.");
+    }
+  }
+
   void read_parallel(ParallelConfig& p) const {
     const ConfigSection s = section("parallel");
     std::vector<std::string> axes;
     for (const auto& axis : kAxes) axes.emplace_back(axis.key);
+    axes.emplace_back("expert");
     parallel_table().read(s, p, axes);
     read_axis(kAxes[0], p.tensor.size, 1, "{ size = 4, mode = \"2d\" }");
     const ConfigSection tensor = section("parallel.tensor");
@@ -723,6 +748,7 @@ class Reader {
     }
     const std::string stage_key =
         read_axis(kAxes[3], p.zero.stage, std::numeric_limits<int64_t>::min(), "{ stage = 2 }");
+    read_expert(p);
     // MPI numbers ranks with an int: a mesh larger than that cannot launch,
     // and products past it would overflow where the mesh is resolved.
     const int64_t max_ranks = std::numeric_limits<int>::max();
@@ -806,6 +832,35 @@ class Reader {
     }
   }
 
+  // parallel.expert.size > 1: an MoE model whose experts divide, and the
+  // layouts the expert axis is checked under (docs/moe.md).
+  void check_expert_axis(const RunConfig& c, const ConfigSection& root) const {
+    const int64_t ep = c.parallel.expert.size;
+    const std::string size = "parallel.expert.size = " + std::to_string(ep);
+    if (c.model.name != "mixtral") {
+      root.fail_at_any({"parallel.expert.size", "parallel.expert", "model.name"},
+                       size + ": model.name = " + quote_toml(c.model.name) +
+                           " has no experts to split; the expert axis needs a mixture-of-experts "
+                           "model (model.name = \"mixtral\"), or remove parallel.expert.");
+    }
+    if (c.model.experts % ep != 0) {
+      root.fail_at_any({"parallel.expert.size", "parallel.expert", "model.experts"},
+                       size + " does not divide model.experts = " +
+                           std::to_string(c.model.experts) +
+                           ": each rank of the expert axis holds an equal share of the experts; "
+                           "use a size that divides " + std::to_string(c.model.experts) + ".");
+    }
+    const std::string gradients = choose_plugins(c).gradients;
+    if (gradients != "dp") {
+      root.fail_at_any({"parallel.zero.stage", "parallel.zero", "plugins.gradients",
+                        "parallel.expert.size"},
+                       size + " with the gradients plugin `" + gradients +
+                           "`: only dp reduces expert-parallel gradients yet (the experts' over "
+                           "dp, the dense ones over dp x ep; ZeRO does not shard them); use "
+                           "parallel.zero.stage = 0 with the expert axis.");
+    }
+  }
+
   // Which plugin each role gets, and the keys of a role's section that the
   // choice leaves without a reader.
   void check_roles(const RunConfig& c) const {
@@ -834,6 +889,7 @@ class Reader {
                            "lay out); set parallel.tensor.mode = \"1d\".");
     }
     if (c.model.name == "mixtral") check_moe_roles(c, root);
+    if (c.parallel.expert.size > 1) check_expert_axis(c, root);
     // A [plugins] override and the settings that select a plugin of the
     // same role must agree.
     const int64_t stage = c.parallel.zero.stage;
@@ -1220,6 +1276,28 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(text, path, overrides);
 }
 
+namespace {
+
+// parallel.expert.size ranks of the data ranks form the ep axis; dp keeps
+// the rest.
+MeshShape split_data_over_experts(MeshShape mesh, const ParallelConfig& p,
+                                  const std::string& where) {
+  const int64_t ep = p.expert.size;
+  if (ep <= 1) return mesh;
+  if (mesh.dp % ep != 0) {
+    throw ConfigError(where + ": parallel.expert.size = " + std::to_string(ep) +
+                      " does not divide the " + std::to_string(mesh.dp) +
+                      " data ranks (parallel.data" + (p.data == 0 ? ", derived from the world size" : "") +
+                      "): the expert axis splits them; use a size that divides " +
+                      std::to_string(mesh.dp) + ", or more data ranks.");
+  }
+  mesh.dp /= ep;
+  mesh.set(expert_axis(), ep);
+  return mesh;
+}
+
+}  // namespace
+
 MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
   const ParallelConfig& p = config.parallel;
   const std::string where = config.source.empty() ? "<config>" : config.source;
@@ -1269,7 +1347,7 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
           "), or choose sizes whose product divides " + std::to_string(world_size) + ".");
     }
     mesh.dp = world_size / others;
-    return mesh;
+    return split_data_over_experts(mesh, p, where);
   }
   mesh.dp = p.data;
   int64_t total = 0;
@@ -1292,7 +1370,7 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
                       std::to_string(mesh.tp) + " = " + total_text +
                       ", but the world size is " + std::to_string(world_size) + "; " + fix + ".");
   }
-  return mesh;
+  return split_data_over_experts(mesh, p, where);
 }
 
 bool is_moe_block(const ModelConfig& c, int64_t block) {
@@ -1385,6 +1463,7 @@ std::string to_toml(const RunConfig& c) {
   out << plugin_keys_inline(c, "parallel.sequence", {"size", "mode"}) << " }\n";
   out << "zero = { stage = " << p.zero.stage << plugin_keys_inline(c, "parallel.zero", {"stage"})
       << " }\n";
+  if (p.expert.size > 1) out << "expert = { size = " << p.expert.size << " }\n";
   out << "\n[log]\n";
   log_table().write(c.log, out);
   out << "\n[checkpoint]\n";

@@ -97,7 +97,8 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
   RunPlan plan;
   plan.shape = resolve_mesh_shape(config, world_size);
   int64_t per_step = 0;
-  const bool overflow = __builtin_mul_overflow(config.train.micro_batch, plan.shape.dp, &per_step);
+  const int64_t data_ranks = plan.shape.batch_ranks();  // dp (x ep)
+  const bool overflow = __builtin_mul_overflow(config.train.micro_batch, data_ranks, &per_step);
   if (overflow || config.train.global_batch % per_step != 0) {
     std::string fix = "use a smaller train.micro_batch";
     if (!overflow) {
@@ -109,7 +110,7 @@ RunPlan plan_run(const RunConfig& config, int64_t world_size) {
                       std::to_string(config.train.global_batch) +
                       " is not a multiple of train.micro_batch (" +
                       std::to_string(config.train.micro_batch) + ") x data-parallel size (" +
-                      std::to_string(plan.shape.dp) + ") = " +
+                      std::to_string(data_ranks) + ") = " +
                       (overflow ? std::string("more than 2^63") : std::to_string(per_step)) +
                       "; " + fix);
   }
@@ -289,8 +290,9 @@ double learning_rate_at(const RunConfig& config, int64_t step) {
 std::vector<MicroBatch> Engine::next_micro_batches() {
   const int64_t mb = config_.train.micro_batch;
   const int64_t seq = config_.model.seq_len;
-  const int64_t dp = mesh_->size(Axis::kDP);
-  const int64_t dp_index = mesh_->coord(Axis::kDP);
+  // The ranks that read different samples: dp, and ep when experts are split.
+  const int64_t dp = mesh_->layout().size(batch_axes());
+  const int64_t dp_index = mesh_->layout().index_in_group(mesh_->rank(), batch_axes());
   const int64_t first = step_ * config_.train.global_batch;
   // Sequence parallelism: the ranks of one sp group read the same samples
   // and each keeps its positions of every sample's tokens and targets.
@@ -360,9 +362,9 @@ EvalResult Engine::evaluate() {
   const int64_t size = eval_data_->size();
   int64_t total = eval_.samples > 0 ? eval_.samples : (size > 0 ? size : 256);
   if (size > 0) total = std::min(total, size);
-  // dp rank r reads held-out samples r, r + dp, r + 2 dp, ...
-  const int64_t dp = mesh_->size(Axis::kDP);
-  const int64_t dp_index = mesh_->coord(Axis::kDP);
+  // Data rank r (of dp, x ep) reads held-out samples r, r + dp, r + 2 dp, ...
+  const int64_t dp = mesh_->layout().size(batch_axes());
+  const int64_t dp_index = mesh_->layout().index_in_group(mesh_->rank(), batch_axes());
   const int64_t mine = total / dp + (dp_index < total % dp ? 1 : 0);
   // Every rank runs as many batches as the rank with the most samples
   // (ZeRO-3's gathers are collective over dp); rows past its own share are
@@ -551,39 +553,135 @@ TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_ste
   return summary;
 }
 
+namespace {
+
+// `mine` (this rank's parameters, whole, in model order; `apart[i]`: held
+// by this rank alone along the group's axis, an expert under ep) with the
+// other ranks' held-apart ones added: each run of consecutive held-apart
+// entries becomes the runs of every rank of `group` in rank order (rank r
+// holds the r-th share of the experts, so that is the serial order). Every
+// rank of the group has the same runs, by position; each rank broadcasts
+// its runs' names, dtypes and shapes, then the tensors.
+std::vector<std::pair<std::string, at::Tensor>> share_held_apart(
+    const std::vector<std::pair<std::string, at::Tensor>>& mine, const std::vector<bool>& apart,
+    comm::ProcessGroup& group) {
+  // The runs: [begin, end) of mine.
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < mine.size();) {
+    if (!apart[i]) {
+      ++i;
+      continue;
+    }
+    size_t e = i;
+    while (e < mine.size() && apart[e]) ++e;
+    runs.emplace_back(i, e);
+    i = e;
+  }
+  // Every rank's runs: names and tensors.
+  std::vector<std::vector<std::vector<std::pair<std::string, at::Tensor>>>> theirs(group.size());
+  for (int root = 0; root < group.size(); ++root) {
+    std::ostringstream header;
+    if (root == group.rank()) {
+      for (const auto& [b, e] : runs) {
+        header << e - b << "\n";
+        for (size_t i = b; i < e; ++i) {
+          const at::Tensor& t = mine[i].second;
+          header << mine[i].first << " " << static_cast<int>(t.scalar_type()) << " " << t.dim();
+          for (int64_t d : t.sizes()) header << " " << d;
+          header << "\n";
+        }
+      }
+    }
+    std::string text = header.str();
+    at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
+    group.broadcast(length, root)->wait();
+    at::Tensor bytes = torch::empty({length.item<int64_t>()}, torch::kUInt8);
+    if (root == group.rank()) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+    group.broadcast(bytes, root)->wait();
+    text.assign(reinterpret_cast<const char*>(bytes.data_ptr()), bytes.numel());
+    std::istringstream in(text);
+    auto& runs_of_root = theirs[root];
+    for (size_t r = 0; r < runs.size(); ++r) {
+      size_t count = 0;
+      in >> count;
+      KOLOS_CHECK(static_cast<bool>(in), "gathered_parameters: rank ", root,
+                  " of the expert group has fewer runs of experts than this one");
+      std::vector<std::pair<std::string, at::Tensor>> run;
+      for (size_t i = 0; i < count; ++i) {
+        std::string name;
+        int dtype = 0, dims = 0;
+        in >> name >> dtype >> dims;
+        std::vector<int64_t> shape(dims);
+        for (auto& d : shape) in >> d;
+        at::Tensor t = root == group.rank()
+                           ? mine[runs[r].first + i].second.contiguous()
+                           : torch::empty(shape, at::TensorOptions().dtype(
+                                                     static_cast<at::ScalarType>(dtype)));
+        group.broadcast(t, root)->wait();
+        run.emplace_back(name, t);
+      }
+      runs_of_root.push_back(std::move(run));
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  size_t next_run = 0;
+  for (size_t i = 0; i < mine.size();) {
+    if (!apart[i]) {
+      out.push_back(mine[i]);
+      ++i;
+      continue;
+    }
+    for (const auto& runs_of_root : theirs) {
+      for (const auto& entry : runs_of_root[next_run]) out.push_back(entry);
+    }
+    i = runs[next_run].second;
+    ++next_run;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
   std::vector<std::pair<std::string, at::Tensor>> out;
+  std::vector<bool> apart;  // held by this rank alone along ep (an expert)
   torch::NoGradGuard no_grad;
+  const AxisSet ep{expert_axis()};
   // The gradients role knows where parameters live at rest (ZeRO-3: shards
   // only; the model's own tensors are empty between uses).
   if (!model_->pipelined()) {
     for (const auto& p : gradients_->parameters_at_rest()) {
-      out.emplace_back(p.name, gather_global(p.tensor.detach(), p.placement, *mesh_));
+      out.emplace_back(p.name, gather_global(p.tensor.detach(), p.placement, *mesh_,
+                                             p.placement.sharded().without(ep)));
+      apart.push_back(p.placement.sharded().contains(expert_axis()));
     }
-    return out;
-  }
-  // Pipelined: each stage assembles its own parameters over the other
-  // sharded axes, then every parameter is broadcast over pp, in model order,
-  // from the first stage that holds it.
-  const AxisSet pp{Axis::kPP};
-  std::map<std::string, at::Tensor> mine;
-  for (const auto& p : gradients_->parameters_at_rest()) {
-    mine[p.name] =
-        gather_global(p.tensor.detach(), p.placement, *mesh_, p.placement.sharded().without(pp));
-  }
-  const auto& group = mesh_->group(Axis::kPP);
-  for (const auto& p : model_->all_parameters()) {
-    const int root = model_->holders_of(p).front();
-    at::Tensor t;
-    if (root == model_->stage()) {
-      t = mine.at(p.name).contiguous();
-    } else {
-      t = torch::empty(p.placement.global_shape(), p.tensor.options().requires_grad(false));
+  } else {
+    // Pipelined: each stage assembles its own parameters over the other
+    // sharded axes, then every parameter is broadcast over pp, in model
+    // order, from the first stage that holds it (stages of one ep
+    // coordinate hold the same experts).
+    const AxisSet pp{Axis::kPP};
+    std::map<std::string, at::Tensor> mine;
+    for (const auto& p : gradients_->parameters_at_rest()) {
+      mine[p.name] = gather_global(p.tensor.detach(), p.placement, *mesh_,
+                                   p.placement.sharded().without(pp | ep));
     }
-    group->broadcast(t, root)->wait();
-    out.emplace_back(p.name, t);
+    const auto& group = mesh_->group(Axis::kPP);
+    for (const auto& p : model_->all_parameters()) {
+      const int root = model_->holders_of(p).front();
+      at::Tensor t;
+      if (root == model_->stage()) {
+        t = mine.at(p.name).contiguous();
+      } else {
+        t = torch::empty(p.placement.global_shape(), p.tensor.options().requires_grad(false));
+      }
+      group->broadcast(t, root)->wait();
+      out.emplace_back(p.name, t);
+      apart.push_back(p.placement.sharded().contains(expert_axis()));
+    }
   }
-  return out;
+  if (mesh_->size(expert_axis()) == 1) return out;
+  return share_held_apart(out, apart, *mesh_->group(expert_axis()));
 }
 
 TrainingState Engine::state() {
@@ -672,7 +770,10 @@ std::string Engine::describe() const {
                                 : ", memory " + roles_.memory + " (gradients and optimizer)")
       << (roles_.sequence.empty() ? "" : ", sequence " + roles_.sequence)
       << " | batch " << config_.train.global_batch << " = " << config_.train.micro_batch << " x "
-      << accumulation_ << " accum x " << mesh_->size(Axis::kDP) << " dp";
+      << accumulation_ << " accum x " << mesh_->size(Axis::kDP) << " dp"
+      << (mesh_->size(expert_axis()) > 1
+              ? " x " + std::to_string(mesh_->size(expert_axis())) + " ep"
+              : std::string());
   if (device_.is_cuda()) out << " | " << device::cuda_backend().describe(device_.index());
   return out.str();
 }

@@ -81,6 +81,7 @@ struct Shape {
   // mixtral: the share of blocks whose MLP is `experts` SwiGLU experts, each
   // token through top_k of them (0 share for the dense models).
   double moe_share = 0, experts = 0, top_k = 1;
+  double local_experts = 0;  // experts held by one rank: experts / parallel.expert.size
 };
 
 Shape shape_of(const RunConfig& c) {
@@ -96,6 +97,7 @@ Shape shape_of(const RunConfig& c) {
       for (int64_t b = 0; b < m.layers; ++b) moe += is_moe_block(m, b) ? 1 : 0;
       s.moe_share = static_cast<double>(moe) / static_cast<double>(m.layers);
       s.experts = static_cast<double>(m.experts);
+      s.local_experts = s.experts / static_cast<double>(std::max<int64_t>(1, c.parallel.expert.size));
       s.top_k = static_cast<double>(m.top_k);
     }
     s.inner = static_cast<double>(m.ffn_hidden > 0 ? m.ffn_hidden : default_ffn_hidden(m.hidden));
@@ -110,9 +112,11 @@ Shape shape_of(const RunConfig& c) {
 double block_params(const Shape& s) {
   if (s.llama) {
     const double kv = s.kv_heads * s.hidden / s.heads;
-    // A mixture block's MLP: its experts and the router (mean over blocks).
-    const double mlp = (1 - s.moe_share) * 3 * s.hidden * s.inner +
-                       s.moe_share * (s.experts * 3 * s.hidden * s.inner + s.hidden * s.experts);
+    // A mixture block's MLP: this rank's experts and the router (mean over
+    // blocks).
+    const double mlp =
+        (1 - s.moe_share) * 3 * s.hidden * s.inner +
+        s.moe_share * (s.local_experts * 3 * s.hidden * s.inner + s.hidden * s.experts);
     return 2 * s.hidden * s.hidden + 2 * s.hidden * kv + mlp + 2 * s.hidden;
   }
   return 4 * (s.hidden * s.hidden + s.hidden) + 2 * s.hidden * s.inner + s.inner + s.hidden +
@@ -247,7 +251,9 @@ MemoryEstimate estimate_stage(const RunConfig& config, const MeshShape& mesh,
   const double elem = element_bytes(config);
   const double dp = static_cast<double>(mesh.dp);
   const Piece p = piece_of(s, mesh, stage);
-  e.model_parameters = s.layers * block_params(s) + embedding_params(s) + head_params(s);
+  Shape whole = s;  // every expert, not this rank's share
+  whole.local_experts = whole.experts;
+  e.model_parameters = s.layers * block_params(whole) + embedding_params(s) + head_params(s);
   const std::string& g = roles.gradients;
   const std::string count = fmt_count(p.params) + " local parameters";
 
@@ -419,6 +425,11 @@ const MemoryTerm& MemoryEstimate::largest() const {
                            [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes < b.bytes; });
 }
 
+int64_t fewest_ranks(const RunConfig& config) {
+  const int64_t data = config.parallel.data > 0 ? config.parallel.data : config.parallel.expert.size;
+  return std::max<int64_t>(data, 1) * non_data_ranks(config);
+}
+
 int64_t non_data_ranks(const RunConfig& config) {
   const auto& p = config.parallel;
   return p.pipeline.size * (p.sequence.mode == "megatron" ? 1 : p.sequence.size) * p.tensor.size;
@@ -427,7 +438,7 @@ int64_t non_data_ranks(const RunConfig& config) {
 MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, double runtime_bytes) {
   const MeshShape mesh = resolve_mesh_shape(config, world_size);
   const RoleChoice roles = choose_plugins(config);
-  const int64_t per_step = config.train.micro_batch * mesh.dp;
+  const int64_t per_step = config.train.micro_batch * mesh.batch_ranks();
   const int64_t accumulation = std::max<int64_t>(1, config.train.global_batch / std::max<int64_t>(1, per_step));
   // The first stage holds the embeddings and the most micro-batches; the
   // last the head and the logits: the larger of the two.
@@ -609,8 +620,7 @@ std::string format_memory_table(const MemoryEstimate& e, const MemoryBudget& bud
                   detail.c_str());
     out << line;
   };
-  out << "mesh pp=" << e.shape.pp << " dp=" << e.shape.dp << " sp=" << e.shape.sp
-      << " tp=" << e.shape.tp << " | layers " << e.roles.layers << ", pipeline " << e.roles.pipeline
+  out << "mesh " << MeshLayout(e.shape).describe() << " | layers " << e.roles.layers << ", pipeline " << e.roles.pipeline
       << ", gradients " << e.roles.gradients
       << (e.roles.sequence.empty() ? "" : ", sequence " + e.roles.sequence)
       << (e.roles.memory.empty() ? "" : ", memory " + e.roles.memory) << " | "

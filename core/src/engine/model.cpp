@@ -75,13 +75,41 @@ at::Tensor Model::loss(const at::Tensor& output, const at::Tensor& targets) cons
   return loss_(output, targets);
 }
 
+namespace {
+
+// `placement` marked as held by this rank alone along `axes`, without
+// cutting it: its first uncut dimension sharded into one part.
+Placement held_apart(Placement placement, AxisSet axes, const std::string& name) {
+  for (int d = 0; d < placement.dim(); ++d) {
+    const DimSlice& s = placement.slice(d);
+    if (s.length == s.padded) return placement.shard(d, 0, 1, axes);
+  }
+  KOLOS_CHECK(placement.dim() == 0, "parameter ", name, " (", placement.to_string(),
+              ") cannot be marked as held apart along ", axes.to_string());
+  return placement;
+}
+
+}  // namespace
+
 std::vector<PlacedParameter> Model::all_parameters() const {
   std::vector<PlacedParameter> out;
   std::unordered_set<const void*> seen;
   for (size_t b = 0; b < blocks_.size(); ++b) {
     const auto& [block_name, block] = blocks_[b];
+    // Layers held apart (Layer::held_apart): their prefixes and axes.
+    std::vector<std::pair<std::string, AxisSet>> apart;
+    for (const auto& item : block->named_modules(block_name)) {
+      const auto* layer = dynamic_cast<const Layer*>(item.value().get());
+      if (layer != nullptr && !layer->held_apart().empty()) {
+        apart.emplace_back(item.key() + ".", layer->held_apart());
+      }
+    }
     for (const auto& item : block->named_modules(block_name)) {
       const std::string& prefix = item.key();
+      AxisSet apart_along;
+      for (const auto& [under, axes] : apart) {
+        if ((prefix + ".").compare(0, under.size(), under) == 0) apart_along = apart_along | axes;
+      }
       const auto* layer = dynamic_cast<const Layer*>(item.value().get());
       for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
         if (!seen.insert(param.value().unsafeGetTensorImpl()).second) continue;
@@ -90,6 +118,9 @@ std::vector<PlacedParameter> Model::all_parameters() const {
           placement = layer->placements().at(param.key());
         } else {
           placement = Placement::replicated(param.value().sizes().vec());
+        }
+        if (!apart_along.empty()) {
+          placement = held_apart(std::move(placement), apart_along, prefix + "." + param.key());
         }
         out.push_back(PlacedParameter{prefix + "." + param.key(), param.value(),
                                       std::move(placement), static_cast<int>(b)});
@@ -109,16 +140,7 @@ std::vector<PlacedParameter> Model::placed_parameters() const {
     if (holders.size() == 1) {
       // Held by this stage only: mark pp sharded (norms sum it over pp,
       // checkpoints write it from this stage) without cutting it.
-      for (int d = 0; d < p.placement.dim(); ++d) {
-        const DimSlice& s = p.placement.slice(d);
-        if (s.length == s.padded) {
-          p.placement = p.placement.shard(d, 0, 1, AxisSet{Axis::kPP});
-          break;
-        }
-      }
-      KOLOS_CHECK(p.placement.sharded().contains(Axis::kPP) || p.placement.dim() == 0, "parameter ",
-                  p.name, " (", p.placement.to_string(),
-                  ") cannot be marked as held by one pipeline stage");
+      p.placement = held_apart(std::move(p.placement), AxisSet{Axis::kPP}, p.name);
     }
     out.push_back(std::move(p));
   }

@@ -17,8 +17,9 @@ struct Registry {
   std::vector<AxisInfo> axes;
   Registry() {
     axes.reserve(kMaxAxes);
-    for (AxisInfo a : {AxisInfo{"pp", 100, false}, AxisInfo{"dp", 200, false},
-                       AxisInfo{"sp", 300, true}, AxisInfo{"tp", 400, true}}) {
+    for (AxisInfo a : {AxisInfo{"pp", 100, false}, AxisInfo{"dp", 200, false, true},
+                       AxisInfo{"sp", 300, true}, AxisInfo{"tp", 400, true},
+                       AxisInfo{"ep", 250, false, true}}) {
       axes.push_back(std::move(a));
     }
   }
@@ -40,7 +41,7 @@ int index_of(Axis axis) { return static_cast<int>(axis); }
 
 }  // namespace
 
-Axis register_axis(const std::string& name, int order, bool within_node) {
+Axis register_axis(const std::string& name, int order, bool within_node, bool splits_batch) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   KOLOS_CHECK(valid_name(name), "mesh axis name \"", name,
@@ -48,10 +49,14 @@ Axis register_axis(const std::string& name, int order, bool within_node) {
   for (size_t i = 0; i < r.axes.size(); ++i) {
     const AxisInfo& a = r.axes[i];
     if (a.name == name) {
-      KOLOS_CHECK(a.order == order && a.within_node == within_node, "mesh axis \"", name,
-                  "\" is registered with order ", a.order, a.within_node ? " within a node" : "",
+      KOLOS_CHECK(a.order == order && a.within_node == within_node &&
+                      a.splits_batch == splits_batch,
+                  "mesh axis \"", name, "\" is registered with order ", a.order,
+                  a.within_node ? " within a node" : "",
+                  a.splits_batch ? " splitting the batch" : "",
                   "; registering it again with order ", order,
-                  within_node ? " within a node" : "", " differs");
+                  within_node ? " within a node" : "", splits_batch ? " splitting the batch" : "",
+                  " differs");
       return static_cast<Axis>(i);
     }
     KOLOS_CHECK(a.order != order, "mesh axis \"", name, "\": order ", order,
@@ -59,7 +64,7 @@ Axis register_axis(const std::string& name, int order, bool within_node) {
   }
   KOLOS_CHECK(static_cast<int>(r.axes.size()) < kMaxAxes, "mesh axis \"", name,
               "\": the mesh holds at most ", kMaxAxes, " axes");
-  r.axes.push_back(AxisInfo{name, order, within_node});
+  r.axes.push_back(AxisInfo{name, order, within_node, splits_batch});
   return static_cast<Axis>(r.axes.size() - 1);
 }
 
@@ -95,6 +100,29 @@ const char* to_string(Axis axis) {
   std::lock_guard<std::mutex> lock(r.mutex);
   const int i = index_of(axis);
   return i >= 0 && i < static_cast<int>(r.axes.size()) ? r.axes[i].name.c_str() : "?";
+}
+
+Axis expert_axis() {
+  static const Axis axis = *find_axis("ep");
+  return axis;
+}
+
+AxisSet batch_axes() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  AxisSet out;
+  for (size_t i = 0; i < r.axes.size(); ++i) {
+    if (r.axes[i].splits_batch) out = out | AxisSet{static_cast<Axis>(i)};
+  }
+  return out;
+}
+
+int64_t MeshShape::batch_ranks() const {
+  int64_t n = 1;
+  for (Axis a : axes_in_order()) {
+    if (batch_axes().contains(a)) n *= of(a);
+  }
+  return n;
 }
 
 int64_t MeshShape::of(Axis axis) const {

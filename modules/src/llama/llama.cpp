@@ -6,6 +6,8 @@
 
 #include "kolos/core/aux_loss.h"
 #include "kolos/core/error.h"
+#include "kolos/core/experts.h"
+#include "kolos/core/mesh.h"
 
 namespace kolos::modules {
 namespace {
@@ -48,8 +50,9 @@ class SwiGluMlp : public Layer {
 // Layers held only as a named list ("0", "1", ...): the experts.
 class LayerList : public Layer {
  public:
-  void add(LayerPtr layer) {
-    layers_.push_back(register_module(std::to_string(layers_.size()), std::move(layer)));
+  void add(LayerPtr layer) { add(std::to_string(layers_.size()), std::move(layer)); }
+  void add(const std::string& name, LayerPtr layer) {
+    layers_.push_back(register_module(name, std::move(layer)));
   }
   const std::vector<LayerPtr>& layers() const { return layers_; }
   at::Tensor forward(const at::Tensor&) override {
@@ -86,8 +89,18 @@ class MoeMlp : public Layer {
     router_ = register_module("router", factory.linear(LinearSpec{c.hidden, c.experts, false,
                                                                   LinearRole::kReplicated,
                                                                   c.init_std}));
+    // Every expert is drawn, in order, so the weights are the serial
+    // model's whatever the ep size; a rank keeps its own (experts.h), under
+    // their global numbers.
+    shard_ = local_experts(factory.mesh(), c.experts);
     auto experts = std::make_shared<LayerList>();
-    for (int64_t e = 0; e < c.experts; ++e) experts->add(std::make_shared<SwiGluMlp>(factory, c));
+    for (int64_t e = 0; e < c.experts; ++e) {
+      auto expert = std::make_shared<SwiGluMlp>(factory, c);
+      if (e >= shard_.first && e < shard_.first + shard_.count) {
+        experts->add(std::to_string(e), std::move(expert));
+      }
+    }
+    if (shard_.group != nullptr) experts->hold_apart_along(AxisSet{expert_axis()});
     experts_ = register_module("experts", experts);
   }
 
@@ -96,7 +109,7 @@ class MoeMlp : public Layer {
     const at::Tensor x = input.reshape({-1, hidden});
     const int64_t n = x.size(0);
     const auto& experts = experts_->layers();
-    const int64_t e_count = static_cast<int64_t>(experts.size());
+    const int64_t e_count = shard_.total;
     const at::Tensor logits = router_->forward(x).to(at::kFloat);  // [N, E]
     const at::Tensor probs = torch::softmax(logits, -1);
     auto [top, choice] = probs.topk(top_k_, -1);  // [N, k]
@@ -116,15 +129,23 @@ class MoeMlp : public Layer {
       kept = position <= capacity;
     }
     dropped_ = (top_k_ * n) - kept.sum().item<int64_t>();
-    at::Tensor out = torch::zeros_like(x);
+    // The kept assignments sorted by expert: their tokens and slots.
     const at::Tensor choice_t = choice.t();  // [k, N]
+    std::vector<at::Tensor> tokens, slots;
+    std::vector<int64_t> counts;
     for (int64_t e = 0; e < e_count; ++e) {
       const at::Tensor hit = (choice_t == e).logical_and(kept).nonzero();  // [m, 2]: (k, token)
-      const at::Tensor slot = hit.select(1, 0), rows = hit.select(1, 1);
-      at::Tensor y = experts[e]->forward(x.index_select(0, rows));
-      const at::Tensor w = weights.index({rows, slot}).unsqueeze(-1);
-      out = out.index_add(0, rows, y * w.to(y.scalar_type()));
+      slots.push_back(hit.select(1, 0));
+      tokens.push_back(hit.select(1, 1));
+      counts.push_back(hit.size(0));
     }
+    const at::Tensor rows = torch::cat(tokens), slot = torch::cat(slots);
+    const at::Tensor y = run_experts(x.index_select(0, rows), counts, shard_,
+                                     [&experts](int64_t j, const at::Tensor& in) {
+                                       return experts[j]->forward(in);
+                                     });
+    const at::Tensor w = weights.index({rows, slot}).unsqueeze(-1);
+    at::Tensor out = torch::zeros_like(x).index_add(0, rows, y * w.to(y.scalar_type()));
     at::Tensor aux;
     if (aux_coef_ > 0) {
       const at::Tensor fraction = one_hot.mean(1);  // [k, E]
@@ -142,6 +163,7 @@ class MoeMlp : public Layer {
   int64_t top_k_;
   double aux_coef_, z_coef_, capacity_factor_;
   int64_t dropped_ = 0;
+  ExpertShard shard_;
   LayerPtr router_;
   std::shared_ptr<LayerList> experts_;
 };

@@ -25,7 +25,7 @@ using testing::shared_tmpdir;
 using testing::world_group;
 using testing::world_rank;
 
-const Axis kEx = register_axis("ex", 250, /*within_node=*/false);
+const Axis kEx = register_axis("ex", 270, /*within_node=*/false);
 const Axis kLane = register_axis("lane", 500, /*within_node=*/true);
 
 MeshShape with_ex(int64_t dp, int64_t ex) {
@@ -37,13 +37,15 @@ MeshShape with_ex(int64_t dp, int64_t ex) {
 
 TEST(RegisteredAxis, HasItsPlaceInTheRankOrder) {
   EXPECT_EQ(find_axis("ex"), kEx);
-  EXPECT_EQ(axis_info(kEx).order, 250);
-  EXPECT_EQ(register_axis("ex", 250, false), kEx);  // again, the same: the same axis
-  EXPECT_THROW(register_axis("ex", 260, false), Error);
-  EXPECT_THROW(register_axis("other", 250, false), Error);  // ex's order
+  EXPECT_EQ(axis_info(kEx).order, 270);
+  EXPECT_EQ(register_axis("ex", 270, false), kEx);  // again, the same: the same axis
+  EXPECT_THROW(register_axis("ex", 280, false), Error);
+  EXPECT_THROW(register_axis("other", 270, false), Error);  // ex's order
   EXPECT_THROW(register_axis("Bad-Name", 600, false), Error);
   const std::vector<Axis> order = axes_in_order();
-  const std::vector<Axis> expected{Axis::kPP, Axis::kDP, kEx, Axis::kSP, Axis::kTP, kLane};
+  // ep (250) is registered at start-up; ex takes 270, after it.
+  const std::vector<Axis> expected{Axis::kPP, Axis::kDP, expert_axis(), kEx,
+                                   Axis::kSP, Axis::kTP,  kLane};
   EXPECT_EQ(order, expected);
 
   // dp 2 x ex 2 x tp... : rank = (d * EX + e) * TP + t.

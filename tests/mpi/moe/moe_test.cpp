@@ -12,6 +12,12 @@
 //   micro-batch holds the samples of one serial micro-batch of the same
 //   size (Engine::next_micro_batches), so the per-micro-batch routing, loss
 //   and drops are the serial run's.
+// - Expert parallelism (parallel.expert.size, the ep axis; experts.h):
+//   run_experts() with identity experts returns its input exactly, each row
+//   reaches the expert it was routed to, and experts that receive no rows
+//   get zero gradients without a hang; training equals the serial run under
+//   ep 2 and 4, dp x ep, ep x tp1d, ep x pipeline, recomputation with a
+//   capacity; a checkpoint saved at one ep size loads at another.
 // - Bad input: each key named.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -23,10 +29,14 @@
 #include <vector>
 
 #include "equivalence.h"
+#include "kolos/checkpoint/checkpoint.h"
 #include "kolos/core/aux_loss.h"
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
+#include "kolos/core/experts.h"
+#include "kolos/core/mesh.h"
 #include "kolos/core/model.h"
+#include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 
 namespace kolos {
@@ -241,6 +251,157 @@ TEST(MoeEveryOtherBlock, WithZLossUnderTp1dMatchesSerial) {
   testing::expect_equivalent(serial(every), parallel(mix));
 }
 
+// ---- expert parallelism ---------------------------------------------------------
+
+std::string ep(int64_t size) { return "parallel.expert.size=" + std::to_string(size); }
+
+// A mesh whose ep axis is the whole world.
+std::unique_ptr<DeviceMesh> expert_mesh() {
+  MeshShape shape;
+  shape.set(expert_axis(), world_size());
+  return std::make_unique<DeviceMesh>(testing::world_group(), shape);
+}
+
+TEST(MoeExpertDispatch, CombineAfterDispatchReturnsTheInputAndReachesEachExpert) {
+  REQUIRE_RANKS(2, 4);
+  auto mesh = expert_mesh();
+  const int64_t experts = 2 * world_size();
+  const int rank = testing::world_rank();
+  const ExpertShard shard = local_experts(mesh.get(), experts);
+  ASSERT_EQ(shard.count, 2);
+  ASSERT_EQ(shard.first, 2 * rank);
+  // Rank r routes r + 1 rows to expert e when e + r is odd, none otherwise.
+  std::vector<int64_t> counts(experts);
+  for (int64_t e = 0; e < experts; ++e) counts[e] = (e + rank) % 2 ? rank + 1 : 0;
+  int64_t m = 0;
+  for (int64_t c : counts) m += c;
+  torch::manual_seed(11 + rank);
+  const at::Tensor rows = torch::randn({m, 3}, torch::kDouble);
+  // Unit experts: the rows come back exactly.
+  const at::Tensor same =
+      run_experts(rows, counts, shard, [](int64_t, const at::Tensor& x) { return x; });
+  EXPECT_TRUE(torch::equal(same, rows));
+  // Expert e multiplies by e + 1: each row reached its own expert.
+  const at::Tensor scaled = run_experts(rows, counts, shard, [&](int64_t j, const at::Tensor& x) {
+    return x * static_cast<double>(shard.first + j + 1);
+  });
+  at::Tensor expected = rows.clone();
+  for (int64_t e = 0, at = 0; e < experts; at += counts[e], ++e) {
+    expected.narrow(0, at, counts[e]).mul_(static_cast<double>(e + 1));
+  }
+  EXPECT_TRUE(torch::equal(scaled, expected));
+}
+
+TEST(MoeExpertDispatch, ExpertsWithoutRowsGetZeroGradientsAndNothingWaits) {
+  REQUIRE_RANKS(2, 4);
+  auto mesh = expert_mesh();
+  const int64_t experts = world_size();
+  const ExpertShard shard = local_experts(mesh.get(), experts);
+  // Every rank routes all its rows to expert 0: the others get none.
+  std::vector<int64_t> counts(experts, 0);
+  counts[0] = 5;
+  const at::Tensor rows = torch::randn({5, 4}, torch::kDouble).requires_grad_(true);
+  const at::Tensor scale = torch::full({4}, 2.0, torch::kDouble).requires_grad_(true);
+  const at::Tensor y = run_experts(rows, counts, shard, [&](int64_t, const at::Tensor& x) {
+    return x * scale;  // this rank's one expert
+  });
+  y.sum().backward();
+  ASSERT_TRUE(scale.grad().defined());
+  if (shard.first == 0) {
+    // Expert 0 ran on every rank's rows: its gradient is their column sums.
+    EXPECT_GT(scale.grad().abs().sum().item<double>(), 0.0);
+  } else {
+    EXPECT_EQ(scale.grad().abs().sum().item<double>(), 0.0);
+  }
+  // The rows' gradient came back through the inverse exchange: d(sum)/dx = scale.
+  EXPECT_TRUE(torch::allclose(rows.grad(), torch::full({5, 4}, 2.0, torch::kDouble)));
+}
+
+TEST(MoeExpertParallel, EveryRankItsShareOfExpertsMatchesSerial) {
+  REQUIRE_RANKS(2, 4);
+  testing::expect_equivalent(serial(), parallel({dp_all(), ep(world_size())}));
+}
+
+TEST(MoeExpertParallel, DataTimesExpertMatchesSerial) {
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(serial(), parallel({dp_all(), ep(2)}));
+}
+
+TEST(MoeExpertParallel, WithTp1dMatchesSerial) {
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(serial(),
+                             parallel({"parallel.tensor.size=2", "parallel.data=2", ep(2)}));
+}
+
+TEST(MoeExpertParallel, WithPipelineMatchesSerial) {
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(serial(),
+                             parallel({"parallel.pipeline.size=2", "parallel.data=2", ep(2)}));
+}
+
+TEST(MoeExpertParallel, RecomputedWithACapacityMatchesSerial) {
+  REQUIRE_RANKS(2);
+  testing::expect_equivalent(serial({"model.capacity_factor=0.5"}),
+                             parallel({"model.capacity_factor=0.5", dp_all(), ep(2),
+                                       "train.recompute=full"}));
+}
+
+TEST(MoeExpertParallel, EveryOtherBlockWithZLossMatchesSerial) {
+  REQUIRE_RANKS(2);
+  const std::vector<std::string> every = {"model.layers=4", "model.moe_every=2",
+                                          "model.z_loss_coef=0.001"};
+  std::vector<std::string> mix = every;
+  mix.insert(mix.end(), {dp_all(), ep(2)});
+  testing::expect_equivalent(serial(every), parallel(mix));
+}
+
+// A checkpoint saved under one ep size loads under another: the same global
+// parameters, and the next step's loss is the same.
+std::unique_ptr<Engine> engine_for(const RunConfig& c) {
+  modules::register_builtin_models();
+  return std::make_unique<Engine>(c, testing::world_group(),
+                                  [](const RunConfig& r) { return data::make_source(r); });
+}
+
+void expect_same_parameters(Engine& a, Engine& b) {
+  const auto pa = a.gathered_parameters(), pb = b.gathered_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].first, pb[i].first);
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << pa[i].first;
+  }
+}
+
+void expect_resumes_across(const std::vector<std::string>& saved_mix,
+                           const std::vector<std::string>& loaded_mix, const std::string& tag) {
+  auto a = engine_for(parallel(saved_mix));
+  for (int s = 0; s < 3; ++s) a->step();
+  const std::string root = testing::shared_tmpdir(tag);
+  checkpoint::Checkpointer ckpt(testing::world_group(), {root, 0, false});
+  ckpt.save(a->state());
+  auto b = engine_for(parallel(loaded_mix));
+  checkpoint::Checkpointer reader(testing::world_group(), {root, 0, false});
+  TrainingState state = b->state();
+  reader.load(root, state);
+  b->load_state(state);
+  expect_same_parameters(*a, *b);
+  const double la = a->step().loss, lb = b->step().loss;
+  EXPECT_NEAR(la, lb, 1e-5 * std::abs(la));
+}
+
+TEST(MoeExpertParallel, CheckpointSavedUnderEpLoadsUnderDpAndBack) {
+  REQUIRE_RANKS(2, 4);
+  expect_resumes_across({dp_all(), ep(world_size())}, {dp_all()}, "moe-ep-to-dp");
+  expect_resumes_across({dp_all()}, {dp_all(), ep(2)}, "moe-dp-to-ep");
+}
+
+TEST(MoeExpertParallel, EveryExpertIsDrawnAsSeriallyWhateverTheEpSize) {
+  REQUIRE_RANKS(4);
+  auto a = engine_for(parallel({dp_all()}));
+  auto b = engine_for(parallel({dp_all(), ep(4)}));
+  expect_same_parameters(*a, *b);
+}
+
 // ---- bad input ----------------------------------------------------------------
 
 TEST(MoeBadInput, KeysNamed) {
@@ -273,6 +434,22 @@ TEST(MoeBadInput, LayoutsNotCoveredAreRefused) {
              "not run by the chunks memory plugin yet");
   expect_has(config_error(mixtral({"parallel.auto=true"})),
              "the planner does not model mixture-of-experts layers");
+}
+
+TEST(MoeBadInput, ExpertAxisKeysNamed) {
+  REQUIRE_RANKS(1);
+  EXPECT_EQ(config_error(mixtral({ep(2)})), "");
+  EXPECT_EQ(config_error(mixtral({ep(2), "parallel.data=4"})), "");  // dp 2 x ep 2
+  expect_has(config_error({ep(2)}), "parallel.expert.size = 2: model.name = \"gpt\" has no experts");
+  expect_has(config_error(mixtral({ep(3), "parallel.data=3"})),
+             "parallel.expert.size = 3 does not divide model.experts = 4");
+  expect_has(config_error(mixtral({ep(2), "parallel.data=3"})),
+             "parallel.expert.size = 2 does not divide the 3 data ranks");
+  expect_has(config_error(mixtral({ep(2), "parallel.zero.stage=1"})),
+             "with the gradients plugin `zero1`");
+  expect_has(config_error(mixtral({"parallel.expert.size=0"})), "parallel.expert.size");
+  expect_has(config_error(mixtral({"parallel.expert.ranks=2"})),
+             "unknown key `parallel.expert.ranks`");
 }
 
 }  // namespace

@@ -36,6 +36,13 @@ class Layer : public torch::nn::Module {
   using torch::nn::Module::Module;
   virtual at::Tensor forward(const at::Tensor& input) = 0;
   const std::map<std::string, Placement>& placements() const { return placements_; }
+  // The parameters of this layer and of the layers inside it are held by
+  // this rank alone along `axes` (an expert of an expert-parallel mixture,
+  // along ep): Model::all_parameters() marks their placements sharded along
+  // them without cutting them, so checkpoints write them from here and the
+  // gradient norm and the dp plugin treat them as this rank's own.
+  void hold_apart_along(AxisSet axes) { held_apart_ = axes; }
+  AxisSet held_apart() const { return held_apart_; }
 
  protected:
   // register_parameter + its placement (local shape must match).
@@ -43,6 +50,7 @@ class Layer : public torch::nn::Module {
 
  private:
   std::map<std::string, Placement> placements_;
+  AxisSet held_apart_;
 };
 using LayerPtr = std::shared_ptr<Layer>;
 
@@ -130,6 +138,11 @@ class LayerFactory : public RolePlugin {
   // blocks). A layer feeding one input to several column layers calls it
   // once and builds them with LinearSpec::input_ready. Identity by default.
   virtual at::Tensor column_input(const at::Tensor& x) { return x; }
+
+  // The mesh setup() was given (null before, or for a factory used without
+  // one): layers that need a group of their own (a mixture's experts over
+  // ep) read it here.
+  const DeviceMesh* mesh() const { return mesh_; }
 
   // The sequence role's strategy (plan_run sets it when sp > 1): the one way
   // layers reach it. sequence() is null without one, and inside a

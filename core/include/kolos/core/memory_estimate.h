@@ -57,6 +57,9 @@ MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, doub
 // tensor (sequence mode "megatron" adds no axis: it splits over the tensor
 // group). The fewest ranks a config fits are this times max(data, 1).
 int64_t non_data_ranks(const RunConfig& config);
+// The fewest ranks the config's mesh fits (what `kolos check` plans at):
+// parallel.data (else the expert axis's size, else 1) x non_data_ranks.
+int64_t fewest_ranks(const RunConfig& config);
 
 // The budget of one rank when `ranks_per_node` ranks share this machine:
 // [runtime] memory_limit when set, else the node's available memory (the

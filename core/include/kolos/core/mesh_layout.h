@@ -1,9 +1,10 @@
 // Mesh layout: the arithmetic of the device mesh, without MPI or LibTorch.
 //
 // The mesh's axes are named and registered (AxisInfo): the four of the core,
-// outermost first pp, dp, sp, tp, and any axis a plugin or a test registers
-// with register_axis() (an expert axis, say), placed among them by its
-// `order`. The rank of coordinates is row-major over the axes in order, so
+// outermost first pp, dp, sp, tp; the expert axis ep (expert_axis(), between
+// dp and sp), registered at start-up so that every kolos program reads a
+// checkpoint written on it; and any axis a plugin or a test registers with
+// register_axis(), placed among them by its `order`. The rank of coordinates is row-major over the axes in order, so
 // with only the core's axes (p, d, s, t) is ((p*DP + d)*SP + s)*TP + t:
 // tensor-parallel peers are consecutive ranks (the same node under a block
 // mapping) and pipeline stages are farthest apart. An axis of size 1 takes
@@ -34,6 +35,9 @@ struct AxisInfo {
   std::string name;          // "tp"; in group names, checkpoints and messages
   int order = 0;             // place in the rank order: smaller is outer
   bool within_node = false;  // its groups should not cross nodes (checked by topology)
+  // Ranks that differ along it read different samples, as along dp: the
+  // batch is split over dp and every such axis (batch_axes()).
+  bool splits_batch = false;
 };
 
 // Registers an axis once per process: the same name again with the same
@@ -41,12 +45,17 @@ struct AxisInfo {
 // an order another axis has, a name that is not [a-z][a-z0-9_]*, or a ninth
 // axis is an Error. Call it before any mesh that uses the axis is built.
 // The core's axes: pp 100, dp 200, sp 300, tp 400 (sp and tp within a node).
-Axis register_axis(const std::string& name, int order, bool within_node);
+Axis register_axis(const std::string& name, int order, bool within_node,
+                   bool splits_batch = false);
 const AxisInfo& axis_info(Axis axis);
 std::optional<Axis> find_axis(const std::string& name);
 // Every registered axis, outermost first (sorted by order).
 std::vector<Axis> axes_in_order();
 const char* to_string(Axis axis);
+// The expert axis "ep" (order 250, splits the batch): parallel.expert's
+// size. Ranks along it hold different experts of every mixture-of-experts
+// layer and read different samples; dp's size is parallel.data / ep.
+Axis expert_axis();
 
 // Sizes of the mesh axes: the core's four by name, registered axes through
 // of()/set() (1 unless set).
@@ -56,6 +65,9 @@ struct MeshShape {
   int64_t of(Axis axis) const;
   void set(Axis axis, int64_t size);
   int64_t size() const;  // the product over every axis
+  // Ranks that read different samples: dp times every registered axis that
+  // splits the batch (ep).
+  int64_t batch_ranks() const;
 };
 
 // A set of mesh axes, as a bit mask (bit i = Axis i).
@@ -82,6 +94,10 @@ class AxisSet {
  private:
   uint8_t bits_ = 0;
 };
+
+// dp and every registered axis that splits the batch: the axes over which
+// samples differ and dense gradients are averaged.
+AxisSet batch_axes();
 
 // A rank's coordinate along each axis, indexed by the axis's id (0 for
 // axes the mesh does not use).

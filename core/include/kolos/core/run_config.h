@@ -148,6 +148,13 @@ struct SequenceConfig {
   std::string mode = "ulysses";
 };
 
+// parallel.expert: expert parallelism (model.name = "mixtral"). `size` ranks
+// along the mesh's ep axis split the data ranks (parallel.data / size stay
+// on dp) and each holds model.experts / size experts of every mixture layer.
+struct ExpertConfig {
+  int64_t size = 1;
+};
+
 struct ZeroConfig {
   int64_t stage = 0;  // 0..3: the gradients plugin (dp, zero1, zero2, zero3)
 };
@@ -157,6 +164,7 @@ struct ParallelConfig {
   TensorParallelConfig tensor;
   PipelineConfig pipeline;
   SequenceConfig sequence;
+  ExpertConfig expert;
   ZeroConfig zero;
   int64_t bucket_mb = 25;  // gradient bucket size for dp, in MiB (fractions via bucket_kb)
   int64_t bucket_kb = 0;   // if > 0, overrides bucket_mb
