@@ -20,6 +20,7 @@
 #include "kolos/core/config_located.h"
 #include "kolos/core/device.h"
 #include "kolos/core/error.h"
+#include "kolos/core/experts.h"
 #include "kolos/core/optimizer.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/runtime.h"
@@ -437,6 +438,7 @@ StepMetrics Engine::step() {
   comm::set_progress_step(step_);
   comm::set_progress_micro_batch(-1);
   const auto start = std::chrono::steady_clock::now();
+  take_routing();  // what forwards outside a step routed is not this step's
   StepMetrics metrics;
   metrics.lr = learning_rate_at(config_, step_);
 
@@ -506,7 +508,46 @@ StepMetrics Engine::step() {
   metrics.memory = gradients_->memory();
   metrics.reduction = gradients_->reduction_stats();
   metrics.gather = gradients_->gather_stats();
+  add_routing(metrics);
   return metrics;
+}
+
+void Engine::add_routing(StepMetrics& m) {
+  const ModelConfig& c = config_.model;
+  std::vector<int64_t> blocks;
+  for (int64_t b = 0; b < c.layers; ++b) {
+    if (is_moe_block(c, b)) blocks.push_back(b);
+  }
+  if (blocks.empty()) return;
+  // Every rank's routing (each stage records its own blocks), summed over
+  // the world; tensor-parallel peers route the same tokens and count alike.
+  const RoutingRecord record = take_routing();
+  const int64_t experts = c.experts;
+  const int64_t cells = static_cast<int64_t>(blocks.size()) * experts;
+  at::Tensor v = torch::zeros({cells + 2}, torch::kDouble);
+  auto* at = v.data_ptr<double>();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto it = record.kept.find(blocks[i]);
+    if (it == record.kept.end()) continue;
+    for (int64_t e = 0; e < experts && e < static_cast<int64_t>(it->second.size()); ++e) {
+      at[i * experts + e] = static_cast<double>(it->second[e]);
+    }
+  }
+  at[cells] = static_cast<double>(record.dropped);
+  at[cells + 1] = record.aux_loss;
+  mesh_->world()->all_reduce(v, comm::ReduceOp::kSum)->wait();
+  v /= static_cast<double>(mesh_->size(Axis::kTP));
+  const at::Tensor kept = v.narrow(0, 0, cells).view({static_cast<int64_t>(blocks.size()), experts});
+  m.moe_blocks = static_cast<int64_t>(blocks.size());
+  m.expert_tokens_min = std::llround(kept.min().item<double>());
+  m.expert_tokens_max = std::llround(kept.max().item<double>());
+  const at::Tensor mean = kept.mean(1);
+  const at::Tensor cv = kept.std(1, /*unbiased=*/false) / mean.clamp_min(1e-12);
+  m.expert_cv = cv.mean().item<double>();
+  m.tokens_dropped = std::llround(v[cells].item<double>());
+  const double micro_batches =
+      static_cast<double>(mesh_->layout().size(batch_axes()) * accumulation_);
+  m.aux_loss = v[cells + 1].item<double>() / micro_batches;
 }
 
 TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_step) {

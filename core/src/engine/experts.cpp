@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <mutex>
 #include <numeric>
 
 #include "kolos/core/comm/process_group.h"
@@ -121,6 +122,28 @@ at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& count
   const at::Tensor back_in_received_order = done.index_select(0, torch::argsort(index));
   // 4. The outputs, back to the ranks that routed the rows.
   return ExchangeRows::apply(back_in_received_order, recv, send, &group);
+}
+
+namespace {
+std::mutex routing_mutex;
+RoutingRecord routing;
+}  // namespace
+
+void record_routing(int64_t block, const std::vector<int64_t>& kept, int64_t dropped,
+                    double aux_loss) {
+  std::lock_guard<std::mutex> lock(routing_mutex);
+  std::vector<int64_t>& sum = routing.kept[block];
+  if (sum.size() < kept.size()) sum.resize(kept.size(), 0);
+  for (size_t e = 0; e < kept.size(); ++e) sum[e] += kept[e];
+  routing.dropped += dropped;
+  routing.aux_loss += aux_loss;
+}
+
+RoutingRecord take_routing() {
+  std::lock_guard<std::mutex> lock(routing_mutex);
+  RoutingRecord out = std::move(routing);
+  routing = RoutingRecord{};
+  return out;
 }
 
 }  // namespace kolos

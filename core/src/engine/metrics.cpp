@@ -30,6 +30,11 @@ std::string to_json(const StepMetrics& m) {
   if (m.loss_scale > 0) {
     out << ",\"loss_scale\":" << m.loss_scale << ",\"skipped\":" << (m.skipped ? "true" : "false");
   }
+  if (m.moe_blocks > 0) {
+    out << ",\"expert_tokens_min\":" << m.expert_tokens_min
+        << ",\"expert_tokens_max\":" << m.expert_tokens_max << ",\"expert_cv\":" << m.expert_cv
+        << ",\"tokens_dropped\":" << m.tokens_dropped << ",\"aux_loss\":" << m.aux_loss;
+  }
   if (m.eval_loss >= 0) {
     out << ",\"eval_loss\":" << m.eval_loss;
     if (m.eval_accuracy >= 0) out << ",\"eval_accuracy\":" << m.eval_accuracy;

@@ -70,6 +70,13 @@ std::string Progress::render(const StepMetrics& m, bool bar) const {
                 m.loss, m.lr, m.grad_norm, format_count(m.tokens_per_s).c_str(),
                 format_duration(eta).c_str());
   out << body;
+  if (m.moe_blocks > 0) {
+    // The routing's imbalance: coefficient of variation of tokens per expert.
+    char moe[64];
+    std::snprintf(moe, sizeof moe, " | experts cv %.2f", m.expert_cv);
+    out << moe;
+    if (m.tokens_dropped > 0) out << " dropped " << m.tokens_dropped;
+  }
   if (m.idle_fraction > 0) {
     char idle[32];
     std::snprintf(idle, sizeof idle, " | idle %.0f%%", 100 * m.idle_fraction);

@@ -81,8 +81,9 @@ class LayerList : public Layer {
 // mean(logsumexp(logits)^2) train the router through with_aux_loss.
 class MoeMlp : public Layer {
  public:
-  MoeMlp(LayerFactory& factory, const ModelConfig& c)
-      : top_k_(c.top_k),
+  MoeMlp(LayerFactory& factory, const ModelConfig& c, int64_t block)
+      : block_(block),
+        top_k_(c.top_k),
         aux_coef_(c.aux_loss_coef),
         z_coef_(c.z_loss_coef),
         capacity_factor_(c.capacity_factor) {
@@ -155,11 +156,15 @@ class MoeMlp : public Layer {
       const at::Tensor z = z_coef_ * torch::logsumexp(logits, -1).pow(2).mean();
       aux = aux.defined() ? aux + z : z;
     }
+    if (at::GradMode::is_enabled()) {
+      record_routing(block_, counts, dropped_, aux.defined() ? aux.item<double>() : 0.0);
+    }
     out = out.reshape(input.sizes());
     return aux.defined() ? with_aux_loss(out, aux) : out;
   }
 
  private:
+  int64_t block_;  // the model's block index (routing figures)
   int64_t top_k_;
   double aux_coef_, z_coef_, capacity_factor_;
   int64_t dropped_ = 0;
@@ -170,7 +175,8 @@ class MoeMlp : public Layer {
 
 class LlamaBlock : public Layer {
  public:
-  LlamaBlock(LayerFactory& factory, const ModelConfig& c, bool moe) {
+  LlamaBlock(LayerFactory& factory, const ModelConfig& c, int64_t index) {
+    const bool moe = is_moe_block(c, index);
     // Hugging Face's LLaMA initialises every linear layer N(0, init_std),
     // without GPT-2's residual scaling.
     AttentionSpec attention{c.hidden, c.heads, c.init_std, c.init_std};
@@ -180,7 +186,7 @@ class LlamaBlock : public Layer {
     ln_1_ = register_module("ln_1", factory.rms_norm(c.hidden, c.norm_eps));
     attn_ = register_module("attn", factory.attention(attention));
     ln_2_ = register_module("ln_2", factory.rms_norm(c.hidden, c.norm_eps));
-    mlp_ = register_module("mlp", moe ? LayerPtr(std::make_shared<MoeMlp>(factory, c))
+    mlp_ = register_module("mlp", moe ? LayerPtr(std::make_shared<MoeMlp>(factory, c, index))
                                       : LayerPtr(std::make_shared<SwiGluMlp>(factory, c)));
   }
   at::Tensor forward(const at::Tensor& x) override {
@@ -223,7 +229,7 @@ std::shared_ptr<Model> build_llama(const ModelConfig& c, LayerFactory& factory) 
   for (int64_t i = 0; i < c.layers; ++i) {
     // Repeated: the blocks train.recompute may recompute.
     model->add_block("h." + std::to_string(i),
-                     std::make_shared<LlamaBlock>(factory, c, is_moe_block(c, i)),
+                     std::make_shared<LlamaBlock>(factory, c, i),
                      /*repeated=*/true);
   }
   model->add_block("head", std::make_shared<LlamaHead>(factory, c));

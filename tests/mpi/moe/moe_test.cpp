@@ -402,6 +402,74 @@ TEST(MoeExpertParallel, EveryExpertIsDrawnAsSeriallyWhateverTheEpSize) {
   expect_same_parameters(*a, *b);
 }
 
+// ---- routing metrics ------------------------------------------------------------
+
+std::vector<StepMetrics> steps_of(const RunConfig& c, const comm::ProcessGroupPtr& group,
+                                  int steps) {
+  modules::register_builtin_models();
+  Engine engine(c, group, [](const RunConfig& r) { return data::make_source(r); });
+  std::vector<StepMetrics> out;
+  for (int s = 0; s < steps; ++s) out.push_back(engine.step());
+  return out;
+}
+
+void expect_same_routing(const std::vector<StepMetrics>& a, const std::vector<StepMetrics>& b,
+                         const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t s = 0; s < a.size(); ++s) {
+    SCOPED_TRACE(what + ", step " + std::to_string(s + 1));
+    EXPECT_EQ(a[s].moe_blocks, b[s].moe_blocks);
+    EXPECT_EQ(a[s].expert_tokens_min, b[s].expert_tokens_min);
+    EXPECT_EQ(a[s].expert_tokens_max, b[s].expert_tokens_max);
+    EXPECT_NEAR(a[s].expert_cv, b[s].expert_cv, 1e-9);
+    EXPECT_EQ(a[s].tokens_dropped, b[s].tokens_dropped);
+    EXPECT_NEAR(a[s].aux_loss, b[s].aux_loss, 1e-5 * std::abs(a[s].aux_loss));
+  }
+}
+
+TEST(MoeRouting, TheStepsRoutingIsTheSerialRunsUnderEveryLayout) {
+  REQUIRE_RANKS(2, 4);
+  const std::vector<std::string> cap = {"model.capacity_factor=1.0"};
+  const auto reference = steps_of(serial(cap), testing::self_group(), 3);
+  ASSERT_EQ(reference[0].moe_blocks, 2);
+  EXPECT_GT(reference[0].tokens_dropped, 0);
+  EXPECT_GT(reference[0].aux_loss, 0.0);
+  EXPECT_LT(reference[0].expert_tokens_min, reference[0].expert_tokens_max);
+  for (const auto& mix : std::vector<std::vector<std::string>>{
+           {dp_all()},
+           {dp_all(), ep(world_size())},
+           {"parallel.tensor.size=2", "parallel.data=" + std::to_string(world_size() / 2)},
+           {"parallel.pipeline.size=2", "parallel.data=" + std::to_string(world_size() / 2)},
+           {dp_all(), "train.recompute=full"}}) {
+    std::vector<std::string> with = cap;
+    with.insert(with.end(), mix.begin(), mix.end());
+    expect_same_routing(reference, steps_of(parallel(with), testing::world_group(), 3),
+                        with.back());
+  }
+}
+
+TEST(MoeRouting, ACapacityBoundsEveryExpertAndTopKAllIsBalanced) {
+  REQUIRE_RANKS(1);
+  // top_k = experts: every expert takes every token of the step.
+  const RunConfig all = serial({"model.top_k=4"});
+  const int64_t tokens = all.train.global_batch * all.model.seq_len;
+  for (const StepMetrics& m : steps_of(all, testing::self_group(), 2)) {
+    EXPECT_EQ(m.expert_tokens_min, tokens);
+    EXPECT_EQ(m.expert_tokens_max, tokens);
+    EXPECT_EQ(m.expert_cv, 0.0);
+    EXPECT_EQ(m.tokens_dropped, 0);
+  }
+  // Capacity 0.5: no expert takes more than its capacity per micro-batch.
+  const RunConfig capped = serial({"model.capacity_factor=0.5"});
+  const int64_t micro = capped.train.global_batch / capped.train.micro_batch;
+  const int64_t per_micro = capped.train.micro_batch * capped.model.seq_len;
+  const int64_t capacity = (per_micro * 2 + 2 * 4 - 1) / (2 * 4);  // ceil(0.5 x N x 2 / 4)
+  for (const StepMetrics& m : steps_of(capped, testing::self_group(), 2)) {
+    EXPECT_LE(m.expert_tokens_max, micro * capacity);
+    EXPECT_GT(m.tokens_dropped, 0);
+  }
+}
+
 // ---- bad input ----------------------------------------------------------------
 
 TEST(MoeBadInput, KeysNamed) {

@@ -54,6 +54,18 @@ struct StepMetrics {
   // [eval] at this step (Engine::evaluate); < 0: no evaluation ran.
   double eval_loss = -1.0;
   double eval_accuracy = -1.0;  // classifiers only
+  // Mixture of experts (moe_blocks > 0): the step's routing over every
+  // rank, as the serial run would route it. Over each mixture block's
+  // experts, the fewest and most assignments one expert took, and their
+  // coefficient of variation (std / mean), averaged over the blocks; the
+  // assignments a capacity dropped; the auxiliary losses (coefficients
+  // applied) summed over the blocks, mean over the micro-batches.
+  int64_t moe_blocks = 0;
+  int64_t expert_tokens_min = 0;
+  int64_t expert_tokens_max = 0;
+  double expert_cv = 0.0;
+  int64_t tokens_dropped = 0;
+  double aux_loss = 0.0;
 };
 
 // A held-out evaluation (forward only), the same on every rank.
@@ -151,6 +163,9 @@ class Engine {
  private:
   std::string metrics_header_;
   std::vector<MicroBatch> next_micro_batches();
+  // The step's mixture-of-experts routing into `m` (collective; nothing
+  // for a model without mixture blocks).
+  void add_routing(StepMetrics& m);
 
   RunConfig config_;
   comm::ProcessGroupPtr world_;

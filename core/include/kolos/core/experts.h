@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 
 namespace kolos {
@@ -53,5 +54,18 @@ ExpertShard local_experts(const DeviceMesh* mesh, int64_t experts);
 at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& counts,
                        const ExpertShard& shard,
                        const std::function<at::Tensor(int64_t, const at::Tensor&)>& expert);
+
+// Routing figures of this rank's mixture blocks since the last
+// take_routing(): recorded by each block's forward in grad mode only, so
+// once per training micro-batch (not by a recomputation's first, no-grad
+// pass, nor by evaluation or inference).
+struct RoutingRecord {
+  std::map<int64_t, std::vector<int64_t>> kept;  // block -> assignments each expert took
+  int64_t dropped = 0;                           // assignments a capacity dropped
+  double aux_loss = 0.0;  // the blocks' auxiliary losses (coefficients applied), summed
+};
+void record_routing(int64_t block, const std::vector<int64_t>& kept, int64_t dropped,
+                    double aux_loss);
+RoutingRecord take_routing();
 
 }  // namespace kolos
