@@ -153,6 +153,12 @@ TEST(Bf16, MixtralTrainsLikeFp32) {
       {"model.name=mixtral", "model.experts=4", "model.top_k=2", "model.kv_heads=2"});
 }
 
+// Expert parallelism: the rows cross the all-to-alls in bf16.
+TEST(Bf16, MixtralExpertParallelTrainsLikeFp32) {
+  expect_bf16_trains_like_fp32({"model.name=mixtral", "model.experts=4", "model.top_k=2",
+                                "parallel.expert.size=2"});
+}
+
 // ---- fp16: loss scaling and a skipped step ---------------------------------------
 
 TEST(Fp16, OverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
