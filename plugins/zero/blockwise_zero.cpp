@@ -63,6 +63,11 @@ void BlockwiseZero::configure(const PluginContext& context) {
 void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) {
   reduce_in_fp32_ = reduce_in_fp32(config);
   shard_parameters(model, mesh);
+  // A block's parameters are one group, gathered over one group of ranks
+  // (load_run_config refuses zero3 with an expert axis).
+  KOLOS_CHECK_KIND(kConfig, domains_.size() == 1, name(),
+                   ": experts held apart along ep are not sharded by ZeRO-3 yet; use "
+                   "parallel.zero.stage 1 or 2 with parallel.expert");
   for (const auto& s : slots_) {
     const at::Tensor& t = s.param.tensor;
     KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&

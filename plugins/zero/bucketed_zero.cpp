@@ -31,6 +31,7 @@ void BucketedZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& 
   for (size_t i = 0; i < slots_.size(); ++i) {
     const at::Tensor& t = slots_[i].param.tensor;
     if (members.empty() || slots_[members.back().front()].param.tensor.dtype() != t.dtype() ||
+        slots_[members.back().front()].domain != slots_[i].domain ||
         bytes + bytes_of(t) > bucket_bytes) {
       members.emplace_back();
       bytes = 0;
@@ -41,10 +42,10 @@ void BucketedZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& 
   build_groups(members);
   make_optimizer(config);
 
-  std::vector<GradBuckets::Param> params;
+  std::vector<std::vector<GradBuckets::Param>> params(domains_.size());
   for (auto& s : slots_) {
-    params.push_back(GradBuckets::Param{s.param.name, s.param.tensor,
-                                        whole_grads_ ? at::Tensor() : s.grad_shard});
+    params[s.domain].push_back(GradBuckets::Param{s.param.name, s.param.tensor,
+                                                  whole_grads_ ? at::Tensor() : s.grad_shard});
   }
   GradBuckets::Options options;
   options.reduction =
@@ -52,7 +53,10 @@ void BucketedZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& 
   options.bucket_bytes = bucket_bytes;
   options.reduce_in_fp32 = reduce_in_fp32(config);
   options.allreduce = comm::parse_all_reduce_mode(config.parallel.allreduce);
-  buckets_ = std::make_unique<GradBuckets>(std::move(params), group_, options);
+  for (size_t d = 0; d < domains_.size(); ++d) {
+    buckets_.push_back(
+        std::make_unique<GradBuckets>(std::move(params[d]), domains_[d].group, options));
+  }
 }
 
 void BucketedZero::zero_grad() {
@@ -61,17 +65,24 @@ void BucketedZero::zero_grad() {
   for (auto& g : groups_) {
     if (g.shard_grads.defined()) g.shard_grads.zero_();
   }
-  buckets_->zero_grad();
+  for (auto& b : buckets_) b->zero_grad();
   // The whole parameters are the truth at rest (a checkpoint loads into
   // them); the shard the optimizer steps is refreshed from them.
   refresh_masters();
 }
 
-void BucketedZero::prepare_backward(bool sync) { buckets_->prepare_backward(sync); }
+void BucketedZero::prepare_backward(bool sync) {
+  for (auto& b : buckets_) b->prepare_backward(sync);
+}
 
 void BucketedZero::finish_backward() {
-  buckets_->finish_backward();
+  for (auto& b : buckets_) b->finish_backward();
   if (whole_grads_) copy_grad_shards_from_whole();
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    const double factor = domains_[s.domain].factor;
+    if (factor != 1.0) s.grad_shard.mul_(factor);
+  }
 }
 
 void BucketedZero::step(double lr) {
@@ -82,10 +93,11 @@ void BucketedZero::step(double lr) {
 void BucketedZero::copy_grad_shards_from_whole() {
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {
-    const int64_t mine = s.rows_of(index_);
+    const int64_t index = domains_[s.domain].index;
+    const int64_t mine = s.rows_of(index);
     if (mine > 0) {
       s.grad_shard.narrow(0, 0, mine)
-          .copy_(s.param.tensor.grad().narrow(0, index_ * s.chunk, mine));
+          .copy_(s.param.tensor.grad().narrow(0, index * s.chunk, mine));
     }
   }
 }
@@ -117,9 +129,10 @@ void BucketedZero::after_load() {
 void BucketedZero::refresh_masters() {
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {
-    const int64_t mine = s.rows_of(index_);
+    const int64_t index = domains_[s.domain].index;
+    const int64_t mine = s.rows_of(index);
     if (mine > 0) {
-      s.master.narrow(0, 0, mine).copy_(s.param.tensor.detach().narrow(0, index_ * s.chunk, mine));
+      s.master.narrow(0, 0, mine).copy_(s.param.tensor.detach().narrow(0, index * s.chunk, mine));
     }
   }
 }
@@ -142,9 +155,10 @@ void BucketedZero::gather_params_after_step() {
   for (size_t index = 0; index < groups_.size(); ++index) {
     ShardGroup& g = groups_[index];
     if (g.slots.empty()) continue;
-    at::Tensor out = torch::empty({ranks_ * g.shard_numel}, g.shard_params.options());
+    const Domain& d = domains_[g.domain];
+    at::Tensor out = torch::empty({d.ranks * g.shard_numel}, g.shard_params.options());
     track(gathered_now_, gathered_peak_, bytes_of(out));
-    pending.push_back(Pending{index, out, group_->all_gather_flat(out, g.shard_params)});
+    pending.push_back(Pending{index, out, d.group->all_gather_flat(out, g.shard_params)});
     if (pending.size() >= kMaxGathersInFlight) drain_one();
   }
   while (!pending.empty()) drain_one();
@@ -156,10 +170,22 @@ MemoryStats BucketedZero::memory() const {
   // Transients at their high-water mark of the last step: the all-gather
   // buffers after the step and (stage 2) the unsharded gradient staging.
   m.parameter_bytes += gathered_peak_;
-  m.gradient_bytes += buckets_->gradient_bytes() + buckets_->staging_peak_bytes();
+  for (const auto& b : buckets_) m.gradient_bytes += b->gradient_bytes() + b->staging_peak_bytes();
   return m;
 }
 
-ReductionStats BucketedZero::reduction_stats() const { return buckets_->stats(); }
+// The whole data group's figures, with the experts' traffic added.
+ReductionStats BucketedZero::reduction_stats() const {
+  ReductionStats stats = buckets_.front()->stats();
+  for (size_t d = 1; d < buckets_.size(); ++d) {
+    const ReductionStats more = buckets_[d]->stats();
+    stats.bytes += more.bytes;
+    stats.bytes_during_backward += more.bytes_during_backward;
+    stats.wait_s += more.wait_s;
+    stats.reductions += more.reductions;
+    stats.completed_before_finish += more.completed_before_finish;
+  }
+  return stats;
+}
 
 }  // namespace kolos::zero

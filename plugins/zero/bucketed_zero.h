@@ -51,7 +51,8 @@ class BucketedZero : public ZeroStrategy {
   void gather_params_after_step();
 
   const bool whole_grads_;  // stage 1
-  std::unique_ptr<GradBuckets> buckets_;
+  // One bucket engine per domain (domains_[d]'s group), in domain order.
+  std::vector<std::unique_ptr<GradBuckets>> buckets_;
   // The all-gather buffers after the step, at their high-water mark.
   int64_t gathered_now_ = 0, gathered_peak_ = 0;
 };

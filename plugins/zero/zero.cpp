@@ -29,9 +29,26 @@ void ZeroStrategy::track(int64_t& current, int64_t& peak, int64_t delta) {
 
 void ZeroStrategy::shard_parameters(Model& model, const DeviceMesh& mesh) {
   model_ = &model;
-  group_ = mesh.group(AxisSet{Axis::kDP, Axis::kSP});
-  ranks_ = group_->size();
-  index_ = group_->rank();
+  AxisSet data{Axis::kDP, Axis::kSP};
+  if (mesh.size(expert_axis()) > 1) data = data | AxisSet{expert_axis()};
+  const auto domain_of = [&](AxisSet over) {
+    for (size_t d = 0; d < domains_.size(); ++d) {
+      if (domains_[d].axes == over) return d;
+    }
+    Domain d;
+    d.axes = over;
+    d.group = mesh.group(over);
+    d.ranks = d.group->size();
+    d.index = d.group->rank();
+    d.factor = static_cast<double>(mesh.layout().size(over)) /
+               static_cast<double>(mesh.layout().size(data));
+    domains_.push_back(std::move(d));
+    return domains_.size() - 1;
+  };
+  domain_of(data);
+  group_ = domains_[0].group;
+  ranks_ = domains_[0].ranks;
+  index_ = domains_[0].index;
   if (ranks_ == 1 && mesh.rank() == 0) {
     std::fprintf(stderr,
                  "kolos: warning: %s with a data-parallel group of one rank (dp x sp = 1): "
@@ -39,7 +56,6 @@ void ZeroStrategy::shard_parameters(Model& model, const DeviceMesh& mesh) {
                  "ranks or parallel.data > 1 to save memory\n",
                  name().c_str());
   }
-  const AxisSet axes{Axis::kDP, Axis::kSP};
   for (auto& p : model.placed_parameters()) {
     if (!p.tensor.requires_grad()) {
       frozen_.push_back(p);
@@ -49,10 +65,12 @@ void ZeroStrategy::shard_parameters(Model& model, const DeviceMesh& mesh) {
                      " is a scalar; ZeRO shards parameters along dim 0");
     Slot s;
     s.param = p;
+    s.domain = domain_of(data.without(p.placement.sharded()));
+    const Domain& d = domains_[s.domain];
     s.rows = p.tensor.size(0);
     s.row_numel = s.rows > 0 ? p.tensor.numel() / s.rows : 0;
-    s.chunk = (s.rows + ranks_ - 1) / ranks_;
-    s.shard = p.placement.shard(0, index_, ranks_, axes);
+    s.chunk = (s.rows + d.ranks - 1) / d.ranks;
+    s.shard = p.placement.shard(0, d.index, d.ranks, d.axes);
     KOLOS_CHECK(s.shard.local_shape()[0] == s.chunk, name(), ": parameter ", p.name,
                 " has a local dim 0 of ", s.rows, " but its placement ", p.placement.to_string(),
                 " says otherwise");
@@ -66,7 +84,10 @@ void ZeroStrategy::build_groups(const std::vector<std::vector<size_t>>& members)
   for (const auto& list : members) {
     ShardGroup g;
     g.slots = list;
+    if (!list.empty()) g.domain = slots_[list.front()].domain;
     for (size_t i : list) {
+      KOLOS_CHECK(slots_[i].domain == g.domain, name(), ": parameters of one group are sharded "
+                  "over different ranks (", slots_[i].param.name, ")");
       KOLOS_CHECK(slots_[i].param.tensor.dtype() == slots_[list.front()].param.tensor.dtype(),
                   name(), ": parameters of one group have different dtypes (", slots_[i].param.name,
                   ")");
@@ -83,10 +104,11 @@ void ZeroStrategy::build_groups(const std::vector<std::vector<size_t>>& members)
         const auto shape = s.shard.local_shape();
         s.master = g.shard_params.narrow(0, s.offset, s.shard_numel()).view(shape);
         s.grad_shard = g.shard_grads.narrow(0, s.offset, s.shard_numel()).view(shape);
-        const int64_t mine = s.rows_of(index_);
+        const int64_t index = domains_[s.domain].index;
+        const int64_t mine = s.rows_of(index);
         if (mine > 0) {
           s.master.narrow(0, 0, mine)
-              .copy_(s.param.tensor.detach().narrow(0, index_ * s.chunk, mine));
+              .copy_(s.param.tensor.detach().narrow(0, index * s.chunk, mine));
         }
       }
     }
@@ -104,9 +126,10 @@ void ZeroStrategy::make_optimizer(const RunConfig& config) {
 void ZeroStrategy::scatter_rows(const Slot& s, const at::Tensor& whole,
                                 const at::Tensor& rank_major) const {
   const int64_t S = groups_[s.group].shard_numel;
+  const int64_t ranks = domains_[s.domain].ranks;
   at::Tensor src = whole.reshape({s.rows, s.row_numel});
-  at::Tensor dst = rank_major.view({ranks_, S});
-  for (int64_t r = 0; r < ranks_; ++r) {
+  at::Tensor dst = rank_major.view({ranks, S});
+  for (int64_t r = 0; r < ranks; ++r) {
     const int64_t n = s.rows_of(r);
     if (n <= 0) continue;
     dst[r]
@@ -119,9 +142,10 @@ void ZeroStrategy::scatter_rows(const Slot& s, const at::Tensor& whole,
 void ZeroStrategy::gather_rows(const Slot& s, const at::Tensor& rank_major,
                                const at::Tensor& whole) const {
   const int64_t S = groups_[s.group].shard_numel;
-  at::Tensor src = rank_major.view({ranks_, S});
+  const int64_t ranks = domains_[s.domain].ranks;
+  at::Tensor src = rank_major.view({ranks, S});
   at::Tensor dst = whole.view({s.rows, s.row_numel});
-  for (int64_t r = 0; r < ranks_; ++r) {
+  for (int64_t r = 0; r < ranks; ++r) {
     const int64_t n = s.rows_of(r);
     if (n <= 0) continue;
     dst.narrow(0, r * s.chunk, n)

@@ -10,6 +10,12 @@
 // every parameter of the group (gather_rows), and scatter_rows builds the
 // same layout from whole tensors for reduce_scatter_flat.
 //
+// Under expert parallelism (an ep axis) the experts, held apart along ep,
+// are sharded and reduced over dp x sp only, the rest over dp x ep x sp:
+// each parameter belongs to the domain of the data axes it is not held
+// apart along (Domain), and a shard group holds one domain's parameters.
+// An expert's gradient is then divided by the ep size (see the dp plugin).
+//
 // Two implementations:
 //   BucketedZero (bucketed_zero.h)   stages 1 and 2: whole parameters, the
 //                                    gradients reduced by the core's bucket
@@ -49,6 +55,7 @@ class ZeroStrategy : public GradientStrategy {
     int64_t row_numel = 1;  // elements per row
     int64_t chunk = 0;      // rows per shard, ceil(rows / N)
     size_t group = 0;
+    size_t domain = 0;      // domains_[domain]: the ranks it is sharded over
     int64_t offset = 0;     // into the group's flat shard
     at::Tensor master;      // this rank's shard, [chunk, ...]; a view of group.shard_params
     at::Tensor grad_shard;  // a view of group.shard_grads
@@ -56,7 +63,17 @@ class ZeroStrategy : public GradientStrategy {
     int64_t shard_numel() const { return chunk * row_numel; }
     int64_t bytes() const;
   };
+  // The ranks a parameter is sharded and its gradient averaged over.
+  struct Domain {
+    AxisSet axes;
+    comm::ProcessGroupPtr group;
+    int64_t ranks = 1, index = 0;
+    // After the group's mean: its size / the whole data group's (an expert
+    // under ep: 1 / ep), so every gradient is the mean over all data ranks.
+    double factor = 1.0;
+  };
   struct ShardGroup {
+    size_t domain = 0;
     std::vector<size_t> slots;
     int64_t shard_numel = 0;  // S
     at::Tensor shard_params;  // [S]
@@ -66,7 +83,7 @@ class ZeroStrategy : public GradientStrategy {
   // The model's trainable parameters as slots (others kept whole in
   // frozen_), the dp x sp group, and a warning when it has one rank.
   void shard_parameters(Model& model, const DeviceMesh& mesh);
-  // Groups of slots; each slot's master (copied from the whole parameter)
+  // Groups of slots, each of one domain; each slot's master (copied from the whole parameter)
   // and grad_shard become views of its group's flat buffers.
   void build_groups(const std::vector<std::vector<size_t>>& members);
   // AdamW over every slot's master and grad_shard.
@@ -81,8 +98,10 @@ class ZeroStrategy : public GradientStrategy {
   static void track(int64_t& current, int64_t& peak, int64_t delta);
 
   const int stage_;
+  // The whole data group (dp x sp, and ep when it has ranks): domains_[0]'s.
   comm::ProcessGroupPtr group_;
   int64_t ranks_ = 1, index_ = 0;
+  std::vector<Domain> domains_;
   std::vector<Slot> slots_;
   std::vector<PlacedParameter> frozen_;  // parameters without gradients: whole, untouched
   std::vector<ShardGroup> groups_;
