@@ -63,11 +63,6 @@ void BlockwiseZero::configure(const PluginContext& context) {
 void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) {
   reduce_in_fp32_ = reduce_in_fp32(config);
   shard_parameters(model, mesh);
-  // A block's parameters are one group, gathered over one group of ranks
-  // (load_run_config refuses zero3 with an expert axis).
-  KOLOS_CHECK_KIND(kConfig, domains_.size() == 1, name(),
-                   ": experts held apart along ep are not sharded by ZeRO-3 yet; use "
-                   "parallel.zero.stage 1 or 2 with parallel.expert");
   for (const auto& s : slots_) {
     const at::Tensor& t = s.param.tensor;
     KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
@@ -76,9 +71,14 @@ void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig&
                 " does not own its storage (a view of another tensor?); ZeRO-3 frees each "
                 "parameter's storage between uses");
   }
-  // One group per block, so that a block's parameters come in one gather.
-  std::vector<std::vector<size_t>> members(model.blocks().size());
-  for (size_t i = 0; i < slots_.size(); ++i) members.at(slots_[i].param.block).push_back(i);
+  // One group per block and domain (group b * domains + d), so that a
+  // block's parameters come in one gather per group of ranks they are
+  // sharded over (one, unless the block has experts under ep).
+  const size_t domains = domains_.size();
+  std::vector<std::vector<size_t>> members(model.blocks().size() * domains);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    members.at(slots_[i].param.block * domains + slots_[i].domain).push_back(i);
+  }
   build_groups(members);
   blocks_.resize(groups_.size());
   make_optimizer(config);
@@ -125,7 +125,8 @@ void BlockwiseZero::on_grad_ready(size_t index) {
   at::Tensor& grad = s.param.tensor.mutable_grad();
   if (grad.defined()) {
     if (!b.staging.defined()) {
-      b.staging = torch::zeros({ranks_ * groups_[s.group].shard_numel}, grad.options());
+      const ShardGroup& g = groups_[s.group];
+      b.staging = torch::zeros({domains_[g.domain].ranks * g.shard_numel}, grad.options());
       track(staging_now_, staging_peak_, bytes_of(b.staging));
     }
     scatter_rows(s, grad, b.staging);
@@ -147,8 +148,9 @@ void BlockwiseZero::launch_ready(bool force) {
     Block& b = blocks_[index];
     if (!g.slots.empty()) {
       if (!force && b.pending > 0) break;
+      const Domain& d = domains_[g.domain];
       if (!b.staging.defined()) {  // no gradient reached this block: reduce zeros
-        b.staging = torch::zeros({ranks_ * g.shard_numel}, g.shard_grads.options());
+        b.staging = torch::zeros({d.ranks * g.shard_numel}, g.shard_grads.options());
         track(staging_now_, staging_peak_, bytes_of(b.staging));
       }
       // train.reduce_dtype = "fp32": the bf16/fp16 staging widened for the
@@ -156,7 +158,7 @@ void BlockwiseZero::launch_ready(bool force) {
       at::Tensor input = reduce_in_fp32_ ? b.staging.to(at::kFloat) : b.staging;
       track(staging_now_, staging_peak_, bytes_of(input) - bytes_of(b.staging));
       at::Tensor out = torch::empty({g.shard_numel}, input.options());
-      comm::WorkPtr work = group_->reduce_scatter_flat(out, input, comm::ReduceOp::kAvg);
+      comm::WorkPtr work = d.group->reduce_scatter_flat(out, input, comm::ReduceOp::kAvg);
       in_flight_.push_back(Reduction{index, input, out, std::move(work)});
       b.staging = at::Tensor();
       while (in_flight_.size() > kMaxReductionsInFlight) complete_oldest();
@@ -183,6 +185,11 @@ void BlockwiseZero::close_micro_batch() {
 void BlockwiseZero::finish_backward() {
   if (backward_open_) close_micro_batch();
   while (!in_flight_.empty()) complete_oldest();
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    const double factor = domains_[g.domain].factor;
+    if (factor != 1.0 && g.shard_grads.defined()) g.shard_grads.mul_(factor);
+  }
 }
 
 void BlockwiseZero::step(double lr) { optimizer_->step(lr); }
@@ -199,8 +206,11 @@ void BlockwiseZero::step(double lr) { optimizer_->step(lr); }
 void BlockwiseZero::find_block_uses(const RunConfig& config) {
   const size_t blocks = model_->blocks().size();
   uses_.assign(blocks, {});
+  const size_t domains = domains_.size();
   for (size_t b = 0; b < blocks; ++b) {
-    if (!groups_[b].slots.empty()) uses_[b].push_back(b);
+    for (size_t d = 0; d < domains; ++d) {
+      if (!groups_[b * domains + d].slots.empty()) uses_[b].push_back(b * domains + d);
+    }
   }
   // A pipelined model was probed before its other stages' parameters were
   // freed; otherwise probe now, with every parameter still whole.
@@ -261,11 +271,12 @@ void BlockwiseZero::start_gather(size_t index, bool ahead) {
   ShardGroup& g = groups_[index];
   Block& b = blocks_[index];
   if (g.slots.empty() || b.state != GatherState::kFree) return;
-  b.gather_out = torch::empty({ranks_ * g.shard_numel}, g.shard_params.options());
+  const Domain& d = domains_[g.domain];
+  b.gather_out = torch::empty({d.ranks * g.shard_numel}, g.shard_params.options());
   gather_stats_.bytes += bytes_of(b.gather_out);
   if (ahead) gather_stats_.bytes_ahead += bytes_of(b.gather_out);
   track(gathered_now_, gathered_peak_, bytes_of(b.gather_out));
-  b.gather_work = group_->all_gather_flat(b.gather_out, g.shard_params);
+  b.gather_work = d.group->all_gather_flat(b.gather_out, g.shard_params);
   b.state = GatherState::kGathering;
 }
 

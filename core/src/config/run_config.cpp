@@ -850,15 +850,6 @@ class Reader {
                            ": each rank of the expert axis holds an equal share of the experts; "
                            "use a size that divides " + std::to_string(c.model.experts) + ".");
     }
-    const RoleChoice roles = choose_plugins(c);
-    if (roles.gradients != "dp" && roles.gradients != "zero1" && roles.gradients != "zero2") {
-      root.fail_at_any({"parallel.zero.stage", "parallel.zero", "plugins.gradients",
-                        "parallel.expert.size"},
-                       size + " with the gradients plugin `" + roles.gradients +
-                           "`: expert-parallel experts are sharded and reduced over dp only, "
-                           "the rest over dp x ep, by dp, zero1 and zero2; ZeRO-3 does not "
-                           "yet; use parallel.zero.stage = 0, 1 or 2 with the expert axis.");
-    }
   }
 
   // Which plugin each role gets, and the keys of a role's section that the

@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "engine_detail.h"
@@ -688,13 +689,21 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
   std::vector<bool> apart;  // held by this rank alone along ep (an expert)
   torch::NoGradGuard no_grad;
   const AxisSet ep{expert_axis()};
+  // Held apart along ep: by the model's placement (ZeRO may shard any
+  // parameter over ep as well, which is gathered as usual).
+  std::set<std::string> held_apart;
+  for (const auto& p : model_->all_parameters()) {
+    if (p.placement.sharded().contains(expert_axis())) held_apart.insert(p.name);
+  }
+  const auto gather_axes = [&](const PlacedParameter& p) {
+    return held_apart.count(p.name) ? p.placement.sharded().without(ep) : p.placement.sharded();
+  };
   // The gradients role knows where parameters live at rest (ZeRO-3: shards
   // only; the model's own tensors are empty between uses).
   if (!model_->pipelined()) {
     for (const auto& p : gradients_->parameters_at_rest()) {
-      out.emplace_back(p.name, gather_global(p.tensor.detach(), p.placement, *mesh_,
-                                             p.placement.sharded().without(ep)));
-      apart.push_back(p.placement.sharded().contains(expert_axis()));
+      out.emplace_back(p.name, gather_global(p.tensor.detach(), p.placement, *mesh_, gather_axes(p)));
+      apart.push_back(held_apart.count(p.name) > 0);
     }
   } else {
     // Pipelined: each stage assembles its own parameters over the other
@@ -705,7 +714,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
     std::map<std::string, at::Tensor> mine;
     for (const auto& p : gradients_->parameters_at_rest()) {
       mine[p.name] = gather_global(p.tensor.detach(), p.placement, *mesh_,
-                                   p.placement.sharded().without(pp | ep));
+                                   gather_axes(p).without(pp));
     }
     const auto& group = mesh_->group(Axis::kPP);
     for (const auto& p : model_->all_parameters()) {
@@ -718,7 +727,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_parameters() {
       }
       group->broadcast(t, root)->wait();
       out.emplace_back(p.name, t);
-      apart.push_back(p.placement.sharded().contains(expert_axis()));
+      apart.push_back(held_apart.count(p.name) > 0);
     }
   }
   if (mesh_->size(expert_axis()) == 1) return out;

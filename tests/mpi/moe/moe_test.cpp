@@ -327,11 +327,11 @@ TEST(MoeExpertParallel, DataTimesExpertMatchesSerial) {
   testing::expect_equivalent(serial(), parallel({dp_all(), ep(2)}));
 }
 
-TEST(MoeExpertParallel, WithZero1AndZero2MatchesSerial) {
+TEST(MoeExpertParallel, WithZeroStagesMatchesSerial) {
   // At 4 ranks (dp 2 x ep 2) the experts are sharded over dp, the rest over
   // dp x ep; at 2 ranks the experts' group has one rank.
   REQUIRE_RANKS(2, 4);
-  for (const int stage : {1, 2}) {
+  for (const int stage : {1, 2, 3}) {
     SCOPED_TRACE("zero" + std::to_string(stage));
     testing::expect_equivalent(
         serial(), parallel({dp_all(), ep(2), "parallel.zero.stage=" + std::to_string(stage)}));
@@ -348,6 +348,12 @@ TEST(MoeExpertParallel, WithPipelineMatchesSerial) {
   REQUIRE_RANKS(4);
   testing::expect_equivalent(serial(),
                              parallel({"parallel.pipeline.size=2", "parallel.data=2", ep(2)}));
+}
+
+TEST(MoeExpertParallel, WithZero3AndRecomputationMatchesSerial) {
+  REQUIRE_RANKS(4);
+  testing::expect_equivalent(serial(), parallel({dp_all(), ep(2), "parallel.zero.stage=3",
+                                                 "train.recompute=full"}));
 }
 
 TEST(MoeExpertParallel, RecomputedWithACapacityMatchesSerial) {
@@ -406,6 +412,8 @@ TEST(MoeExpertParallel, CheckpointSavedUnderEpLoadsUnderDpAndBack) {
   expect_resumes_across({dp_all()}, {dp_all(), ep(2)}, "moe-dp-to-ep");
   expect_resumes_across({dp_all(), ep(2), "parallel.zero.stage=2"},
                         {dp_all(), "parallel.zero.stage=1"}, "moe-ep-zero2-to-zero1");
+  expect_resumes_across({dp_all(), "parallel.zero.stage=3"},
+                        {dp_all(), ep(world_size()), "parallel.zero.stage=3"}, "moe-zero3-to-ep");
 }
 
 TEST(MoeExpertParallel, EveryExpertIsDrawnAsSeriallyWhateverTheEpSize) {
@@ -526,9 +534,7 @@ TEST(MoeBadInput, ExpertAxisKeysNamed) {
              "parallel.expert.size = 3 does not divide model.experts = 4");
   expect_has(config_error(mixtral({ep(2), "parallel.data=3"})),
              "parallel.expert.size = 2 does not divide the 3 data ranks");
-  EXPECT_EQ(config_error(mixtral({ep(2), "parallel.zero.stage=2"})), "");
-  expect_has(config_error(mixtral({ep(2), "parallel.zero.stage=3"})),
-             "with the gradients plugin `zero3`");
+  EXPECT_EQ(config_error(mixtral({ep(2), "parallel.zero.stage=3"})), "");
   expect_has(config_error(mixtral({"parallel.expert.size=0"})), "parallel.expert.size");
   expect_has(config_error(mixtral({"parallel.expert.ranks=2"})),
              "unknown key `parallel.expert.ranks`");
