@@ -116,12 +116,7 @@ class DataParallel : public GradientStrategy {
     if (sets_.empty()) return {};
     ReductionStats stats = sets_.front().buckets->stats();
     for (size_t i = 1; i < sets_.size(); ++i) {
-      const ReductionStats more = sets_[i].buckets->stats();
-      stats.bytes += more.bytes;
-      stats.bytes_during_backward += more.bytes_during_backward;
-      stats.wait_s += more.wait_s;
-      stats.reductions += more.reductions;
-      stats.completed_before_finish += more.completed_before_finish;
+      stats.add(sets_[i].buckets->stats());
     }
     return stats;
   }

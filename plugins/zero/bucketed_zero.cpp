@@ -178,12 +178,7 @@ MemoryStats BucketedZero::memory() const {
 ReductionStats BucketedZero::reduction_stats() const {
   ReductionStats stats = buckets_.front()->stats();
   for (size_t d = 1; d < buckets_.size(); ++d) {
-    const ReductionStats more = buckets_[d]->stats();
-    stats.bytes += more.bytes;
-    stats.bytes_during_backward += more.bytes_during_backward;
-    stats.wait_s += more.wait_s;
-    stats.reductions += more.reductions;
-    stats.completed_before_finish += more.completed_before_finish;
+    stats.add(buckets_[d]->stats());
   }
   return stats;
 }

@@ -20,60 +20,13 @@
 #include <thread>
 
 #include "kolos/core/error.h"
+#include "kolos/core/posix_file.h"
 
 namespace kolos::tokenizer {
 namespace {
 
-std::string errno_text(int err) { return std::strerror(err); }
-
-// An open file descriptor, closed by the destructor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now; close()'s errno, 0 on success.
-  int close_checked() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd >= 0 && ::close(fd) != 0 ? errno : 0;
-  }
-
- private:
-  int fd_;
-};
-
-// Removes the temporary file unless commit() was called. Never throws.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
-  ~TempFileGuard() {
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  void commit() { committed_ = true; }
-
- private:
-  std::string path_;
-  bool committed_ = false;
-};
-
-void write_all(int fd, const char* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw DataError("cannot write " + path + ": " + errno_text(errno));
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-}
+using posix::errno_text;
+using posix::write_all;
 
 std::string read_input(const std::string& path) {
   struct stat st {};
@@ -87,12 +40,6 @@ std::string read_input(const std::string& path) {
   text << in.rdbuf();
   if (in.bad()) throw DataError("cannot read input " + path);
   return text.str();
-}
-
-std::string parent_directory(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 // Appends `ids` to `bytes` as little-endian `width`-byte integers.
@@ -132,12 +79,12 @@ PreparedTokens prepare_token_file(const std::vector<std::string>& inputs, const 
   threads = std::min<int>(threads, static_cast<int>(inputs.size()));
 
   const std::string temp = output + ".tmp." + std::to_string(::getpid());
-  Fd out(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  posix::ScopedFd out(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (out.get() < 0) {
     throw DataError("cannot create " + temp + " (temporary file for " + output +
                     "): " + errno_text(errno));
   }
-  TempFileGuard guard(temp);
+  posix::TempFileGuard guard(temp);
 
   const auto started = std::chrono::steady_clock::now();
   for (size_t first = 0; first < inputs.size(); first += static_cast<size_t>(threads)) {
@@ -186,8 +133,7 @@ PreparedTokens prepare_token_file(const std::vector<std::string>& inputs, const 
   }
   guard.commit();
   // Best effort: the data is safe; some file systems refuse fsync on a directory.
-  Fd dir(::open(parent_directory(output).c_str(), O_RDONLY | O_CLOEXEC));
-  if (dir.get() >= 0) ::fsync(dir.get());
+  posix::sync_parent_directory(output);
   return report;
 }
 

@@ -11,7 +11,7 @@
 #include <limits>
 
 #include "kolos/core/error.h"
-#include "posix_file.h"
+#include "kolos/core/posix_file.h"
 
 namespace kolos::data::internal {
 namespace {
@@ -104,7 +104,7 @@ int64_t NpyArray::integer(int64_t i) const {
 }
 
 NpyArray read_npy(const std::string& path) {
-  std::vector<uint8_t> bytes = read_whole_file(path, ".npy file");
+  std::vector<uint8_t> bytes = posix::read_whole_file(path, ".npy file");
   static const char kMagic[] = "\x93NUMPY";
   if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, 6) != 0) {
     throw DataError(path + ": not a NumPy .npy file (no \\x93NUMPY magic string at the start; "

@@ -11,31 +11,19 @@
 
 #include "kolos/core/error.h"
 #include "kolos/modules/data.h"
-#include "posix_file.h"
+#include "kolos/core/posix_file.h"
 
 namespace kolos::data {
 namespace {
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
 
-// Writes all of `size` bytes, retrying short writes and EINTR.
-void write_all(int fd, const unsigned char* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw DataError("cannot write " + path + ": " + internal::errno_text(errno));
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-}
 
 // Appends the bytes of `input` to `out_fd` as little-endian uint16 ids.
 int64_t append_byte_tokens(const std::string& input, int out_fd, const std::string& out_path) {
-  internal::ScopedFd in(::open(input.c_str(), O_RDONLY | O_CLOEXEC));
+  posix::ScopedFd in(::open(input.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in.valid()) {
-    throw DataError("cannot read input " + input + ": " + internal::errno_text(errno));
+    throw DataError("cannot read input " + input + ": " + posix::errno_text(errno));
   }
   std::vector<unsigned char> bytes(kChunkBytes);
   std::vector<unsigned char> tokens(2 * kChunkBytes);
@@ -45,14 +33,14 @@ int64_t append_byte_tokens(const std::string& input, int out_fd, const std::stri
     if (n < 0) {
       if (errno == EINTR) continue;
       // A directory opens fine and fails here with EISDIR.
-      throw DataError("cannot read input " + input + ": " + internal::errno_text(errno));
+      throw DataError("cannot read input " + input + ": " + posix::errno_text(errno));
     }
     if (n == 0) break;
     for (ssize_t i = 0; i < n; ++i) {
       tokens[2 * i] = bytes[i];
       tokens[2 * i + 1] = 0;
     }
-    write_all(out_fd, tokens.data(), 2 * static_cast<size_t>(n), out_path);
+    posix::write_all(out_fd, tokens.data(), 2 * static_cast<size_t>(n), out_path);
     count += n;
   }
   return count;
@@ -68,12 +56,12 @@ int64_t prepare_byte_tokens(const std::vector<std::string>& inputs, const std::s
     throw DataError("kolos data prepare: no output file; give one with -o out.bin");
   }
   const std::string temp = output + ".tmp." + std::to_string(::getpid());
-  internal::ScopedFd out(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  posix::ScopedFd out(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!out.valid()) {
     throw DataError("cannot create " + temp + " (temporary file for " + output +
-                    "): " + internal::errno_text(errno));
+                    "): " + posix::errno_text(errno));
   }
-  internal::TempFileGuard guard(temp);
+  posix::TempFileGuard guard(temp);
 
   int64_t count = 0;
   for (const std::string& input : inputs) count += append_byte_tokens(input, out.get(), temp);
@@ -81,16 +69,16 @@ int64_t prepare_byte_tokens(const std::vector<std::string>& inputs, const std::s
     throw DataError("kolos data prepare: the inputs hold no bytes; nothing to write to " + output);
   }
   if (::fsync(out.get()) != 0) {
-    throw DataError("cannot fsync " + temp + ": " + internal::errno_text(errno));
+    throw DataError("cannot fsync " + temp + ": " + posix::errno_text(errno));
   }
   if (const int err = out.close_checked(); err != 0) {
-    throw DataError("cannot close " + temp + ": " + internal::errno_text(err));
+    throw DataError("cannot close " + temp + ": " + posix::errno_text(err));
   }
   if (::rename(temp.c_str(), output.c_str()) != 0) {
-    throw DataError("cannot rename " + temp + " to " + output + ": " + internal::errno_text(errno));
+    throw DataError("cannot rename " + temp + " to " + output + ": " + posix::errno_text(errno));
   }
   guard.commit();
-  internal::sync_parent_directory(output);
+  posix::sync_parent_directory(output);
   return count;
 }
 

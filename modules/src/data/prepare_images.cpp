@@ -19,7 +19,7 @@
 #include "kolos/core/error.h"
 #include "kolos/modules/data.h"
 #include "npy.h"
-#include "posix_file.h"
+#include "kolos/core/posix_file.h"
 
 namespace kolos::data {
 namespace {
@@ -48,7 +48,7 @@ void write_images_file(const std::string& output, const std::vector<uint8_t>& pi
   }
   const std::string temp = output + ".tmp." + std::to_string(::getpid());
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors are reported here, not printed
-  internal::TempFileGuard guard(temp);
+  posix::TempFileGuard guard(temp);
   const std::string where = "cannot write " + temp + " (temporary file for " + output + ")";
   {
     Hid file(H5Fcreate(temp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), &H5Fclose);
@@ -101,16 +101,16 @@ void write_images_file(const std::string& output, const std::vector<uint8_t>& pi
     }
   }
   {
-    internal::ScopedFd fd(::open(temp.c_str(), O_RDONLY | O_CLOEXEC));
+    posix::ScopedFd fd(::open(temp.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd.valid() || ::fsync(fd.get()) != 0) {
-      throw DataError("cannot fsync " + temp + ": " + internal::errno_text(errno));
+      throw DataError("cannot fsync " + temp + ": " + posix::errno_text(errno));
     }
   }
   if (::rename(temp.c_str(), output.c_str()) != 0) {
-    throw DataError("cannot rename " + temp + " to " + output + ": " + internal::errno_text(errno));
+    throw DataError("cannot rename " + temp + " to " + output + ": " + posix::errno_text(errno));
   }
   guard.commit();
-  internal::sync_parent_directory(output);
+  posix::sync_parent_directory(output);
 }
 
 bool hidden(const fs::path& path) {
@@ -191,7 +191,7 @@ ImagesPrepared prepare_images_from_folder(const std::string& dir, const std::str
   std::string first;
   for (const auto& [path, label] : files) {
     const internal::DecodedImage image =
-        internal::decode_image(path, internal::read_whole_file(path, "image"));
+        internal::decode_image(path, posix::read_whole_file(path, "image"));
     if (first.empty()) {
       check_square(path, image.height, image.width);
       first = path;

@@ -21,7 +21,7 @@
 #include "hash.h"
 #include "kolos/core/error.h"
 #include "kolos/modules/data.h"
-#include "posix_file.h"
+#include "kolos/core/posix_file.h"
 
 namespace kolos::data {
 namespace {
@@ -49,7 +49,7 @@ class MappedFile {
     void* data = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (data == MAP_FAILED) {
       throw DataError("cannot memory-map token file " + path + " (" + std::to_string(size_) +
-                      " bytes): " + internal::errno_text(errno));
+                      " bytes): " + posix::errno_text(errno));
     }
     data_ = static_cast<const unsigned char*>(data);
   }
@@ -156,13 +156,13 @@ std::unique_ptr<TokenSource> make_token_file_source(const std::string& path,
 
   // Open first and fstat the descriptor, so the checks and the mapping see the
   // same file even if the path is replaced meanwhile.
-  internal::ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  posix::ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) {
-    throw DataError("cannot open token file " + path + ": " + internal::errno_text(errno));
+    throw DataError("cannot open token file " + path + ": " + posix::errno_text(errno));
   }
   struct stat info {};
   if (::fstat(fd.get(), &info) != 0) {
-    throw DataError("cannot stat token file " + path + ": " + internal::errno_text(errno));
+    throw DataError("cannot stat token file " + path + ": " + posix::errno_text(errno));
   }
   if (S_ISDIR(info.st_mode)) {
     throw DataError("token file " + path + " is a directory; expected a file of " + dtype +

@@ -65,6 +65,15 @@ struct ReductionStats {
     return bytes > 0 ? static_cast<double>(bytes_during_backward) / static_cast<double>(bytes)
                      : 0.0;
   }
+  // Another group's reductions of the same step added in (the all-reduce
+  // path stays this one's).
+  void add(const ReductionStats& more) {
+    bytes += more.bytes;
+    bytes_during_backward += more.bytes_during_backward;
+    wait_s += more.wait_s;
+    reductions += more.reductions;
+    completed_before_finish += more.completed_before_finish;
+  }
 };
 
 // How one step's parameter gathers went on this rank (ZeRO-3: parameters

@@ -1,5 +1,7 @@
 // Owned POSIX file descriptors, errno messages and the pieces of an atomic
-// file write (internal to modules/data).
+// file write (a temporary file, fsynced, renamed over the output, then the
+// directory fsynced), for the tools that write data files (modules/data,
+// tokenizer/).
 #pragma once
 
 #include <fcntl.h>
@@ -16,7 +18,7 @@
 
 #include "kolos/core/error.h"
 
-namespace kolos::data::internal {
+namespace kolos::posix {
 
 // strerror(err) as a std::string. strerror is not required to be thread-safe,
 // strerror_r comes in two incompatible flavours; this picks whichever the C
@@ -93,6 +95,21 @@ inline std::string parent_directory(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// Writes all of `size` bytes to `fd`, retrying short writes and EINTR.
+// Throws DataError naming `path`.
+inline void write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* at = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, at, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw DataError("cannot write " + path + ": " + errno_text(errno));
+    }
+    at += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
 // Makes a rename into `path`'s directory durable. Best effort: the data is
 // already safe and some file systems refuse fsync on a directory.
 inline void sync_parent_directory(const std::string& path) {
@@ -122,4 +139,4 @@ inline std::vector<uint8_t> read_whole_file(const std::string& path, const std::
   return bytes;
 }
 
-}  // namespace kolos::data::internal
+}  // namespace kolos::posix
