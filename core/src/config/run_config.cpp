@@ -83,8 +83,9 @@ const SettingsTable<ModelConfig>& llama_table() {
 }
 
 // The keys only model.name = "mixtral" has (besides llama's).
-const std::vector<std::string> kMoeKeys = {"experts",       "top_k",       "moe_every",
-                                           "aux_loss_coef", "z_loss_coef", "capacity_factor"};
+const std::vector<std::string> kMoeKeys = {"experts",         "top_k",  "moe_every",
+                                           "aux_loss_coef",   "z_loss_coef",
+                                           "capacity_factor", "router", "shared_experts"};
 
 const SettingsTable<ModelConfig>& moe_table() {
   static const auto table = SettingsTable<ModelConfig>("model")
@@ -93,7 +94,10 @@ const SettingsTable<ModelConfig>& moe_table() {
                                 .integer("moe_every", &ModelConfig::moe_every, 1)
                                 .number("aux_loss_coef", &ModelConfig::aux_loss_coef, non_negative)
                                 .number("z_loss_coef", &ModelConfig::z_loss_coef, non_negative)
-                                .number("capacity_factor", &ModelConfig::capacity_factor, non_negative);
+                                .number("capacity_factor", &ModelConfig::capacity_factor, non_negative)
+                                .choice("router", &ModelConfig::router, {"softmax", "sigmoid"},
+                                        "router score")
+                                .integer("shared_experts", &ModelConfig::shared_experts, 0);
   return table;
 }
 

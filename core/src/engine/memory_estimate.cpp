@@ -82,6 +82,7 @@ struct Shape {
   // token through top_k of them (0 share for the dense models).
   double moe_share = 0, experts = 0, top_k = 1;
   double local_experts = 0;  // experts held by one rank: experts / parallel.expert.size
+  double shared = 0;         // shared experts (one MLP of shared x inner)
 };
 
 Shape shape_of(const RunConfig& c) {
@@ -99,6 +100,7 @@ Shape shape_of(const RunConfig& c) {
       s.experts = static_cast<double>(m.experts);
       s.local_experts = s.experts / static_cast<double>(std::max<int64_t>(1, c.parallel.expert.size));
       s.top_k = static_cast<double>(m.top_k);
+      s.shared = static_cast<double>(m.shared_experts);
     }
     s.inner = static_cast<double>(m.ffn_hidden > 0 ? m.ffn_hidden : default_ffn_hidden(m.hidden));
     s.kv_heads = static_cast<double>(m.kv_heads > 0 ? m.kv_heads : m.heads);
@@ -116,7 +118,8 @@ double block_params(const Shape& s) {
     // blocks).
     const double mlp =
         (1 - s.moe_share) * 3 * s.hidden * s.inner +
-        s.moe_share * (s.local_experts * 3 * s.hidden * s.inner + s.hidden * s.experts);
+        s.moe_share * ((s.local_experts + s.shared) * 3 * s.hidden * s.inner +
+                       s.hidden * s.experts);
     return 2 * s.hidden * s.hidden + 2 * s.hidden * kv + mlp + 2 * s.hidden;
   }
   return 4 * (s.hidden * s.hidden + s.hidden) + 2 * s.hidden * s.inner + s.inner + s.hidden +
@@ -212,7 +215,7 @@ double block_activations(const Shape& s, const MeshShape& mesh, const std::strin
   // SwiGLU keeps four inner-wide tensors (gate, silu(gate), up, their
   // product), GELU two.
   // A mixture block runs each token through top_k experts.
-  const double wide = (s.llama ? 4 : 2) * (1 + s.moe_share * (s.top_k - 1));
+  const double wide = (s.llama ? 4 : 2) * (1 + s.moe_share * (s.top_k + s.shared - 1));
   // The ring kernel saves contiguous copies of q, k and v (the serial core
   // reads them as views of the projection's output) besides the output
   // (counted), and the log-sum-exp.

@@ -64,6 +64,15 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
                       ": MixtralForCausalLM has experts in every block; --format hf exports "
                       "mixtral with moe_every = 1 only");
   }
+  if (mixtral && (c.router != "softmax" || c.shared_experts > 0)) {
+    throw ConfigError(c.router != "softmax"
+                          ? "model.router = \"" + c.router +
+                                "\": MixtralForCausalLM scores experts with a softmax; --format "
+                                "hf exports router = \"softmax\" only"
+                          : "model.shared_experts = " + std::to_string(c.shared_experts) +
+                                ": MixtralForCausalLM has no shared experts; --format hf "
+                                "exports shared_experts = 0 only");
+  }
   if (mixtral && c.capacity_factor > 0) {
     throw ConfigError("model.capacity_factor = " + std::to_string(c.capacity_factor) +
                       ": MixtralForCausalLM routes without dropping tokens; --format hf "
@@ -129,6 +138,8 @@ ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
     c.aux_loss_coef = config.number("router_aux_loss_coef", 0.001);
     c.z_loss_coef = 0;
     c.capacity_factor = 0;
+    c.router = "softmax";
+    c.shared_experts = 0;
     if (c.experts < 2) config.refuse("num_local_experts", "kolos's mixtral needs at least 2");
     if (c.top_k < 1 || c.top_k > c.experts) {
       config.refuse("num_experts_per_tok", "must be between 1 and num_local_experts");

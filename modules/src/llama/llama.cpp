@@ -29,12 +29,15 @@ class LlamaEmbedding : public Layer {
 // width as they split GPT's MLP.
 class SwiGluMlp : public Layer {
  public:
-  SwiGluMlp(LayerFactory& factory, const ModelConfig& c) : factory_(&factory) {
-    const LinearSpec column{c.hidden,   c.ffn_hidden,        /*bias=*/false, LinearRole::kColumn,
+  // `width`: the hidden width (0: c.ffn_hidden).
+  SwiGluMlp(LayerFactory& factory, const ModelConfig& c, int64_t width = 0)
+      : factory_(&factory) {
+    const int64_t inner = width > 0 ? width : c.ffn_hidden;
+    const LinearSpec column{c.hidden,   inner,               /*bias=*/false, LinearRole::kColumn,
                             c.init_std, /*input_ready=*/true};
     gate_ = register_module("gate_proj", factory.linear(column));
     up_ = register_module("up_proj", factory.linear(column));
-    down_ = register_module("down_proj", factory.linear(LinearSpec{c.ffn_hidden, c.hidden, false,
+    down_ = register_module("down_proj", factory.linear(LinearSpec{inner, c.hidden, false,
                                                                    LinearRole::kRow, c.init_std}));
   }
   at::Tensor forward(const at::Tensor& input) override {
@@ -79,10 +82,18 @@ class LayerList : public Layer {
 // e; P: the mean router probability of e; Hugging Face's
 // load_balancing_loss_func per micro-batch) and the z-loss z_loss_coef *
 // mean(logsumexp(logits)^2) train the router through with_aux_loss.
+//
+// router = "sigmoid" scores each expert with sigmoid(logit) (DeepSeek-V3);
+// the top_k are chosen on those scores and renormalised, and P in the
+// load-balancing loss is the mean of each token's scores normalised to sum
+// to 1. shared_experts > 0 adds one SwiGLU MLP of width shared_experts x
+// ffn_hidden that every token goes through (DeepSeek's shared experts),
+// replicated along ep and split by tensor rank as a dense MLP.
 class MoeMlp : public Layer {
  public:
   MoeMlp(LayerFactory& factory, const ModelConfig& c, int64_t block)
       : block_(block),
+        sigmoid_(c.router == "sigmoid"),
         top_k_(c.top_k),
         aux_coef_(c.aux_loss_coef),
         z_coef_(c.z_loss_coef),
@@ -103,6 +114,10 @@ class MoeMlp : public Layer {
     }
     if (shard_.group != nullptr) experts->hold_apart_along(AxisSet{expert_axis()});
     experts_ = register_module("experts", experts);
+    if (c.shared_experts > 0) {
+      shared_ = register_module(
+          "shared", std::make_shared<SwiGluMlp>(factory, c, c.shared_experts * c.ffn_hidden));
+    }
   }
 
   at::Tensor forward(const at::Tensor& input) override {
@@ -112,8 +127,10 @@ class MoeMlp : public Layer {
     const auto& experts = experts_->layers();
     const int64_t e_count = shard_.total;
     const at::Tensor logits = router_->forward(x).to(at::kFloat);  // [N, E]
-    const at::Tensor probs = torch::softmax(logits, -1);
-    auto [top, choice] = probs.topk(top_k_, -1);  // [N, k]
+    const at::Tensor scores = sigmoid_ ? torch::sigmoid(logits) : torch::softmax(logits, -1);
+    // Each token's scores as a distribution over the experts (the balancing loss's P).
+    const at::Tensor probs = sigmoid_ ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
+    auto [top, choice] = scores.topk(top_k_, -1);  // [N, k]
     const at::Tensor weights = top / top.sum(-1, /*keepdim=*/true);
     // [k, N, E]: assignment (k-th choice of token t) -> expert, one-hot.
     const at::Tensor one_hot =
@@ -147,6 +164,7 @@ class MoeMlp : public Layer {
                                      });
     const at::Tensor w = weights.index({rows, slot}).unsqueeze(-1);
     at::Tensor out = torch::zeros_like(x).index_add(0, rows, y * w.to(y.scalar_type()));
+    if (shared_) out = out + shared_->forward(x);
     at::Tensor aux;
     if (aux_coef_ > 0) {
       const at::Tensor fraction = one_hot.mean(1);  // [k, E]
@@ -165,12 +183,14 @@ class MoeMlp : public Layer {
 
  private:
   int64_t block_;  // the model's block index (routing figures)
+  bool sigmoid_;
   int64_t top_k_;
   double aux_coef_, z_coef_, capacity_factor_;
   int64_t dropped_ = 0;
   ExpertShard shard_;
   LayerPtr router_;
   std::shared_ptr<LayerList> experts_;
+  LayerPtr shared_;  // shared experts, or null
 };
 
 class LlamaBlock : public Layer {

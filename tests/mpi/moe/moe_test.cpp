@@ -15,9 +15,12 @@
 // - Expert parallelism (parallel.expert.size, the ep axis; experts.h):
 //   run_experts() with identity experts returns its input exactly, each row
 //   reaches the expert it was routed to, and experts that receive no rows
-//   get zero gradients without a hang; training equals the serial run under
+//   get zero gradients without a hang; the all-to-alls hand MPI exactly the
+//   routed rows (libkolos_pmpi_count); training equals the serial run under
 //   ep 2 and 4, dp x ep, ep x tp1d, ep x pipeline, recomputation with a
 //   capacity; a checkpoint saved at one ep size loads at another.
+// - router = "sigmoid" and shared experts: the layer equals its dense
+//   mixture, and training equals the serial run under dp x ep and tp1d.
 // - Bad input: each key named.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "equivalence.h"
+#include "observed_traffic.h"
 #include "kolos/checkpoint/checkpoint.h"
 #include "kolos/core/aux_loss.h"
 #include "kolos/core/engine.h"
@@ -38,6 +42,7 @@
 #include "kolos/core/model.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
+#include "kolos/modules/hf.h"
 
 namespace kolos {
 namespace {
@@ -133,6 +138,31 @@ TEST(MoeLayer, AllExpertsEqualTheDenseMixture) {
   EXPECT_EQ(out.sizes(), x.sizes());
   EXPECT_TRUE(torch::allclose(out.reshape({-1, 32}), dense, 1e-5, 1e-6))
       << (out.reshape({-1, 32}) - dense).abs().max().item<double>();
+}
+
+TEST(MoeLayer, SigmoidScoresWithSharedExpertsEqualTheirDenseMixture) {
+  REQUIRE_RANKS(1);
+  const RunConfig c =
+      serial({"model.top_k=4", "model.router=\"sigmoid\"", "model.shared_experts=2"});
+  Built b = build(c);
+  Moe m = moe_of(*b.model, 4);
+  auto* shared = dynamic_cast<Layer*>(&child(*b.model->blocks()[1].second, "mlp.shared"));
+  ASSERT_NE(shared, nullptr);
+  // Two experts' width: gate_proj is [2 x ffn_hidden, hidden].
+  EXPECT_EQ(child(*shared, "gate_proj").named_parameters()["weight"].size(0),
+            2 * c.model.ffn_hidden);
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = torch::randn({2, 5, 32});
+  const at::Tensor flat = x.reshape({-1, 32});
+  // Every expert chosen: the sigmoid scores renormalised over all of them.
+  const at::Tensor scores = torch::sigmoid(torch::matmul(flat, m.router.t()));
+  const at::Tensor weights = scores / scores.sum(-1, /*keepdim=*/true);
+  at::Tensor dense = shared->forward(flat);
+  for (int64_t e = 0; e < 4; ++e) {
+    dense += m.experts[e]->forward(flat) * weights.select(1, e).unsqueeze(-1);
+  }
+  const at::Tensor out = m.layer->forward(x).reshape({-1, 32});
+  EXPECT_TRUE(torch::allclose(out, dense, 1e-5, 1e-6)) << (out - dense).abs().max().item<double>();
 }
 
 TEST(MoeLayer, TopTwoIsTheRenormalisedSumOverEachTokensChoices) {
@@ -317,9 +347,67 @@ TEST(MoeExpertDispatch, ExpertsWithoutRowsGetZeroGradientsAndNothingWaits) {
   EXPECT_TRUE(torch::allclose(rows.grad(), torch::full({5, 4}, 2.0, torch::kDouble)));
 }
 
+// The bytes the exchanges hand MPI (libkolos_pmpi_count, at the MPI
+// boundary) equal what the routing implies: per forward, the counts (L
+// int64 to each other rank) and each routed row once to its expert's rank
+// and once back; per backward, each row's gradient both ways again. Rows
+// routed to this rank's own experts never reach the network.
+TEST(MoeExpertDispatch, AllToAllBytesAreTheRoutedRows) {
+  REQUIRE_RANKS(2, 4);
+  ASSERT_EQ(testing::pmpi_interposition_problem(), "");
+  auto mesh = expert_mesh();
+  const int64_t peers = world_size(), local = 3, experts = peers * local, hidden = 5;
+  const ExpertShard shard = local_experts(mesh.get(), experts);
+  const int rank = testing::world_rank();
+  // Uneven routing, some experts with none: rank r sends (e * 7 + r) % 5 rows to expert e.
+  std::vector<int64_t> counts(experts);
+  int64_t rows_total = 0;
+  for (int64_t e = 0; e < experts; ++e) rows_total += counts[e] = (e * 7 + rank) % 5;
+  const at::Tensor rows = torch::randn({rows_total, hidden}).requires_grad_(true);
+  // What this rank sends to others and receives from them.
+  uint64_t out_rows = 0, in_rows = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (e / local != rank) out_rows += static_cast<uint64_t>(counts[e]);
+  }
+  for (int q = 0; q < peers; ++q) {
+    if (q == rank) continue;
+    for (int64_t j = 0; j < local; ++j) {
+      in_rows += static_cast<uint64_t>((((rank * local + j) * 7) + q) % 5);
+    }
+  }
+  const uint64_t row_bytes = hidden * sizeof(float);
+  const uint64_t counts_bytes = (peers - 1) * local * sizeof(int64_t);
+  testing::reset_observed_traffic();
+  const at::Tensor y = run_experts(rows, counts, shard, [](int64_t j, const at::Tensor& x) {
+    return x * static_cast<double>(j + 2);
+  });
+  const testing::ObservedTraffic forward = testing::observed_traffic({mesh->group(expert_axis())});
+  EXPECT_EQ(forward.kinds[KOLOS_PMPI_ALLTOALL].calls, 3u);  // counts, dispatch, combine
+  EXPECT_EQ(forward.kinds[KOLOS_PMPI_ALLTOALL].sent_bytes,
+            counts_bytes + (out_rows + in_rows) * row_bytes);
+  EXPECT_EQ(forward.sent(), forward.kinds[KOLOS_PMPI_ALLTOALL].sent_bytes);
+  testing::reset_observed_traffic();
+  y.sum().backward();
+  const testing::ObservedTraffic backward = testing::observed_traffic({mesh->group(expert_axis())});
+  EXPECT_EQ(backward.kinds[KOLOS_PMPI_ALLTOALL].calls, 2u);
+  EXPECT_EQ(backward.kinds[KOLOS_PMPI_ALLTOALL].sent_bytes, (out_rows + in_rows) * row_bytes);
+}
+
 TEST(MoeExpertParallel, EveryRankItsShareOfExpertsMatchesSerial) {
   REQUIRE_RANKS(2, 4);
   testing::expect_equivalent(serial(), parallel({dp_all(), ep(world_size())}));
+}
+
+TEST(MoeExpertParallel, SigmoidRouterWithSharedExpertsMatchesSerial) {
+  REQUIRE_RANKS(2, 4);
+  const std::vector<std::string> deepseek = {"model.router=\"sigmoid\"", "model.shared_experts=1"};
+  std::vector<std::string> with_ep = deepseek;
+  with_ep.insert(with_ep.end(), {dp_all(), ep(2)});
+  testing::expect_equivalent(serial(deepseek), parallel(with_ep));
+  std::vector<std::string> with_tp = deepseek;
+  with_tp.insert(with_tp.end(),
+                 {"parallel.tensor.size=2", "parallel.data=" + std::to_string(world_size() / 2)});
+  testing::expect_equivalent(serial(deepseek), parallel(with_tp));
 }
 
 TEST(MoeExpertParallel, DataTimesExpertMatchesSerial) {
@@ -525,6 +613,26 @@ TEST(MoeBadInput, LayoutsNotCoveredAreRefused) {
              "the planner does not model mixture-of-experts layers");
 }
 
+// What MixtralForCausalLM cannot express is refused by --format hf export,
+// naming the key.
+TEST(MoeBadInput, HfExportRefusesWhatMixtralCannotHold) {
+  REQUIRE_RANKS(1);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.router=\"sigmoid\"", "model.router = \"sigmoid\""},
+      {"model.shared_experts=1", "model.shared_experts = 1"},
+      {"model.capacity_factor=1.0", "model.capacity_factor"},
+      {"model.moe_every=2", "model.moe_every = 2"}};
+  for (const auto& [override_, message] : cases) {
+    const RunConfig c = serial({override_});
+    try {
+      modules::llama_to_hf_llama(c.model, {});
+      ADD_FAILURE() << override_ << " was exported";
+    } catch (const ConfigError& e) {
+      expect_has(e.what(), message);
+    }
+  }
+}
+
 TEST(MoeBadInput, ExpertAxisKeysNamed) {
   REQUIRE_RANKS(1);
   EXPECT_EQ(config_error(mixtral({ep(2)})), "");
@@ -538,6 +646,10 @@ TEST(MoeBadInput, ExpertAxisKeysNamed) {
   expect_has(config_error(mixtral({"parallel.expert.size=0"})), "parallel.expert.size");
   expect_has(config_error(mixtral({"parallel.expert.ranks=2"})),
              "unknown key `parallel.expert.ranks`");
+  expect_has(config_error(mixtral({"model.router=\"tanh\""})), "model.router");
+  expect_has(config_error(mixtral({"model.shared_experts=-1"})), "model.shared_experts");
+  expect_has(config_error({"model.name=llama", "model.shared_experts=1"}),
+             "applies to model.name = \"mixtral\" only");
 }
 
 }  // namespace

@@ -67,6 +67,12 @@ struct ModelConfig {
   double aux_loss_coef = 0.01;   // Switch/GShard load-balancing loss
   double z_loss_coef = 0.0;      // router z-loss (ST-MoE)
   double capacity_factor = 0.0;  // 0: dropless; else capacity per expert, tokens beyond dropped
+  // "softmax" (Mixtral) or "sigmoid" (DeepSeek-V3): how router logits become
+  // scores; the chosen top_k scores are renormalised to sum to 1 either way.
+  std::string router = "softmax";
+  // SwiGLU experts every token goes through besides its routed ones
+  // (DeepSeek's shared experts): one MLP of width shared_experts x ffn_hidden.
+  int64_t shared_experts = 0;
 };
 
 // Whether block `block` of `c` has a mixture-of-experts MLP.
