@@ -511,6 +511,12 @@ Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
   const auto wanted = [&](const std::string& tensor) {
     return only_under.empty() || tensor.rfind(only_under, 0) == 0;
   };
+  // Run state under "state/" (a mixture block's balancing bias) may be
+  // absent from the checkpoint (the run keeps its initial value) or absent
+  // from the run (the checkpoint's is not read): kStatePrefix, checkpoint.h.
+  const auto optional = [](const std::string& tensor) {
+    return tensor.rfind(kStatePrefix, 0) == 0;
+  };
   const int rank = group.rank();
   const int size = group.size();
   detail::IndexInfo index;
@@ -541,10 +547,11 @@ Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
         }
         std::vector<std::string> missing, extra;
         for (const auto& t : ours) {
-          if (!theirs.count(t)) missing.push_back(t);
+          if (!theirs.count(t) && !optional(t)) missing.push_back(t);
         }
         for (size_t i = 0; i < index.tensors.size(); ++i) {
-          if (held.data_ptr<int32_t>()[i] == 0 && wanted(index.tensors[i])) {
+          if (held.data_ptr<int32_t>()[i] == 0 && wanted(index.tensors[i]) &&
+              !optional(index.tensors[i])) {
             extra.push_back(index.tensors[i]);
           }
         }
@@ -557,7 +564,7 @@ Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
           throw CheckpointError(msg + " (a checkpoint of another model?)");
         }
         for (const auto& p : pieces) {
-          if (p.placement.global_numel() == 0) continue;
+          if (p.placement.global_numel() == 0 || !index.shapes.count(p.name)) continue;
           const auto shape = detail::file_shape(p.placement.global_shape());
           if (index.shapes.at(p.name) != shape) {
             throw CheckpointError(where + ": dataset /" + p.name + " has shape " +
@@ -589,6 +596,7 @@ Metadata load_pieces(comm::ProcessGroup& group, const std::string& dir_or_root,
           const Placement& pl = p.placement;
           if (pl.has_padding() || pl.piece_numel() == 0) p.tensor.zero_();  // padding reads as 0
           if (pl.global_numel() == 0 || pl.piece_numel() == 0) continue;
+          if (!index.shapes.count(p.name)) continue;  // optional state the checkpoint lacks
           const std::string where = path + ": dataset /" + p.name;
           h5::H5Id ds = h5::dataset(H5Dopen2(file, ("/" + p.name).c_str(), H5P_DEFAULT), where);
           std::vector<hsize_t> start, count;

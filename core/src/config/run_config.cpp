@@ -85,7 +85,8 @@ const SettingsTable<ModelConfig>& llama_table() {
 // The keys only model.name = "mixtral" has (besides llama's).
 const std::vector<std::string> kMoeKeys = {"experts",         "top_k",  "moe_every",
                                            "aux_loss_coef",   "z_loss_coef",
-                                           "capacity_factor", "router", "shared_experts"};
+                                           "capacity_factor", "router", "shared_experts",
+                                           "bias_update_rate"};
 
 const SettingsTable<ModelConfig>& moe_table() {
   static const auto table = SettingsTable<ModelConfig>("model")
@@ -97,7 +98,9 @@ const SettingsTable<ModelConfig>& moe_table() {
                                 .number("capacity_factor", &ModelConfig::capacity_factor, non_negative)
                                 .choice("router", &ModelConfig::router, {"softmax", "sigmoid"},
                                         "router score")
-                                .integer("shared_experts", &ModelConfig::shared_experts, 0);
+                                .integer("shared_experts", &ModelConfig::shared_experts, 0)
+                                .number("bias_update_rate", &ModelConfig::bias_update_rate,
+                                        non_negative);
   return table;
 }
 

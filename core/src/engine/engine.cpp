@@ -260,6 +260,7 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
       cast_parameters(*model_, precision_dtype(config_));
       if (device_.is_cuda()) move_parameters(*model_, device_);
       model_->set_recompute(config_.train.recompute, config_.train.recompute_every);
+      router_biases_ = router_biases(*model_);
       schedule_->setup(*model_, *mesh_, config_);
     });
     gradients_->setup(*model_, *mesh_, config_);
@@ -509,17 +510,22 @@ StepMetrics Engine::step() {
   metrics.memory = gradients_->memory();
   metrics.reduction = gradients_->reduction_stats();
   metrics.gather = gradients_->gather_stats();
-  add_routing(metrics);
+  const at::Tensor load = add_routing(metrics);
+  // Auxiliary-loss-free balancing: every rank moves every block's bias by
+  // the same world-summed load, so the replicas stay equal.
+  if (!router_biases_.empty() && !skip) {
+    update_router_biases(router_biases_, load, config_.model.bias_update_rate);
+  }
   return metrics;
 }
 
-void Engine::add_routing(StepMetrics& m) {
+at::Tensor Engine::add_routing(StepMetrics& m) {
   const ModelConfig& c = config_.model;
   std::vector<int64_t> blocks;
   for (int64_t b = 0; b < c.layers; ++b) {
     if (is_moe_block(c, b)) blocks.push_back(b);
   }
-  if (blocks.empty()) return;
+  if (blocks.empty()) return {};
   // Every rank's routing (each stage records its own blocks), summed over
   // the world; tensor-parallel peers route the same tokens and count alike.
   const RoutingRecord record = take_routing();
@@ -549,6 +555,7 @@ void Engine::add_routing(StepMetrics& m) {
   const double micro_batches =
       static_cast<double>(mesh_->layout().size(batch_axes()) * accumulation_);
   m.aux_loss = v[cells + 1].item<double>() / micro_batches;
+  return kept;
 }
 
 TrainSummary Engine::train(const std::function<void(const StepMetrics&)>& on_step) {
@@ -755,6 +762,10 @@ TrainingState Engine::state() {
   }
   for (auto& s : gradients_->optimizer_state()) {
     state.pieces.push_back(StatePiece{"optim/" + s.name, s.tensor, s.placement});
+  }
+  for (const auto& [name, bias] : router_biases_) {
+    state.pieces.push_back(StatePiece{std::string(kStatePrefix) + name, bias,
+                                      Placement::replicated(bias.sizes().vec())});
   }
   state.step = step_;
   state.data_position = step_ * config_.train.global_batch;

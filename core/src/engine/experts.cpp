@@ -9,6 +9,7 @@
 #include "kolos/core/comm/process_group.h"
 #include "kolos/core/error.h"
 #include "kolos/core/mesh.h"
+#include "kolos/core/model.h"
 
 namespace kolos {
 
@@ -144,6 +145,33 @@ RoutingRecord take_routing() {
   RoutingRecord out = std::move(routing);
   routing = RoutingRecord{};
   return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> router_biases(const Model& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const std::string suffix = std::string(".") + kRouterBiasBuffer;
+  for (const auto& [block, layer] : model.blocks()) {
+    for (const auto& item : layer->named_buffers(/*recurse=*/true)) {
+      const std::string& name = item.key();
+      if (name.size() >= suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        out.emplace_back(block + "." + name, item.value());
+      }
+    }
+  }
+  return out;
+}
+
+void update_router_biases(const std::vector<std::pair<std::string, at::Tensor>>& biases,
+                          const at::Tensor& load, double rate) {
+  KOLOS_CHECK(load.dim() == 2 && load.size(0) == static_cast<int64_t>(biases.size()),
+              "update_router_biases: ", biases.size(), " biases, load of shape ", load.sizes());
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < biases.size(); ++b) {
+    const at::Tensor row = load[static_cast<int64_t>(b)].to(at::kFloat);
+    const at::Tensor& bias = biases[b].second;
+    bias.add_((row.mean() - row).sign().to(bias.device()), rate);
+  }
 }
 
 }  // namespace kolos

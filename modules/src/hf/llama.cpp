@@ -78,6 +78,16 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
                       ": MixtralForCausalLM routes without dropping tokens; --format hf "
                       "exports dropless mixtral only");
   }
+  if (mixtral && c.bias_update_rate > 0) {
+    std::ostringstream rate;
+    rate << c.bias_update_rate;
+    throw ConfigError("model.bias_update_rate = " + rate.str() +
+                      ": this mixtral chose its experts with a balancing bias "
+                      "(state/*.router_bias in the checkpoint), which MixtralForCausalLM "
+                      "has no place for; exported without it, the model would route "
+                      "differently. --format hf exports mixtral trained with "
+                      "bias_update_rate = 0 only");
+  }
   hf_detail::Tensors left(weights, "the checkpoint");
   HfModel hf;
   hf.architecture = mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM";

@@ -579,6 +579,150 @@ TEST(MoeRouting, ACapacityBoundsEveryExpertAndTopKAllIsBalanced) {
   }
 }
 
+// ---- auxiliary-loss-free balancing ---------------------------------------------
+
+const std::string kBias = "model.bias_update_rate=0.01";
+
+TEST(MoeBalancingBias, ChoosesTheExpertsButNotTheirWeights) {
+  REQUIRE_RANKS(1);
+  const RunConfig c = serial({kBias});
+  Built b = build(c);
+  Moe m = moe_of(*b.model, 4);
+  const auto biases = router_biases(*b.model);
+  ASSERT_EQ(biases.size(), 2u);
+  EXPECT_EQ(biases[0].first, "h.0.mlp.router_bias");
+  EXPECT_EQ(biases[1].first, "h.1.mlp.router_bias");
+  EXPECT_TRUE(torch::equal(biases[0].second, torch::zeros({4})));
+  torch::NoGradGuard no_grad;
+  // Expert 3 is every token's choice; its weight is still its own score.
+  biases[0].second.copy_(torch::tensor({0.0f, 0.0f, 0.0f, 10.0f}));
+  const at::Tensor x = torch::randn({3, 4, 32});
+  const at::Tensor flat = x.reshape({-1, 32});
+  const at::Tensor probs = torch::softmax(torch::matmul(flat, m.router.t()), -1);
+  at::Tensor expected = torch::zeros_like(flat);
+  int64_t unbiased_choice_differs = 0;
+  for (int64_t t = 0; t < flat.size(0); ++t) {
+    const int64_t other = probs[t].narrow(0, 0, 3).argmax().item<int64_t>();
+    const at::Tensor w = torch::stack({probs[t][3], probs[t][other]});
+    const at::Tensor row = flat[t].unsqueeze(0);
+    expected[t] = m.experts[3]->forward(row)[0] * (w[0] / w.sum()) +
+                  m.experts[other]->forward(row)[0] * (w[1] / w.sum());
+    if (!std::get<1>(probs[t].topk(2)).eq(3).any().item<bool>()) ++unbiased_choice_differs;
+  }
+  EXPECT_GT(unbiased_choice_differs, 0) << "the bias changed no token's choice";
+  const at::Tensor out = m.layer->forward(x).reshape({-1, 32});
+  EXPECT_TRUE(torch::allclose(out, expected, 1e-5, 1e-6))
+      << (out - expected).abs().max().item<double>();
+}
+
+std::vector<at::Tensor> biases_of(Engine& e) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, bias] : router_biases(e.model())) out.push_back(bias.clone());
+  return out;
+}
+
+TEST(MoeBalancingBias, MovesTowardsBalanceAfterEveryStep) {
+  REQUIRE_RANKS(1);
+  const double rate = 0.01;
+  // top_k = experts: every expert takes every token, so no bias moves.
+  auto all = engine_for(serial({kBias, "model.top_k=4"}));
+  all->step();
+  for (const at::Tensor& b : biases_of(*all)) EXPECT_TRUE(torch::equal(b, torch::zeros({4})));
+  // top 2: after one step each bias is +-rate (or 0 at the mean): up for the
+  // experts that took fewer than the mean, down for the others.
+  auto two = engine_for(serial({kBias}));
+  two->step();
+  for (const at::Tensor& b : biases_of(*two)) {
+    EXPECT_TRUE((b.abs().lt(1e-9) | b.abs().sub(rate).abs().lt(1e-9)).all().item<bool>()) << b;
+    EXPECT_GT(b.max().item<double>(), 0);
+    EXPECT_LT(b.min().item<double>(), 0);
+  }
+  // An expert every token is made to choose is above the mean: it loses
+  // rate; some other expert is below it and gains rate.
+  auto forced = engine_for(serial({kBias}));
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, bias] : router_biases(forced->model())) bias[3].fill_(10.0);
+  }
+  forced->step();
+  for (const at::Tensor& b : biases_of(*forced)) {
+    EXPECT_NEAR(b[3].item<double>(), 10.0 - rate, 1e-6) << b;
+    EXPECT_NEAR(b.narrow(0, 0, 3).max().item<double>(), rate, 1e-9) << b;
+  }
+  // Without the load-balancing loss, the bias evens the load out over the
+  // steps after the first (the mean imbalance is lower than with no bias).
+  const auto mean_cv = [](const std::vector<StepMetrics>& steps) {
+    double sum = 0;
+    for (size_t s = 1; s < steps.size(); ++s) sum += steps[s].expert_cv;
+    return sum / static_cast<double>(steps.size() - 1);
+  };
+  const double balanced = mean_cv(steps_of(
+      serial({"model.aux_loss_coef=0.0", "model.bias_update_rate=0.0005"}), testing::self_group(), 10));
+  const double plain =
+      mean_cv(steps_of(serial({"model.aux_loss_coef=0.0"}), testing::self_group(), 10));
+  EXPECT_LT(balanced, plain);
+  std::printf("mean expert cv over steps 2-10: %.4f with the bias, %.4f without\n", balanced, plain);
+}
+
+TEST(MoeBalancingBias, EveryLayoutMatchesSerial) {
+  REQUIRE_RANKS(2, 4);
+  const std::string half = "parallel.data=" + std::to_string(world_size() / 2);
+  for (const auto& mix : std::vector<std::vector<std::string>>{
+           {dp_all(), ep(2)},
+           {"parallel.tensor.size=2", half},
+           {"parallel.pipeline.size=2", half},
+           {dp_all(), ep(2), "parallel.zero.stage=3"}}) {
+    SCOPED_TRACE(mix.back());
+    std::vector<std::string> with = {kBias};
+    with.insert(with.end(), mix.begin(), mix.end());
+    testing::expect_equivalent(serial({kBias}), parallel(with));
+  }
+}
+
+// The biases are checkpointed (state/h.N.mlp.router_bias) and resume under
+// another layout; a checkpoint without them loads into a run that keeps
+// them (they start at 0), and one with them into a run that does not.
+TEST(MoeBalancingBias, CheckpointedAndResumedUnderAnotherLayout) {
+  REQUIRE_RANKS(2, 4);
+  auto a = engine_for(parallel({kBias, dp_all(), ep(2)}));
+  for (int s = 0; s < 3; ++s) a->step();
+  const std::string root = testing::shared_tmpdir("moe-bias");
+  checkpoint::Checkpointer ckpt(testing::world_group(), {root, 0, false});
+  ckpt.save(a->state());
+  auto b = engine_for(parallel({kBias, dp_all()}));
+  checkpoint::Checkpointer reader(testing::world_group(), {root, 0, false});
+  TrainingState state = b->state();
+  reader.load(root, state);
+  b->load_state(state);
+  const auto ba = biases_of(*a), bb = biases_of(*b);
+  ASSERT_EQ(ba.size(), bb.size());
+  for (size_t i = 0; i < ba.size(); ++i) {
+    EXPECT_GT(ba[i].abs().max().item<double>(), 0);
+    EXPECT_TRUE(torch::equal(ba[i], bb[i]));
+  }
+  expect_same_parameters(*a, *b);
+  // Without the biases in the run: the checkpoint's are not read.
+  auto plain = engine_for(parallel({dp_all()}));
+  TrainingState plain_state = plain->state();
+  checkpoint::Checkpointer(testing::world_group(), {root, 0, false}).load(root, plain_state);
+  plain->load_state(plain_state);
+  expect_same_parameters(*plain, *b);
+  EXPECT_TRUE(biases_of(*plain).empty());
+
+  const double la = a->step().loss, lb = b->step().loss;
+  EXPECT_NEAR(la, lb, 1e-5 * std::abs(la));
+  EXPECT_TRUE(torch::equal(biases_of(*a)[0], biases_of(*b)[0]));
+  // A checkpoint without biases into a run with them: they stay 0.
+  const std::string root2 = testing::shared_tmpdir("moe-no-bias");
+  checkpoint::Checkpointer(testing::world_group(), {root2, 0, false}).save(plain->state());
+  auto c = engine_for(parallel({kBias, dp_all(), ep(2)}));
+  TrainingState c_state = c->state();
+  checkpoint::Checkpointer(testing::world_group(), {root2, 0, false}).load(root2, c_state);
+  c->load_state(c_state);
+  for (const at::Tensor& bias : biases_of(*c)) EXPECT_TRUE(torch::equal(bias, torch::zeros({4})));
+  expect_same_parameters(*plain, *c);
+}
+
 // ---- bad input ----------------------------------------------------------------
 
 TEST(MoeBadInput, KeysNamed) {
@@ -621,7 +765,8 @@ TEST(MoeBadInput, HfExportRefusesWhatMixtralCannotHold) {
       {"model.router=\"sigmoid\"", "model.router = \"sigmoid\""},
       {"model.shared_experts=1", "model.shared_experts = 1"},
       {"model.capacity_factor=1.0", "model.capacity_factor"},
-      {"model.moe_every=2", "model.moe_every = 2"}};
+      {"model.moe_every=2", "model.moe_every = 2"},
+      {"model.bias_update_rate=0.001", "model.bias_update_rate = 0.001"}};
   for (const auto& [override_, message] : cases) {
     const RunConfig c = serial({override_});
     try {
@@ -649,6 +794,9 @@ TEST(MoeBadInput, ExpertAxisKeysNamed) {
   expect_has(config_error(mixtral({"model.router=\"tanh\""})), "model.router");
   expect_has(config_error(mixtral({"model.shared_experts=-1"})), "model.shared_experts");
   expect_has(config_error({"model.name=llama", "model.shared_experts=1"}),
+             "applies to model.name = \"mixtral\" only");
+  expect_has(config_error(mixtral({"model.bias_update_rate=-0.1"})), "model.bias_update_rate");
+  expect_has(config_error({"model.bias_update_rate=0.001"}),
              "applies to model.name = \"mixtral\" only");
 }
 

@@ -11,7 +11,9 @@
 //                is 0 on every mesh axis the piece is NOT sharded along).
 //   index.h5     one HDF5 virtual dataset (VDS) per global tensor, under its
 //                name (/model/<param>, /optim/exp_avg/<param>,
-//                /optim/exp_avg_sq/<param>), mapping each piece's hyperslab
+//                /optim/exp_avg_sq/<param>, /state/<name>: run state that
+//                is neither a parameter nor an optimizer moment, e.g. a
+//                mixture block's balancing bias), mapping each piece's hyperslab
 //                to its shard file; the run's attributes (step, data
 //                position, optimizer steps, config, mesh, kolos version) and
 //                /rng/cpu (every rank's LibTorch CPU generator state).
@@ -72,8 +74,8 @@ void save_pieces(comm::ProcessGroup& group, const MeshLayout& layout, const std:
 // Collective over `group`: verifies the checkpoint `dir` (each source dataset
 // by one rank), then reads into each piece's tensor the hyperslab its
 // placement names. Throws CheckpointError (the same on every rank) naming the
-// file and dataset on a missing tensor, a shape mismatch or damage; nothing
-// is written into any tensor then. Returns the checkpoint's metadata.
+// file and dataset on a missing tensor (besides kStatePrefix's), a shape
+// mismatch or damage; nothing is written into any tensor then. Returns the checkpoint's metadata.
 // `only_under` (e.g. "model/"): only the checkpoint's tensors whose names
 // start with it must match `pieces` and are verified; the others (the
 // optimizer's moments, for inference) are left unread.

@@ -164,8 +164,10 @@ class Engine {
   std::string metrics_header_;
   std::vector<MicroBatch> next_micro_batches();
   // The step's mixture-of-experts routing into `m` (collective; nothing
-  // for a model without mixture blocks).
-  void add_routing(StepMetrics& m);
+  // for a model without mixture blocks). Returns the assignments each
+  // expert of each mixture block took, over every rank ([blocks, experts];
+  // undefined without mixture blocks).
+  at::Tensor add_routing(StepMetrics& m);
 
   RunConfig config_;
   comm::ProcessGroupPtr world_;
@@ -176,6 +178,8 @@ class Engine {
   std::shared_ptr<GradientStrategy> gradients_;
   std::shared_ptr<SequenceStrategy> sequence_;  // null when sp = 1
   std::shared_ptr<Model> model_;
+  // The mixture blocks' balancing biases (router_biases(), experts.h).
+  std::vector<std::pair<std::string, at::Tensor>> router_biases_;
   std::unique_ptr<data::TokenSource> data_;
   std::unique_ptr<data::TokenSource> eval_data_;  // [eval]; null without one
   EvalConfig eval_;

@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace kolos {
@@ -33,6 +35,8 @@ class DeviceMesh;
 namespace comm {
 class ProcessGroup;
 }
+
+class Model;
 
 struct ExpertShard {
   int64_t first = 0;  // this rank's first expert
@@ -67,5 +71,21 @@ struct RoutingRecord {
 void record_routing(int64_t block, const std::vector<int64_t>& kept, int64_t dropped,
                     double aux_loss);
 RoutingRecord take_routing();
+
+// The name of a mixture block's balancing bias buffer ([experts] float32,
+// model.bias_update_rate > 0): the top_k are chosen on scores + bias.
+inline constexpr const char* kRouterBiasBuffer = "router_bias";
+
+// Every balancing bias of `model`, in block order, each under its full
+// name ("h.0.mlp.router_bias"); the live tensors. Every rank holds every
+// block's (a pipeline stage included), so they are replicated.
+std::vector<std::pair<std::string, at::Tensor>> router_biases(const Model& model);
+
+// DeepSeek-V3's update, in place: each bias of `biases` (one per row of
+// `load` [blocks, experts], the assignments each expert took in the step
+// over every rank) gains rate for an expert below the row's mean load,
+// loses rate for one above it.
+void update_router_biases(const std::vector<std::pair<std::string, at::Tensor>>& biases,
+                          const at::Tensor& load, double rate);
 
 }  // namespace kolos

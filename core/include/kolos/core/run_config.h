@@ -73,6 +73,12 @@ struct ModelConfig {
   // SwiGLU experts every token goes through besides its routed ones
   // (DeepSeek's shared experts): one MLP of width shared_experts x ffn_hidden.
   int64_t shared_experts = 0;
+  // Auxiliary-loss-free balancing (DeepSeek-V3): > 0 adds a per-expert bias
+  // to the scores when choosing the top_k (not to the weights), and after
+  // every step moves each block's bias by this rate towards balance:
+  // + rate for an expert that took fewer than the mean assignments, - rate
+  // for one that took more (counted over the whole step, every rank).
+  double bias_update_rate = 0.0;
 };
 
 // Whether block `block` of `c` has a mixture-of-experts MLP.

@@ -18,10 +18,18 @@
 
 namespace kolos {
 
+// Run state that is neither a parameter nor an optimizer moment (a mixture
+// block's balancing bias), as StatePiece names under this prefix. Loading
+// does not require it: a checkpoint without it loads into a run that keeps
+// it (the run's value stays as it was), and a run without it ignores the
+// checkpoint's. Every other tensor must be in both.
+inline constexpr const char* kStatePrefix = "state/";
+
 struct TrainingState {
   // This rank's pieces, by global tensor name: "model/<param>" (the
   // parameters as the gradients role keeps them at rest; ZeRO-3: shards),
-  // "optim/exp_avg/<param>", "optim/exp_avg_sq/<param>". The tensors are
+  // "optim/exp_avg/<param>", "optim/exp_avg_sq/<param>", run state under
+  // kStatePrefix ("state/h.0.mlp.router_bias"). The tensors are
   // the live ones: reading a checkpoint into them restores them.
   std::vector<StatePiece> pieces;
   int64_t step = 0;              // optimizer steps the engine has taken
