@@ -832,10 +832,11 @@ class Reader {
                        "parallel.auto: the planner does not model mixture-of-experts layers "
                        "(model.name = \"mixtral\"); set the layout yourself.");
     }
-    if (!choose_plugins(c).memory.empty()) {
-      root.fail_at_any({"memory", "plugins.memory", "model.name"},
-                       "model.name = \"mixtral\" is not run by the chunks memory plugin yet; "
-                       "remove [memory].");
+    if (!choose_plugins(c).memory.empty() && c.parallel.expert.size > 1) {
+      root.fail_at_any({"memory", "plugins.memory", "parallel.expert.size"},
+                       "parallel.expert.size = " + std::to_string(c.parallel.expert.size) +
+                           ": the chunks memory plugin does not reduce experts held apart "
+                           "along ep yet; remove [memory] or set parallel.expert.size = 1.");
     }
   }
 

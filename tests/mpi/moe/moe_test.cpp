@@ -579,9 +579,28 @@ TEST(MoeRouting, ACapacityBoundsEveryExpertAndTopKAllIsBalanced) {
   }
 }
 
-// ---- auxiliary-loss-free balancing ---------------------------------------------
-
 const std::string kBias = "model.bias_update_rate=0.01";
+
+// ---- the chunks memory plugin ---------------------------------------------------
+
+// Parameters, gradients and AdamW states (28 chunks of 16 KiB per kind)
+// under a 768 KiB budget, moved to and from host memory as the blocks run.
+TEST(MoeChunks, OnHostMatchesSerial) {
+  REQUIRE_RANKS(1, 2);
+  const std::vector<std::string> on_host = {kBias, dp_all(), "memory.compute_budget=\"768KiB\"",
+                                            "memory.offload=\"host\"",
+                                            "memory.chunk_size=\"16KiB\""};
+  for (const auto& placement : std::vector<std::vector<std::string>>{
+           {"memory.placement=\"auto\""},
+           {"memory.placement=\"static\"", "memory.param_fraction=0.3"}}) {
+    SCOPED_TRACE(placement[0]);
+    std::vector<std::string> o = on_host;
+    o.insert(o.end(), placement.begin(), placement.end());
+    testing::expect_equivalent(serial({kBias}), parallel(o));
+  }
+}
+
+// ---- auxiliary-loss-free balancing ---------------------------------------------
 
 TEST(MoeBalancingBias, ChoosesTheExpertsButNotTheirWeights) {
   REQUIRE_RANKS(1);
@@ -751,8 +770,9 @@ TEST(MoeBadInput, LayoutsNotCoveredAreRefused) {
              "does not run under sequence parallelism yet");
   expect_has(config_error(mixtral({"parallel.tensor.size=4", "parallel.tensor.mode=2d"})),
              "runs under tensor mode \"1d\" only");
-  expect_has(config_error(mixtral({"memory.compute_budget=\"1GiB\""})),
-             "not run by the chunks memory plugin yet");
+  EXPECT_EQ(config_error(mixtral({"memory.compute_budget=\"1GiB\""})), "");
+  expect_has(config_error(mixtral({ep(2), "parallel.data=2", "memory.compute_budget=\"1GiB\""})),
+             "the chunks memory plugin does not reduce experts held apart along ep");
   expect_has(config_error(mixtral({"parallel.auto=true"})),
              "the planner does not model mixture-of-experts layers");
 }
