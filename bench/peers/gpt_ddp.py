@@ -207,6 +207,17 @@ def synthetic_batch(torch, a, first_index, count):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def micro_batches(torch, a, step, rank, data_ranks):
+    """This rank's micro-batches of step `step` (0-based) as (inputs,
+    targets), one data rank of `data_ranks`: micro-batch m holds global
+    samples step * global_batch + (m * data_ranks + rank) * micro_batch on,
+    the samples kolos's engine gives the same rank."""
+    accumulation = a.global_batch // (a.micro_batch * data_ranks)
+    for m in range(accumulation):
+        first = step * a.global_batch + (m * data_ranks + rank) * a.micro_batch
+        yield synthetic_batch(torch, a, first, a.micro_batch)
+
+
 def train_loop(torch, model, opt, a, rank, no_sync=True):
     """Runs a.steps steps of `model` (wrapped in DDP) with `opt`; returns this
     rank's step times and mean losses. Gradients are synchronised only on a
@@ -219,9 +230,7 @@ def train_loop(torch, model, opt, a, rank, no_sync=True):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss_sum = 0.0
-        for m in range(accumulation):
-            first = step * a.global_batch + (m * a.ranks + rank) * a.micro_batch
-            inputs, targets = synthetic_batch(torch, a, first, a.micro_batch)
+        for m, (inputs, targets) in enumerate(micro_batches(torch, a, step, rank, a.ranks)):
             if no_sync and m + 1 < accumulation:
                 with model.no_sync():
                     loss = model(inputs, targets)

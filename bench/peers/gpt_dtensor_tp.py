@@ -85,9 +85,7 @@ def worker(rank, a, port, queue):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss_sum = 0.0
-        for m in range(accumulation):
-            inputs, targets = gpt_ddp.synthetic_batch(
-                torch, a, step * a.global_batch + m * a.micro_batch, a.micro_batch)
+        for inputs, targets in gpt_ddp.micro_batches(torch, a, step, 0, 1):
             loss, value = forward(inputs, targets)
             with loss_parallel():
                 (loss / accumulation).backward()

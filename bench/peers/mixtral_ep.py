@@ -241,9 +241,7 @@ def worker(rank, a, port, queue):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss_sum = 0.0
-        for m in range(accumulation):
-            first = step * a.global_batch + (m * a.ranks + rank) * a.micro_batch
-            inputs, targets = gpt_ddp.synthetic_batch(torch, a, first, a.micro_batch)
+        for inputs, targets in gpt_ddp.micro_batches(torch, a, step, rank, a.ranks):
             loss, aux = model(inputs, targets)
             ((loss + aux) / accumulation).backward()
             loss_sum += loss.item()

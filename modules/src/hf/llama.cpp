@@ -64,14 +64,15 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
                       ": MixtralForCausalLM has experts in every block; --format hf exports "
                       "mixtral with moe_every = 1 only");
   }
-  if (mixtral && (c.router != "softmax" || c.shared_experts > 0)) {
-    throw ConfigError(c.router != "softmax"
-                          ? "model.router = \"" + c.router +
-                                "\": MixtralForCausalLM scores experts with a softmax; --format "
-                                "hf exports router = \"softmax\" only"
-                          : "model.shared_experts = " + std::to_string(c.shared_experts) +
-                                ": MixtralForCausalLM has no shared experts; --format hf "
-                                "exports shared_experts = 0 only");
+  if (mixtral && c.router != "softmax") {
+    throw ConfigError("model.router = \"" + c.router +
+                      "\": MixtralForCausalLM scores experts with a softmax; --format hf "
+                      "exports router = \"softmax\" only");
+  }
+  if (mixtral && c.shared_experts > 0) {
+    throw ConfigError("model.shared_experts = " + std::to_string(c.shared_experts) +
+                      ": MixtralForCausalLM has no shared experts; --format hf exports "
+                      "shared_experts = 0 only");
   }
   if (mixtral && c.capacity_factor > 0) {
     throw ConfigError("model.capacity_factor = " + std::to_string(c.capacity_factor) +

@@ -103,8 +103,7 @@ class MoeMlp : public Layer {
         top_k_(c.top_k),
         aux_coef_(c.aux_loss_coef),
         z_coef_(c.z_loss_coef),
-        capacity_factor_(c.capacity_factor),
-        biased_(c.bias_update_rate > 0) {
+        capacity_factor_(c.capacity_factor) {
     router_ = register_module("router", factory.linear(LinearSpec{c.hidden, c.experts, false,
                                                                   LinearRole::kReplicated,
                                                                   c.init_std}));
@@ -122,7 +121,9 @@ class MoeMlp : public Layer {
     if (shard_.group != nullptr) experts->hold_apart_along(AxisSet{expert_axis()});
     // The balancing bias: state the engine updates after each step and
     // checkpoints (kRouterBiasBuffer), not a trained parameter.
-    if (biased_) bias_ = register_buffer(kRouterBiasBuffer, torch::zeros({c.experts}));
+    if (c.bias_update_rate > 0) {
+      bias_ = register_buffer(kRouterBiasBuffer, torch::zeros({c.experts}));
+    }
     experts_ = register_module("experts", experts);
     if (c.shared_experts > 0) {
       shared_ = register_module(
@@ -140,15 +141,11 @@ class MoeMlp : public Layer {
     const at::Tensor scores = sigmoid_ ? torch::sigmoid(logits) : torch::softmax(logits, -1);
     // Each token's scores as a distribution over the experts (the balancing loss's P).
     const at::Tensor probs = sigmoid_ ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
-    // With a balancing bias the choice is made on scores + bias, the weights
-    // from the scores themselves.
-    at::Tensor top, choice;
-    if (biased_) {
-      choice = std::get<1>((scores + bias_.to(scores.device())).topk(top_k_, -1));
-      top = scores.gather(-1, choice);
-    } else {
-      std::tie(top, choice) = scores.topk(top_k_, -1);  // [N, k]
-    }
+    // The choice is made on scores + the balancing bias (when kept), the
+    // weights from the scores themselves.
+    const at::Tensor ranked = bias_.defined() ? scores + bias_.to(scores.device()) : scores;
+    const at::Tensor choice = std::get<1>(ranked.topk(top_k_, -1));  // [N, k]
+    const at::Tensor top = scores.gather(-1, choice);
     const at::Tensor weights = top / top.sum(-1, /*keepdim=*/true);
     // [k, N, E]: assignment (k-th choice of token t) -> expert, one-hot.
     const at::Tensor one_hot =
@@ -204,8 +201,7 @@ class MoeMlp : public Layer {
   bool sigmoid_;
   int64_t top_k_;
   double aux_coef_, z_coef_, capacity_factor_;
-  bool biased_;     // model.bias_update_rate > 0
-  at::Tensor bias_;  // [E] float32, the balancing bias (biased_ only)
+  at::Tensor bias_;  // [E] float32, the balancing bias (undefined when not kept)
   int64_t dropped_ = 0;
   ExpertShard shard_;
   LayerPtr router_;

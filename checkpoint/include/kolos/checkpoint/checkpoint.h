@@ -13,8 +13,8 @@
 //                name (/model/<param>, /optim/exp_avg/<param>,
 //                /optim/exp_avg_sq/<param>, /state/<name>: run state that
 //                is neither a parameter nor an optimizer moment, e.g. a
-//                mixture block's balancing bias), mapping each piece's hyperslab
-//                to its shard file; the run's attributes (step, data
+//                mixture block's balancing bias), mapping each piece's
+//                hyperslab to its shard file; the run's attributes (step, data
 //                position, optimizer steps, config, mesh, kolos version) and
 //                /rng/cpu (every rank's LibTorch CPU generator state).
 // Any HDF5 reader (h5dump, h5py) sees whole global tensors by name.
@@ -75,7 +75,8 @@ void save_pieces(comm::ProcessGroup& group, const MeshLayout& layout, const std:
 // by one rank), then reads into each piece's tensor the hyperslab its
 // placement names. Throws CheckpointError (the same on every rank) naming the
 // file and dataset on a missing tensor (besides kStatePrefix's), a shape
-// mismatch or damage; nothing is written into any tensor then. Returns the checkpoint's metadata.
+// mismatch or damage; nothing is written into any tensor then. Returns the
+// checkpoint's metadata.
 // `only_under` (e.g. "model/"): only the checkpoint's tensors whose names
 // start with it must match `pieces` and are verified; the others (the
 // optimizer's moments, for inference) are left unread.
