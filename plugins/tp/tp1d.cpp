@@ -221,6 +221,10 @@ class Tp1dFactory : public LayerFactory {
     return torch::matmul(enter(hidden, *group_, split_now(megatron_)), table->rows().t());
   }
 
+  at::Tensor whole_logits(const at::Tensor& logits, int64_t vocab) override {
+    return gather_vocabulary(logits, vocab, *group_);
+  }
+
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
     return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                         targets.reshape({-1}), vocab_offset_, *group_);

@@ -76,6 +76,17 @@ class GridLinear : public Layer {
   at::Tensor weight_, bias_;
 };
 
+// (x - mean) / sqrt(var + eps) over the whole feature dimension of `dim`
+// features, which `features` cuts: the statistics all-reduced over it.
+at::Tensor grid_normalize(const at::Tensor& x, int64_t dim, double eps,
+                          comm::ProcessGroup& features) {
+  const double n = static_cast<double>(dim);
+  at::Tensor mean = all_reduce_2(x.sum(-1, /*keepdim=*/true), features) / n;
+  at::Tensor centred = x - mean;
+  at::Tensor var = all_reduce_2((centred * centred).sum(-1, true), features) / n;
+  return centred * torch::rsqrt(var + eps);
+}
+
 class GridLayerNorm : public Layer {
  public:
   GridLayerNorm(int64_t dim, double eps, const Grid& grid, Mask features, Mask batch)
@@ -89,16 +100,10 @@ class GridLayerNorm : public Layer {
   }
 
   at::Tensor forward(const at::Tensor& x) override {
-    // Statistics over the whole feature dimension, which F cuts.
-    comm::ProcessGroup& f = grid_->group(features_);
-    const double n = static_cast<double>(dim_);
-    at::Tensor mean = all_reduce_2(x.sum(-1, /*keepdim=*/true), f) / n;
-    at::Tensor centred = x - mean;
-    at::Tensor var = all_reduce_2((centred * centred).sum(-1, true), f) / n;
     comm::ProcessGroup& b = grid_->group(batch_);
     at::Tensor gamma = gather(weight_, b, 0).narrow(0, 0, rows_);
     at::Tensor beta = gather(bias_, b, 0).narrow(0, 0, rows_);
-    return centred * torch::rsqrt(var + eps_) * gamma + beta;
+    return grid_normalize(x, dim_, eps_, grid_->group(features_)) * gamma + beta;
   }
 
  private:
@@ -224,9 +229,8 @@ void GridFactory::setup(const DeviceMesh& mesh, const RunConfig& config) {
 }
 
 LayerPtr GridFactory::linear(const LinearSpec& spec) {
-  KOLOS_CHECK_KIND(kConfig, spec.role != LinearRole::kReplicated, name(),
-                   ": a linear layer with the replicated role (", spec.in, " -> ", spec.out,
-                   ") has no layout on the ", mode_name(), " grid; give it the column or row role");
+  // Replicated: whole on every rank, fed whole inputs (to_whole()).
+  if (spec.role == LinearRole::kReplicated) return LayerFactory::linear(spec);
   return std::make_shared<GridLinear>(spec, grid_, spec.role == LinearRole::kRow ? row_ : column_);
 }
 LayerPtr GridFactory::embedding(int64_t num, int64_t dim, double init_std) {
@@ -240,6 +244,27 @@ LayerPtr GridFactory::rms_norm(int64_t dim, double eps) {
 }
 at::Tensor GridFactory::column_input(const at::Tensor& x) {
   return gather(x, grid_.group(column_.x_gather), column_.x_dim);
+}
+
+at::Tensor GridFactory::to_local(const at::Tensor& whole) {
+  return split(split(whole, grid_.group(batch_), 0), grid_.group(features_), -1);
+}
+
+at::Tensor GridFactory::to_whole(const at::Tensor& local) {
+  return gather_replicated(gather_replicated(local, grid_.group(features_), -1),
+                           grid_.group(batch_), 0);
+}
+
+at::Tensor GridFactory::normalize(const at::Tensor& x, double eps) {
+  const int64_t features = x.size(-1) * grid_.size(features_);
+  return grid_normalize(x, features, eps, grid_.group(features_));
+}
+
+at::Tensor GridFactory::whole_logits(const at::Tensor& logits, int64_t vocab) {
+  // [rows/F, .., vocab/B]: the vocabulary cut over B as the embedding
+  // table's rows, the rows over F as loss() reads them.
+  torch::NoGradGuard no_grad;
+  return gather(gather_vocabulary(logits, vocab, grid_.group(batch_)), grid_.group(features_), 0);
 }
 
 at::Tensor GridFactory::tied_logits(const at::Tensor& hidden, Layer& embedding) {

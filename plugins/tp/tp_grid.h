@@ -22,16 +22,21 @@
 //             batch is then cut over (i, l) and its features over j. A row
 //             layer swaps j and l, so attention and the MLP (column then
 //             row) return to the layout they started from.
-// Every weight, bias and norm parameter is cut over the whole grid (its
-// block, cut again over the grid dimensions that would otherwise hold
-// copies, padded where it does not divide), so each global element lives on
-// exactly one tp rank and the placements name disjoint slices. Layer norms
+// Every weight, bias and norm parameter of a column or row layer, an
+// embedding or a norm is cut over the whole grid (its block, cut again over
+// the grid dimensions that would otherwise hold copies, padded where it
+// does not divide), so each global element lives on exactly one tp rank and
+// the placements name disjoint slices. Layer norms
 // all-reduce their statistics over F (RMSNorm its mean square). Embeddings
 // cut the vocabulary over B and features over F, reduce-scatter lookups over
 // B to the batch layout; the tied LM head (and the untied one, whose weight
 // is such a table: LayerFactory::lm_head) gathers the hidden state over B,
 // multiplies by the rank's vocabulary rows and reduce-scatters over F, so
 // the loss is a vocabulary-parallel cross entropy over B, averaged over F.
+// A linear layer of the replicated role is whole on every rank and works on
+// whole activations: a model moves them out of and into the layout with
+// to_whole() and to_local() (ViT's patch projection, DiT's timestep and
+// adaLN layers), so their gradients are equal on every tp rank.
 #pragma once
 
 #include <memory>
@@ -97,6 +102,11 @@ class GridFactory : public LayerFactory {
   LayerPtr layer_norm(int64_t dim, double eps) override;
   LayerPtr rms_norm(int64_t dim, double eps) override;
   at::Tensor column_input(const at::Tensor& x) override;
+  at::Tensor to_local(const at::Tensor& whole) override;
+  at::Tensor to_whole(const at::Tensor& local) override;
+  at::Tensor normalize(const at::Tensor& x, double eps) override;
+  at::Tensor whole_logits(const at::Tensor& logits, int64_t vocab) override;
+  int64_t batch_multiple() const override { return grid_.size(batch_); }
   int64_t local_heads(int64_t heads) const override { return heads / q_; }
   at::Tensor tied_logits(const at::Tensor& hidden, Layer& embedding) override;
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override;

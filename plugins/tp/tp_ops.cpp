@@ -44,6 +44,14 @@ at::Tensor reduce_scattered(const at::Tensor& x, ProcessGroup& group, int64_t di
   return out.movedim(0, dim);
 }
 
+// This rank's chunk of x along dim (x.size(dim) divides by the group size).
+at::Tensor chunk_of(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
+  TORCH_CHECK(x.size(dim) % group.size() == 0, "split over ", group.name(), ": extent ",
+              x.size(dim), " does not divide into ", group.size(), " parts");
+  const int64_t n = x.size(dim) / group.size();
+  return x.narrow(dim, group.rank() * n, n).contiguous();
+}
+
 struct CopyIn : torch::autograd::Function<CopyIn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g) {
     ctx->saved_data["group"] = g;
@@ -97,6 +105,34 @@ struct ScatterSum : torch::autograd::Function<ScatterSum> {
   }
 };
 
+// A value whole and equal on every rank, of which each keeps its chunk:
+// every rank's upstream work is whole, so each needs the whole gradient.
+struct Split : torch::autograd::Function<Split> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g, int64_t dim) {
+    ctx->saved_data["group"] = g;
+    ctx->saved_data["dim"] = dim;
+    return chunk_of(x, *reinterpret_cast<ProcessGroup*>(g), dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_gathered(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// Every rank's chunk gathered whole, for work every rank then does alike:
+// the gradient is equal on every rank, and each keeps its chunk of it.
+struct GatherReplicated : torch::autograd::Function<GatherReplicated> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t g, int64_t dim) {
+    ctx->saved_data["group"] = g;
+    ctx->saved_data["dim"] = dim;
+    return all_gathered(x, *reinterpret_cast<ProcessGroup*>(g), dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {chunk_of(grad[0], group_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 // The mean is one value held by every rank, and every rank seeds the same
 // gradient for it: each rank's term gets that gradient over n.
 struct Average : torch::autograd::Function<Average> {
@@ -129,6 +165,12 @@ at::Tensor gather(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
 at::Tensor scatter_sum(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
   return group.size() == 1 ? x : ScatterSum::apply(x, handle(group), normalised(dim, x));
 }
+at::Tensor split(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
+  return group.size() == 1 ? x : Split::apply(x, handle(group), normalised(dim, x));
+}
+at::Tensor gather_replicated(const at::Tensor& x, ProcessGroup& group, int64_t dim) {
+  return group.size() == 1 ? x : GatherReplicated::apply(x, handle(group), normalised(dim, x));
+}
 at::Tensor average(const at::Tensor& x, ProcessGroup& group) {
   return group.size() == 1 ? x : Average::apply(x, handle(group));
 }
@@ -155,6 +197,18 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& low_logits, const at::
   at::Tensor picked = shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0);
   at::Tensor target_logit = reduce_out(picked, group);
   return (sum_exp.log() - target_logit).mean();
+}
+
+at::Tensor gather_vocabulary(const at::Tensor& logits, int64_t vocab, ProcessGroup& group) {
+  torch::NoGradGuard no_grad;
+  const int64_t chunk = (vocab + group.size() - 1) / group.size();
+  at::Tensor mine = logits;
+  if (mine.size(-1) < chunk) {  // a last chunk short of the padding
+    std::vector<int64_t> pad = mine.sizes().vec();
+    pad.back() = chunk - mine.size(-1);
+    mine = torch::cat({mine, torch::zeros(pad, mine.options())}, -1);
+  }
+  return all_gathered(mine, group, mine.dim() - 1).narrow(-1, 0, vocab);
 }
 
 at::Tensor masked_embedding(const at::Tensor& weight, const at::Tensor& ids, int64_t offset,

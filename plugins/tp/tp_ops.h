@@ -10,6 +10,8 @@
 //   gather         forward: all-gather    backward: reduce-scatter (sum)
 //   scatter_sum    forward: reduce-scatter (sum)   backward: all-gather
 //   average        forward: mean          backward: gradient / n (no traffic)
+//   split          forward: keep my chunk backward: all-gather
+//   gather_replicated  forward: all-gather  backward: keep my chunk
 //
 // reduce_out's identity backward is right when every rank of the group goes
 // on to compute the same thing from the reduced value (Megatron's row
@@ -38,6 +40,12 @@ at::Tensor gather(const at::Tensor& x, ProcessGroup& group, int64_t dim);
 // keeps chunk r. x.size(dim) must divide by the group size.
 at::Tensor scatter_sum(const at::Tensor& x, ProcessGroup& group, int64_t dim);
 at::Tensor average(const at::Tensor& x, ProcessGroup& group);
+// This rank's chunk along `dim` of an `x` that is whole and equal on every
+// rank (its backward gathers the chunks' gradients), and the inverse: the
+// chunks gathered whole for work every rank does alike (its backward keeps
+// this rank's chunk of the gradient, equal on every rank).
+at::Tensor split(const at::Tensor& x, ProcessGroup& group, int64_t dim);
+at::Tensor gather_replicated(const at::Tensor& x, ProcessGroup& group, int64_t dim);
 
 // Mean cross entropy of rows of logits split by vocabulary over `group`:
 // `logits` [N, V_local] holds columns [vocab_offset, vocab_offset + V_local)
@@ -45,6 +53,11 @@ at::Tensor average(const at::Tensor& x, ProcessGroup& group);
 // group returns the same loss; no rank holds the full logits.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
                                         int64_t vocab_offset, ProcessGroup& group);
+
+// The whole logits [.., vocab] from each rank's vocabulary slice, cut as
+// the embedding tables are (chunks of ceil(vocab / size), the last short);
+// no gradient.
+at::Tensor gather_vocabulary(const at::Tensor& logits, int64_t vocab, ProcessGroup& group);
 
 // The rows of an embedding piece holding ids [offset, offset + length):
 // lookups of `ids` with ids outside the piece giving zeros.

@@ -19,6 +19,15 @@
 
 namespace kolos::testing {
 
+std::vector<std::vector<std::string>> grid_layouts() {
+  if (world_size() == 4) return {{"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""}};
+  if (world_size() == 8) {
+    return {{"parallel.tensor.size=8", "parallel.tensor.mode=\"2.5d\"", "parallel.tensor.depth=2"},
+            {"parallel.tensor.size=8", "parallel.tensor.mode=\"3d\""}};
+  }
+  return {};
+}
+
 RunConfig tiny_gpt_config(const std::vector<std::string>& overrides) {
   static const char* kText = R"(
 [model]

@@ -60,6 +60,11 @@ std::string config_error(const std::vector<std::string>& overrides);
 // A small GPT on synthetic data: 20 steps, fp32, no dropout; overridable.
 RunConfig tiny_gpt_config(const std::vector<std::string>& overrides = {});
 
+// The tensor-parallel grids this world fills, as overrides: 2d at 4 ranks,
+// 2.5d (depth 2) and 3d at 8; none at other sizes. Each needs micro-batches
+// of a multiple of 4 rows and heads of a multiple of 2.
+std::vector<std::vector<std::string>> grid_layouts();
+
 RunRecord run_and_record(const RunConfig& config, const comm::ProcessGroupPtr& group);
 
 // GoogleTest expectations: losses and parameters agree within `tolerance`.

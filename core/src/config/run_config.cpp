@@ -879,14 +879,6 @@ class Reader {
                            "conditioning as one token of the sequence) while the sequence "
                            "strategies attend causally only; set parallel.sequence.size = 1.");
     }
-    if (c.model.name == "dit" && c.parallel.tensor.size > 1 && c.parallel.tensor.mode != "1d") {
-      root.fail_at_any({"parallel.tensor.mode", "parallel.tensor", "model.name"},
-                       "parallel.tensor.mode = " + quote_toml(c.parallel.tensor.mode) +
-                           ": model.name = \"dit\" runs under tensor parallelism with mode "
-                           "\"1d\" only (its patch, timestep and adaLN projections are "
-                           "replicated linear layers, which the 2d, 2.5d and 3d grids do not "
-                           "lay out); set parallel.tensor.mode = \"1d\".");
-    }
     if (c.model.name == "mixtral") check_moe_roles(c, root);
     if (c.parallel.expert.size > 1) check_expert_axis(c, root);
     // A [plugins] override and the settings that select a plugin of the
@@ -1402,11 +1394,6 @@ EvalConfig read_eval_config(const RunConfig& c) {
   if (c.data.kind != "synthetic" && e.path.empty()) {
     s.fail_here("eval.path: required with data.kind = " + quote_toml(c.data.kind) +
                 "; set it to a held-out file of the same format as data.path.");
-  }
-  if (c.parallel.sequence.size > 1) {
-    s.fail_here("[eval] runs without sequence parallelism only (parallel.sequence.size = " +
-                std::to_string(c.parallel.sequence.size) +
-                "); remove [eval] or set parallel.sequence.size = 1.");
   }
   return e;
 }

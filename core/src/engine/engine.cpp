@@ -379,16 +379,31 @@ EvalResult Engine::evaluate() {
   const int last = model_->stage_of(blocks - 1);
   comm::ProcessGroup& pp = *mesh_->group(Axis::kPP);
   double loss_sum = 0.0, correct = 0.0, scored = 0.0, classifier = 0.0;
+  // The tensor-parallel grids cut a batch's rows into blocks: a batch runs
+  // a multiple of them. Ranks of one tp group and one pipeline share
+  // dp_index, so they run the same rows.
+  const int64_t multiple = factory_->batch_multiple();
+  // Sequence parallelism: each rank scores its positions of every sample;
+  // every strategy keeps equal shares, so the mean of the ranks' means is
+  // the mean over the sequence.
+  const at::Tensor positions = sequence_ ? sequence_->local_positions(seq) : at::Tensor();
   for (int64_t start = 0; start < most; start += mb) {
     const int64_t n = std::min(mb, most - start);
-    const int64_t real = std::max<int64_t>(0, std::min(n, mine - start));
-    at::Tensor tokens = torch::empty({n, seq + 1}, torch::kInt64);
+    const int64_t real = std::max<int64_t>(0, std::min(n, mine - start)) / multiple * multiple;
+    // A batch with no rows to score still runs (wrapped rows), for the
+    // collectives of its peers along dp (ZeRO-3's gathers).
+    const int64_t rows = real > 0 ? real : multiple;
+    at::Tensor tokens = torch::empty({rows, seq + 1}, torch::kInt64);
     int64_t* out = tokens.data_ptr<int64_t>();
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < rows; ++i) {
       eval_data_->sample((start + i) * dp + dp_index, out + i * (seq + 1));
     }
     at::Tensor x = tokens.narrow(1, 0, seq).contiguous();
     at::Tensor targets = tokens.narrow(1, 1, seq).contiguous();
+    if (positions.defined()) {  // this rank's positions, as in training
+      x = x.index_select(1, positions);
+      targets = targets.index_select(1, positions);
+    }
     if (device_.is_cuda()) {
       x = x.to(device_);
       targets = targets.to(device_);
@@ -409,29 +424,37 @@ EvalResult Engine::evaluate() {
       b = e;
     }
     if (stage != last || real == 0) continue;
-    x = x.narrow(0, 0, real);
-    targets = targets.narrow(0, 0, real);
     loss_sum += model_->loss(x, targets).item<double>() * static_cast<double>(real);
     scored += static_cast<double>(real);
-    if (x.dim() == 2 && mesh_->size(Axis::kTP) == 1) {
-      // A classifier: one row of logits per sample, the label the sample's
-      // last value. (Under tensor parallelism each rank holds a slice of
-      // the classes; accuracy there is not computed yet.)
+    if (x.dim() == 2 && config_.model.classes > 0) {
+      // A classifier: one row of logits per sample (cut over the classes,
+      // and by the grids over the rows: whole_logits gathers them), the
+      // label the sample's last value.
       classifier = 1.0;
-      const at::Tensor logits = x.to(at::kFloat);
+      const at::Tensor logits = factory_->whole_logits(x, config_.model.classes).to(at::kFloat);
       const at::Tensor labels = targets.select(1, seq - 1);
       correct += logits.argmax(1).eq(labels).sum().item<double>();
     }
   }
-  // Sums over every rank that scored (the last stage's; tensor-parallel
-  // peers score the same samples and count in both sums alike).
+  // Sums over every rank that scored (the last stage's; tensor- and
+  // sequence-parallel peers score the same samples and count in every sum
+  // alike).
   at::Tensor sums = torch::tensor({loss_sum, correct, scored, classifier}, torch::kDouble);
   mesh_->world()->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   EvalResult result;
   const double count = std::max(1.0, sums[2].item<double>());
   result.loss = sums[0].item<double>() / count;
   result.accuracy = sums[3].item<double>() > 0 ? sums[1].item<double>() / count : -1.0;
-  result.samples = total;
+  const int64_t copies = mesh_->world()->size() / (dp * pp.size());
+  result.samples = std::llround(sums[2].item<double>()) / copies;
+  if (result.samples < total && !eval_short_noted_ && mesh_->rank() == 0) {
+    eval_short_noted_ = true;
+    std::fprintf(stderr,
+                 "eval: %lld of %lld held-out samples scored: %s cuts a batch's rows into "
+                 "blocks of %lld, and the rest of a rank's share does not fill one\n",
+                 static_cast<long long>(result.samples), static_cast<long long>(total),
+                 factory_->name().c_str(), static_cast<long long>(multiple));
+  }
   return result;
 }
 

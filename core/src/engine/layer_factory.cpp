@@ -328,6 +328,10 @@ at::Tensor LayerFactory::loss(const at::Tensor& logits, const at::Tensor& target
                                               targets.reshape({-1}));
 }
 
+at::Tensor LayerFactory::normalize(const at::Tensor& x, double eps) {
+  return torch::layer_norm(x, {x.size(-1)}, {}, {}, eps);
+}
+
 at::Tensor rms_normalize(const at::Tensor& x, const at::Tensor& mean_square, double eps) {
   return (x.to(at::kFloat) * torch::rsqrt(mean_square + eps)).to(x.scalar_type());
 }

@@ -55,8 +55,14 @@ at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tens
   return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
 }
 
-at::Tensor plain_norm(const at::Tensor& x) {
-  return torch::layer_norm(x, {x.size(-1)}, {}, {}, kNormEps);
+// c [B(local), hidden(local)] -> n modulation vectors, each [B(local),
+// hidden(local)]: the adaLN layer runs on the whole c (a replicated linear
+// layer), and each rank keeps its block of what it outputs.
+std::vector<at::Tensor> modulations(LayerFactory& factory, Layer& adaln, const at::Tensor& c,
+                                    int64_t n) {
+  const at::Tensor whole = factory.to_whole(c);
+  const at::Tensor m = adaln.forward(torch::silu(whole)).view({whole.size(0), n, -1});
+  return factory.to_local(m).unbind(1);
 }
 
 // adaLN-Zero: the modulation layers start at zero, so every block starts as
@@ -73,7 +79,7 @@ void zero_parameters(Layer& layer) {
 class DitEmbedding : public Layer {
  public:
   DitEmbedding(LayerFactory& factory, const ModelConfig& c)
-      : config_(c), alpha_bar_(dit_alpha_bar(c)) {
+      : factory_(&factory), config_(c), alpha_bar_(dit_alpha_bar(c)) {
     const int64_t patch_dim = c.patch_size * c.patch_size * c.channels;
     side_ = c.image_size / c.patch_size;
     proj_ = register_module(
@@ -138,10 +144,13 @@ class DitEmbedding : public Layer {
     const at::Tensor time =
         time_2_->forward(torch::silu(time_1_->forward(timestep_features(t).to(dtype))));
     const at::Tensor c = time + classes_.index_select(0, labels);
-    return torch::cat({c.unsqueeze(1), h}, 1);
+    // Whole on every tensor-parallel rank so far: the blocks take this
+    // rank's block of it.
+    return factory_->to_local(torch::cat({c.unsqueeze(1), h}, 1));
   }
 
  private:
+  LayerFactory* factory_;
   ModelConfig config_;
   std::vector<double> alpha_bar_;
   int64_t side_ = 0;
@@ -153,7 +162,7 @@ class DitEmbedding : public Layer {
 // and for the MLP; the LayerNorms have no parameters of their own.
 class DitBlock : public Layer {
  public:
-  DitBlock(LayerFactory& factory, const ModelConfig& c) {
+  DitBlock(LayerFactory& factory, const ModelConfig& c) : factory_(&factory) {
     const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
     AttentionSpec attention{c.hidden, c.heads, c.init_std, out_std};
     attention.causal = false;
@@ -168,13 +177,15 @@ class DitBlock : public Layer {
   at::Tensor forward(const at::Tensor& x) override {
     const at::Tensor c = x.select(1, 0);
     at::Tensor h = x.narrow(1, 1, x.size(1) - 1);
-    const std::vector<at::Tensor> m = modulation_->forward(torch::silu(c)).chunk(6, -1);
-    h = h + m[2].unsqueeze(1) * attn_->forward(modulate(plain_norm(h), m[0], m[1]));
-    h = h + m[5].unsqueeze(1) * mlp_->forward(modulate(plain_norm(h), m[3], m[4]));
+    const std::vector<at::Tensor> m = modulations(*factory_, *modulation_, c, 6);
+    const auto norm = [this](const at::Tensor& v) { return factory_->normalize(v, kNormEps); };
+    h = h + m[2].unsqueeze(1) * attn_->forward(modulate(norm(h), m[0], m[1]));
+    h = h + m[5].unsqueeze(1) * mlp_->forward(modulate(norm(h), m[3], m[4]));
     return torch::cat({c.unsqueeze(1), h}, 1);
   }
 
  private:
+  LayerFactory* factory_;
   LayerPtr modulation_, attn_, mlp_;
 };
 
@@ -183,7 +194,7 @@ class DitBlock : public Layer {
 class DitFinal : public Layer {
  public:
   DitFinal(LayerFactory& factory, const ModelConfig& c)
-      : image_(c.image_size), patch_(c.patch_size), channels_(c.channels) {
+      : factory_(&factory), image_(c.image_size), patch_(c.patch_size), channels_(c.channels) {
     modulation_ = register_module(
         "adaln", factory.linear(LinearSpec{c.hidden, 2 * c.hidden, true, LinearRole::kReplicated,
                                            c.init_std}));
@@ -196,15 +207,19 @@ class DitFinal : public Layer {
   at::Tensor forward(const at::Tensor& x) override {
     const at::Tensor c = x.select(1, 0);
     const at::Tensor h = x.narrow(1, 1, x.size(1) - 1);
-    const std::vector<at::Tensor> m = modulation_->forward(torch::silu(c)).chunk(2, -1);
-    const at::Tensor out = out_->forward(modulate(plain_norm(h), m[0], m[1]));
+    const std::vector<at::Tensor> m = modulations(*factory_, *modulation_, c, 2);
+    // The output layer is replicated: it runs on the whole hidden state.
+    const at::Tensor out = out_->forward(
+        factory_->to_whole(modulate(factory_->normalize(h, kNormEps), m[0], m[1])));
     const int64_t side = image_ / patch_;
-    return out.reshape({x.size(0), side, side, patch_, patch_, channels_})
+    const int64_t batch = out.size(0);
+    return out.reshape({batch, side, side, patch_, patch_, channels_})
         .permute({0, 1, 3, 2, 4, 5})
-        .reshape({x.size(0), image_, image_, channels_});
+        .reshape({batch, image_, image_, channels_});
   }
 
  private:
+  LayerFactory* factory_;
   int64_t image_, patch_, channels_;
   LayerPtr modulation_, out_;
 };

@@ -10,13 +10,14 @@ namespace kolos::modules {
 namespace {
 
 // Patches of the unpacked pixels -> linear projection, with the class token
-// in front and learned positions added. The class token and the positions
-// are plain parameters (whole and replicated under every factory), drawn
-// from the default generator in creation order like every weight.
+// in front and learned positions added. The projection is a replicated
+// linear layer and the class token and the positions are plain parameters:
+// whole and replicated under every factory, drawn from the default
+// generator in creation order like every weight.
 class VitEmbedding : public Layer {
  public:
   explicit VitEmbedding(LayerFactory& factory, const ModelConfig& c)
-      : image_(c.image_size), patch_(c.patch_size), channels_(c.channels) {
+      : factory_(&factory), image_(c.image_size), patch_(c.patch_size), channels_(c.channels) {
     const int64_t patch_dim = patch_ * patch_ * channels_;
     const int64_t tokens = (image_ / patch_) * (image_ / patch_) + 1;
     proj_ = register_module(
@@ -40,10 +41,13 @@ class VitEmbedding : public Layer {
                              .to(pos_.scalar_type());
     at::Tensor x = proj_->forward(patches);
     x = torch::cat({cls_.view({1, 1, -1}).expand({batch, 1, x.size(2)}), x}, 1);
-    return x + pos_.unsqueeze(0);
+    // Whole on every tensor-parallel rank so far; the blocks take this
+    // rank's block of it (the grids cut the batch and the features).
+    return factory_->to_local(x + pos_.unsqueeze(0));
   }
 
  private:
+  LayerFactory* factory_;
   int64_t image_, patch_, channels_;
   LayerPtr proj_;
   at::Tensor cls_, pos_;

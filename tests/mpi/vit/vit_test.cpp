@@ -201,6 +201,21 @@ TEST(VitRecompute, FullAndSelectiveMatchSerial) {
                              tiny_vit({"parallel.data=2", "train.recompute=\"selective\""}));
 }
 
+// The chunks memory plugin: parameters, gradients and AdamW states in
+// chunks of 8 KiB under a budget smaller than their sum, moved to and from
+// host memory as the blocks run, auto and static placement.
+TEST(VitChunks, OnHostMatchesSerial) {
+  for (const auto& placement : std::vector<std::vector<std::string>>{
+           {"memory.placement=\"auto\""},
+           {"memory.placement=\"static\"", "memory.param_fraction=0.3"}}) {
+    SCOPED_TRACE(placement[0]);
+    std::vector<std::string> o = {"parallel.data=2", "memory.compute_budget=\"256KiB\"",
+                                  "memory.offload=\"host\"", "memory.chunk_size=\"8KiB\""};
+    o.insert(o.end(), placement.begin(), placement.end());
+    testing::expect_equivalent(serial(), tiny_vit(o));
+  }
+}
+
 // bf16 against fp32, as tests/mpi/precision does for GPT: the runs do not
 // follow one trajectory, so what is bounded is how well each trains. On a
 // classifier the final loss is small and its relative error large, so the
@@ -246,10 +261,6 @@ void expect_eval_matches_serial(const std::vector<std::string>& mix) {
   EXPECT_EQ(p.samples, 37);
   EXPECT_NEAR(p.loss, s.loss, 1e-5 * s.loss) << mix.front();
   EXPECT_GE(s.accuracy, 0.0);
-  if (mix.front() == "parallel.tensor.size=2") {
-    EXPECT_LT(p.accuracy, 0.0);  // not computed under tensor parallelism yet
-    return;
-  }
   // The same predictions up to a near tie (parameters agree to ~1e-5).
   EXPECT_NEAR(p.accuracy, s.accuracy, 1.0 / 37 + 1e-12) << mix.front();
 }
@@ -261,6 +272,39 @@ TEST(VitEval, PipelineMatchesSerial) {
 }
 TEST(VitEval, Zero3MatchesSerial) { expect_eval_matches_serial({"parallel.zero.stage=3"}); }
 
+// ---- the tensor-parallel grids (4 and 8 ranks; ctest runs only *Grid* there) ----
+
+// The patch projection, class token and positions run whole on every rank
+// and enter the grid's layout (batch and features cut); the head's 5
+// classes are cut (padded) over the batch dimension of the grid.
+TEST(VitGrid, MatchesSerial) {
+  const auto grids = testing::grid_layouts();
+  if (grids.empty()) GTEST_SKIP() << "runs at 4 (2d) and 8 ranks (2.5d, 3d)";
+  for (const auto& grid : grids) {
+    SCOPED_TRACE(grid[1]);
+    testing::expect_equivalent(serial(), tiny_vit(grid));
+  }
+}
+
+// Micro-batches of 2 rows cut into blocks of 2: of 37 held-out samples the
+// last does not fill a block and is not scored. The other 36 give the
+// serial eval of those 36, accuracy included (whole_logits gathers the
+// classes and rows the grid cut).
+TEST(VitGrid, EvalScoresWholeBlocks) {
+  if (world_size() != 4) GTEST_SKIP() << "runs at 4 ranks (a 2 x 2 grid)";
+  std::vector<std::string> grid = kEval;
+  grid.insert(grid.end(), {"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""});
+  std::vector<std::string> whole = kEval;
+  whole.push_back("eval.samples=36");
+  const EvalResult s = train_and_evaluate(serial(whole), testing::self_group());
+  const EvalResult p = train_and_evaluate(tiny_vit(grid), testing::world_group());
+  EXPECT_EQ(s.samples, 36);
+  EXPECT_EQ(p.samples, 36);
+  EXPECT_NEAR(p.loss, s.loss, 1e-5 * s.loss);
+  ASSERT_GE(s.accuracy, 0.0);
+  EXPECT_NEAR(p.accuracy, s.accuracy, 1.0 / 36 + 1e-12);
+}
+
 TEST(GptEval, LossWithoutAccuracyUnderDataParallel) {
   const std::vector<std::string> ev = {"eval.samples=24", "train.steps=6"};
   std::vector<std::string> dp = ev;
@@ -271,6 +315,30 @@ TEST(GptEval, LossWithoutAccuracyUnderDataParallel) {
   const EvalResult p = train_and_evaluate(testing::tiny_gpt_config(dp), testing::world_group());
   EXPECT_NEAR(p.loss, s.loss, 1e-5 * s.loss);
   EXPECT_LT(s.accuracy, 0.0);  // a language model is not a classifier
+}
+
+// Sequence parallelism: each rank scores its positions of every held-out
+// sample (ring's zigzag halves, ulysses' contiguous quarter... of 2 ranks;
+// megatron's whole sequence under tp1d), and the loss is the serial one.
+TEST(GptEval, SequenceParallelMatchesSerial) {
+  const std::vector<std::string> ev = {"eval.samples=10", "train.steps=4",
+                                       "train.micro_batch=2", "train.global_batch=4"};
+  std::vector<std::string> one = ev;
+  one.push_back("parallel.data=1");
+  const EvalResult s = train_and_evaluate(testing::tiny_gpt_config(one), testing::self_group());
+  ASSERT_GT(s.loss, 0.0);
+  for (const std::vector<std::string>& mix :
+       {std::vector<std::string>{"parallel.sequence.size=2", "parallel.sequence.mode=\"ring\""},
+        {"parallel.sequence.size=2", "parallel.sequence.mode=\"ulysses\""},
+        {"parallel.tensor.size=2", "parallel.sequence.mode=\"megatron\""}}) {
+    SCOPED_TRACE(mix[1]);
+    std::vector<std::string> sp = ev;
+    sp.insert(sp.end(), mix.begin(), mix.end());
+    const EvalResult p = train_and_evaluate(testing::tiny_gpt_config(sp), testing::world_group());
+    EXPECT_EQ(p.samples, 10);
+    EXPECT_NEAR(p.loss, s.loss, 1e-5 * s.loss);
+    EXPECT_LT(p.accuracy, 0.0);
+  }
 }
 
 TEST(EvalConfig, RefusesWhatDoesNotApply) {

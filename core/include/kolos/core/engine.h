@@ -182,6 +182,7 @@ class Engine {
   std::vector<std::pair<std::string, at::Tensor>> router_biases_;
   std::unique_ptr<data::TokenSource> data_;
   std::unique_ptr<data::TokenSource> eval_data_;  // [eval]; null without one
+  bool eval_short_noted_ = false;  // the note on unscored held-out rows, printed once
   EvalConfig eval_;
   int64_t accumulation_ = 1;
   int64_t step_ = 0;

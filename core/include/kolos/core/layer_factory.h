@@ -139,6 +139,31 @@ class LayerFactory : public RolePlugin {
   // once and builds them with LinearSpec::input_ready. Identity by default.
   virtual at::Tensor column_input(const at::Tensor& x) { return x; }
 
+  // Activations that leave and re-enter the factory's layout, for a model
+  // that computes part of its work whole on every tensor-parallel rank (its
+  // replicated linear layers: ViT's patch projection, DiT's timestep and
+  // adaLN layers). to_local() takes an activation [batch, ..., features]
+  // that is whole and equal on every rank to this rank's block of it as
+  // the factory's layers lay activations out (its backward gathers the
+  // blocks' gradients, so the whole work upstream sees the whole gradient);
+  // to_whole() is its inverse (forward gathers, backward keeps this rank's
+  // block of a gradient that is equal on every rank). Identity where
+  // activations are whole (serial, tp1d).
+  virtual at::Tensor to_local(const at::Tensor& whole) { return whole; }
+  virtual at::Tensor to_whole(const at::Tensor& local) { return local; }
+  // Affine-free layer norm over the features as the factory lays them out
+  // (DiT's adaLN blocks): the statistics reduced over the ranks that cut
+  // the features.
+  virtual at::Tensor normalize(const at::Tensor& x, double eps);
+  // The whole logits [rows, .., vocab] from the output of the LM head (or
+  // a classifier's head), which may be cut over the vocabulary and the
+  // rows; no gradient. Collective over the tensor-parallel ranks.
+  virtual at::Tensor whole_logits(const at::Tensor& logits, int64_t vocab) {
+    return logits.narrow(-1, 0, vocab);
+  }
+  // Rows in a batch must be a multiple of this (the grids cut the batch).
+  virtual int64_t batch_multiple() const { return 1; }
+
   // The mesh setup() was given (null before, or for a factory used without
   // one): layers that need a group of their own (a mixture's experts over
   // ep) read it here.
