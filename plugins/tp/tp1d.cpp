@@ -226,7 +226,7 @@ class Tp1dFactory : public LayerFactory {
   }
 
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
-    return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
+    return vocab_parallel_cross_entropy(logits.flatten(0, -2),
                                         targets.reshape({-1}), vocab_offset_, *group_);
   }
 

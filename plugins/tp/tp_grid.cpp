@@ -281,7 +281,7 @@ at::Tensor GridFactory::loss(const at::Tensor& logits, const at::Tensor& targets
   const int64_t rows = targets.size(0) / grid_.size(features_);
   at::Tensor mine = targets.narrow(0, grid_.index(features_) * rows, rows);
   at::Tensor ce =
-      vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), mine.reshape({-1}),
+      vocab_parallel_cross_entropy(logits.flatten(0, -2), mine.reshape({-1}),
                                    vocab_offset_, grid_.group(batch_));
   return average(ce, grid_.group(features_));
 }

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 namespace kolos::tp {
 namespace {
 
@@ -183,10 +185,13 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& low_logits, const at::
   const int64_t local = logits.size(1);
   // log(sum_v exp(l_v)) = m + log(sum_v exp(l_v - m)), m the global row max
   // (a constant for autograd: the result does not depend on it).
+  // A rank may hold no column (fewer classes than vocabulary slices: 5
+  // classes in chunks of 2 over 4 ranks leave the last one none).
   at::Tensor row_max;
   {
     torch::NoGradGuard no_grad;
-    row_max = std::get<0>(logits.max(1, /*keepdim=*/true));
+    row_max = local > 0 ? std::get<0>(logits.max(1, /*keepdim=*/true))
+                        : torch::full({logits.size(0), 1}, -INFINITY, logits.options());
     if (group.size() > 1) group.all_reduce(row_max, comm::ReduceOp::kMax)->wait();
   }
   at::Tensor shifted = logits - row_max;
@@ -194,7 +199,9 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& low_logits, const at::
   at::Tensor ids = targets - vocab_offset;
   at::Tensor mine = (ids >= 0).logical_and(ids < local);
   at::Tensor index = ids.masked_fill(mine.logical_not(), 0).unsqueeze(1);
-  at::Tensor picked = shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0);
+  at::Tensor picked =
+      local > 0 ? shifted.gather(1, index).squeeze(1).masked_fill(mine.logical_not(), 0.0)
+                : torch::zeros({logits.size(0)}, logits.options());
   at::Tensor target_logit = reduce_out(picked, group);
   return (sum_exp.log() - target_logit).mean();
 }

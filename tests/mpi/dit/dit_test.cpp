@@ -186,11 +186,11 @@ TEST(DitRecompute, FullMatchesSerial) {
   testing::expect_equivalent(serial(), tiny_dit({"parallel.data=2", "train.recompute=\"full\""}));
 }
 // The chunks memory plugin: every parameter, gradient and AdamW state in
-// chunks of 8 KiB under a budget smaller than their sum, on host memory.
+// chunks of 32 KiB under a budget smaller than their sum, on host memory.
 TEST(DitChunks, OnHostMatchesSerial) {
   testing::expect_equivalent(
-      serial(), tiny_dit({"parallel.data=2", "memory.compute_budget=\"256KiB\"",
-                          "memory.offload=\"host\"", "memory.chunk_size=\"8KiB\""}));
+      serial(), tiny_dit({"parallel.data=2", "memory.compute_budget=\"384KiB\"",
+                          "memory.offload=\"host\"", "memory.chunk_size=\"32KiB\""}));
 }
 TEST(DitLearnedPositions, DataParallelMatchesSerial) {
   testing::expect_equivalent(serial({"model.pos_embed=\"learned\"", "model.beta_schedule=\"cosine\""}),

@@ -2,6 +2,7 @@
 // numbers, the nearest values that would work and the tensor sizes that fit.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <torch/torch.h>
 
 #include <string>
 #include <vector>
@@ -73,7 +74,10 @@ TEST(TpBadInput, MicroBatchThatDoesNotSplitOverTheGrid) {
   expect_has(m, "or a tensor size of 1, 9");
 }
 
-TEST(TpBadInput, ReplicatedLinearHasNoGridLayout) {
+// A replicated linear layer is whole on every rank of a grid (models move
+// their activations out of and into the grid's layout around it), and
+// to_whole() undoes to_local().
+TEST(TpGrid, ReplicatedLinearIsWholeAndLayoutsRoundTrip) {
   if (testing::world_size() != 4) GTEST_SKIP() << "runs at 4 ranks";
   RunConfig config =
       testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=2d"});
@@ -81,18 +85,14 @@ TEST(TpBadInput, ReplicatedLinearHasNoGridLayout) {
   auto factory = plan_run(config, 4).layers;
   ASSERT_EQ(factory->name(), "tp2d");
   factory->setup(mesh, config);
-  try {
-    factory->linear(LinearSpec{32, 32, true, LinearRole::kReplicated});
-    ADD_FAILURE() << "tp2d made a replicated linear layer";
-  } catch (const ConfigError& e) {
-    expect_has(e.what(), "tp2d: a linear layer with the replicated role (32 -> 32)");
-  }
-  // tp1d keeps such a layer whole on every rank.
-  RunConfig one_d = testing::tiny_gpt_config({"parallel.tensor.size=4", "parallel.tensor.mode=1d"});
-  auto tp1d = plan_run(one_d, 4).layers;
-  DeviceMesh mesh1(testing::world_group(), resolve_mesh_shape(one_d, 4));
-  tp1d->setup(mesh1, one_d);
-  EXPECT_NO_THROW(tp1d->linear(LinearSpec{32, 32, true, LinearRole::kReplicated}));
+  const LayerPtr layer = factory->linear(LinearSpec{32, 24, true, LinearRole::kReplicated});
+  EXPECT_EQ(layer->named_parameters()["weight"].sizes().vec(), (std::vector<int64_t>{24, 32}));
+  torch::manual_seed(3);  // the same whole activation on every rank
+  const at::Tensor whole = torch::randn({4, 3, 32});
+  const at::Tensor local = factory->to_local(whole);
+  EXPECT_EQ(local.sizes().vec(), (std::vector<int64_t>{2, 3, 16}));
+  EXPECT_TRUE(torch::equal(factory->to_whole(local), whole));
+  EXPECT_EQ(factory->batch_multiple(), 2);
 }
 
 }  // namespace

@@ -202,7 +202,7 @@ TEST(VitRecompute, FullAndSelectiveMatchSerial) {
 }
 
 // The chunks memory plugin: parameters, gradients and AdamW states in
-// chunks of 8 KiB under a budget smaller than their sum, moved to and from
+// chunks of 16 KiB under a budget smaller than their sum, moved to and from
 // host memory as the blocks run, auto and static placement.
 TEST(VitChunks, OnHostMatchesSerial) {
   for (const auto& placement : std::vector<std::vector<std::string>>{
@@ -210,7 +210,7 @@ TEST(VitChunks, OnHostMatchesSerial) {
            {"memory.placement=\"static\"", "memory.param_fraction=0.3"}}) {
     SCOPED_TRACE(placement[0]);
     std::vector<std::string> o = {"parallel.data=2", "memory.compute_budget=\"256KiB\"",
-                                  "memory.offload=\"host\"", "memory.chunk_size=\"8KiB\""};
+                                  "memory.offload=\"host\"", "memory.chunk_size=\"16KiB\""};
     o.insert(o.end(), placement.begin(), placement.end());
     testing::expect_equivalent(serial(), tiny_vit(o));
   }
