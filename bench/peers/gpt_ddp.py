@@ -218,19 +218,24 @@ def micro_batches(torch, a, step, rank, data_ranks):
         yield synthetic_batch(torch, a, first, a.micro_batch)
 
 
-def train_loop(torch, model, opt, a, rank, no_sync=True):
-    """Runs a.steps steps of `model` (wrapped in DDP) with `opt`; returns this
-    rank's step times and mean losses. Gradients are synchronised only on a
-    step's last micro-batch (no_sync on the others), as kolos does; with
-    no_sync=False (FSDP2, which reduce-scatters every micro-batch's
-    gradients, as kolos's zero3) on every one."""
+def train_loop(torch, model, opt, a, rank, no_sync=True, batches=None):
+    """Runs a.steps steps of `model` (wrapped in DDP; model(inputs, targets)
+    is the loss) with `opt`; returns this rank's step times and mean losses.
+    batches(step) yields the step's micro-batches as (inputs, targets)
+    (default: the synthetic source's, micro_batches). Gradients are
+    synchronised only on a step's last micro-batch (no_sync on the others),
+    as kolos does; with no_sync=False (FSDP2, which reduce-scatters every
+    micro-batch's gradients, as kolos's zero3) on every one."""
     accumulation = a.global_batch // (a.micro_batch * a.ranks)
+    if batches is None:
+        def batches(step):
+            return micro_batches(torch, a, step, rank, a.ranks)
     times, losses = [], []
     for step in range(a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss_sum = 0.0
-        for m, (inputs, targets) in enumerate(micro_batches(torch, a, step, rank, a.ranks)):
+        for m, (inputs, targets) in enumerate(batches(step)):
             if no_sync and m + 1 < accumulation:
                 with model.no_sync():
                     loss = model(inputs, targets)

@@ -114,7 +114,8 @@ def build_model(a):
             self.ln_f = nn.LayerNorm(a.hidden, eps=a.norm_eps)
             self.classifier = linear(a.hidden, a.classes, a.init_std, bias=False)
 
-        def forward(self, pixels):  # [B, H, W, C] float
+        def forward(self, pixels, labels=None):  # [B, H, W, C] float
+            """The logits, or with labels the mean cross entropy."""
             b, p, s = pixels.size(0), a.patch_size, a.image_size // a.patch_size
             patches = (pixels.reshape(b, s, p, s, p, a.channels).permute(0, 1, 3, 2, 4, 5)
                        .reshape(b, s * s, p * p * a.channels))
@@ -123,7 +124,8 @@ def build_model(a):
             x = x + self.pos_embed.unsqueeze(0)
             for block in self.h:
                 x = block(x)
-            return self.classifier(self.ln_f(x)[:, 0])
+            logits = self.classifier(self.ln_f(x)[:, 0])
+            return logits if labels is None else F.cross_entropy(logits, labels)
 
     return Vit()
 
@@ -161,8 +163,6 @@ class Sampler:
 
 
 def worker(rank, a, port, queue):
-    import time
-
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -175,29 +175,13 @@ def worker(rank, a, port, queue):
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
                             weight_decay=a.weight_decay)
     accumulation = a.global_batch // (a.micro_batch * a.ranks)
-    times, losses = [], []
-    for step in range(a.steps):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        loss_sum = 0.0
+
+    def batches(step):  # rank's micro-batch m: the global samples kolos gives it
         for m in range(accumulation):
             first = step * a.global_batch + (m * a.ranks + rank) * a.micro_batch
-            pixels, labels = train.batch(first, a.micro_batch)
-            if m + 1 < accumulation:
-                with model.no_sync():
-                    loss = F.cross_entropy(model(pixels), labels)
-                    (loss / accumulation).backward()
-            else:
-                loss = F.cross_entropy(model(pixels), labels)
-                (loss / accumulation).backward()
-            loss_sum += loss.item()
-        if a.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
-        for group in opt.param_groups:
-            group["lr"] = gpt_ddp.lr_at(a, step)
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss_sum / accumulation)
+            yield train.batch(first, a.micro_batch)
+
+    times, losses = gpt_ddp.train_loop(torch, model, opt, a, rank, batches=batches)
     t = gpt_ddp.max_over_ranks(torch, dist, times)
     l = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(l, op=dist.ReduceOp.SUM)
