@@ -55,13 +55,31 @@ std::string fp16_unavailable() {
 // partly cancelling. Over 200 steps the two runs do not follow one
 // trajectory (each step's rounding changes the next step's gradients), so
 // what is bounded is how well each trains: with fp32 masters bf16 changes
-// the noise in the updates, not their size, and the final loss should land
-// within a few roundings of fp32's. 2% is ten roundings' worth (10 x 2^-9);
-// measured on this model: 0.05% to 0.12% under dp, zero2, zero3, tp1d and
-// a 2-stage pipeline (printed below), so the bound leaves room for another CPU's summation order while
-// still failing a run that does not train like fp32.
+// the noise in the updates, not their size, and the late loss should land
+// within a few roundings of fp32's. 2% is ten roundings' worth (10 x 2^-9).
+//
+// "The late loss" is the mean of the last kTailSteps steps' losses, not the
+// last step's: late in training one batch's loss differs from the next's by
+// up to 6% (measured on mixtral), and once the two runs' trajectories part
+// (a router that picks another expert for a token parts them sooner) their
+// last steps sit at different points of that swing. Mixtral under ep 2: the
+// last step alone differed by 3.6%, the mean of the last 20 by 0.08%;
+// mixtral 0.68% and 0.02%. Measured on this model: 0.02% to 0.4% over the
+// mixes below (printed), so the bound leaves room for another CPU's
+// summation order while still failing a run that does not train like fp32.
 constexpr double kFinalLossRel = 0.02;
 constexpr int64_t kSteps = 200;
+constexpr int64_t kTailSteps = 20;
+
+double late_loss(const TrainSummary& run) {
+  const int64_t n = std::min<int64_t>(kTailSteps, static_cast<int64_t>(run.losses.size()));
+  double sum = 0;
+  for (int64_t i = static_cast<int64_t>(run.losses.size()) - n;
+       i < static_cast<int64_t>(run.losses.size()); ++i) {
+    sum += run.losses[i];
+  }
+  return sum / static_cast<double>(std::max<int64_t>(n, 1));
+}
 
 // Step by step, over the first kEarlySteps (the loss still falling fast,
 // far from what the data allows, so nothing hides behind saturation): the
@@ -107,14 +125,16 @@ void expect_bf16_trains_like_fp32(const std::vector<std::string>& mix) {
   EXPECT_LT(reference.losses[kEarlySteps - 1], 0.95 * reference.losses[0])
       << "the first steps must still be learning for the per-step bound to mean something";
   // ... and as well as fp32 at the end.
-  EXPECT_NEAR(low.final_loss, reference.final_loss, kFinalLossRel * reference.final_loss)
-      << "bf16 " << low.final_loss << " vs fp32 " << reference.final_loss;
+  const double late_low = late_loss(low), late_reference = late_loss(reference);
+  EXPECT_NEAR(late_low, late_reference, kFinalLossRel * late_reference)
+      << "bf16 " << late_low << " vs fp32 " << late_reference;
   if (testing::world_rank() == 0) {
-    std::printf("[%s] first %lld steps: largest difference %.3f%%; final loss fp32 %.6f bf16 %.6f "
-                "(%.3f%%)\n",
-                mix.empty() ? "dp" : mix.front().c_str(), static_cast<long long>(kEarlySteps),
-                100 * early, reference.final_loss, low.final_loss,
-                100 * std::abs(low.final_loss - reference.final_loss) / reference.final_loss);
+    std::printf(
+        "[%s] first %lld steps: largest difference %.3f%%; last %lld steps' mean loss "
+        "fp32 %.6f bf16 %.6f (%.3f%%)\n",
+        mix.empty() ? "dp" : mix.front().c_str(), static_cast<long long>(kEarlySteps), 100 * early,
+        static_cast<long long>(kTailSteps), late_reference, late_low,
+        100 * std::abs(late_low - late_reference) / late_reference);
   }
 }
 
@@ -155,8 +175,8 @@ TEST(Bf16, MixtralTrainsLikeFp32) {
 
 // Expert parallelism: the rows cross the all-to-alls in bf16.
 TEST(Bf16, MixtralExpertParallelTrainsLikeFp32) {
-  expect_bf16_trains_like_fp32({"model.name=mixtral", "model.experts=4", "model.top_k=2",
-                                "parallel.expert.size=2"});
+  expect_bf16_trains_like_fp32(
+      {"model.name=mixtral", "model.experts=4", "model.top_k=2", "parallel.expert.size=2"});
 }
 
 // ---- fp16: loss scaling and a skipped step ---------------------------------------
@@ -164,9 +184,9 @@ TEST(Bf16, MixtralExpertParallelTrainsLikeFp32) {
 TEST(Fp16, OverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
   const std::string why = fp16_unavailable();
   if (!why.empty()) GTEST_SKIP() << why;
-  auto engine = make_engine(tiny_gpt_config({"train.precision=\"fp16\"", "train.steps=8",
-                                             "train.loss_scale_init=1024",
-                                             "train.loss_scale_growth_interval=3"}));
+  auto engine = make_engine(
+      tiny_gpt_config({"train.precision=\"fp16\"", "train.steps=8", "train.loss_scale_init=1024",
+                       "train.loss_scale_growth_interval=3"}));
   // Only rank 1's backward overflows: rank 0 must learn it from the flag.
   if (testing::world_rank() == 1) engine->inject_overflow_at_step(4);
   std::vector<StepMetrics> m;
@@ -204,9 +224,9 @@ TEST(Fp16, TrainsLikeFp32) {
   const std::string why = fp16_unavailable();
   if (!why.empty()) GTEST_SKIP() << why;
   auto a = make_engine(tiny_gpt_config({"train.steps=100"}));
-  const double reference = a->train().final_loss;
+  const double reference = late_loss(a->train());
   auto b = make_engine(tiny_gpt_config({"train.steps=100", "train.precision=\"fp16\""}));
-  const double low = b->train().final_loss;
+  const double low = late_loss(b->train());
   // fp16 keeps 11 significant bits (2^-12 relative rounding): tighter than bf16.
   EXPECT_NEAR(low, reference, kFinalLossRel * reference);
 }
@@ -223,7 +243,7 @@ TEST(Fp16, LlamaTrainsLikeFp32) {
       tiny_gpt_config({"model.name=llama", "train.steps=100", "train.precision=\"fp16\""}));
   const TrainSummary low = b->train();
   EXPECT_LT(low.final_loss, 0.8 * low.first_loss);
-  EXPECT_NEAR(low.final_loss, reference.final_loss, kFinalLossRel * reference.final_loss);
+  EXPECT_NEAR(late_loss(low), late_loss(reference), kFinalLossRel * late_loss(reference));
 }
 
 // Mixtral: the router's auxiliary losses get the scaled loss's multiplier
@@ -234,11 +254,11 @@ TEST(Fp16, MixtralTrainsLikeFp32) {
   const std::vector<std::string> moe = {"model.name=mixtral", "model.experts=4", "model.top_k=2",
                                         "model.aux_loss_coef=0.1", "train.steps=100"};
   auto a = make_engine(tiny_gpt_config(moe));
-  const double reference = a->train().final_loss;
+  const double reference = late_loss(a->train());
   std::vector<std::string> low_moe = moe;
   low_moe.push_back("train.precision=\"fp16\"");
   auto b = make_engine(tiny_gpt_config(low_moe));
-  const double low = b->train().final_loss;
+  const double low = late_loss(b->train());
   EXPECT_NEAR(low, reference, kFinalLossRel * reference);
 }
 
@@ -308,8 +328,8 @@ void resume_across_precisions(const std::string& mix) {
         << fp32_params[i].first;
   }
   // Both go on training from the same point: bf16 stays close to fp32.
-  const double l32 = high->train().final_loss;
-  const double l16 = low2->train().final_loss;
+  const double l32 = late_loss(high->train());
+  const double l16 = late_loss(low2->train());
   EXPECT_NEAR(l16, l32, kFinalLossRel * l32);
 }
 
@@ -335,7 +355,7 @@ TEST(PrecisionCheckpoint, LossScaleIsSavedAndRestored) {
   const std::vector<std::string> fp16 = {"train.precision=\"fp16\"", "train.loss_scale_init=512",
                                          "train.loss_scale_growth_interval=4"};
   auto a = make_engine(tiny_gpt_config(fp16));
-  a->inject_overflow_at_step(1);                     // 512 -> 256 after step 1
+  a->inject_overflow_at_step(1);                             // 512 -> 256 after step 1
   const std::string root = save_after(*a, 3, "prec-scale");  // then one good step
   EXPECT_EQ(a->state().loss_scale, 256);
   EXPECT_EQ(a->state().loss_scale_good_steps, 1);
