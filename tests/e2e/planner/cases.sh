@@ -124,7 +124,7 @@ PY
 
   predict)
     "$KOLOS_SOURCE_DIR/bench/run_planner_check.sh" --build "$(dirname "$(dirname "$KOLOS")")" \
-      --plans small --steps 5 --warmup 2 --tune 2 --tune-seconds 15 --out results >check.txt 2>&1 ||
+      --plans small --steps 3 --warmup 1 --tune 2 --tune-seconds 10 --out results >check.txt 2>&1 ||
       { cat check.txt; fail "the prediction check failed to run"; }
     cat check.txt
     grep -q "^plans measured: 4" check.txt || fail "not every plan was measured"
