@@ -10,11 +10,21 @@ export KOLOS_CACHE_DIR=$work/cache
 config=$KOLOS_SOURCE_DIR/bench/planner/gpt-check.toml
 cp "$config" gpt.toml
 
+# `plan` calibrates this machine for 4 ranks and leaves the file in
+# KOLOS_SHARED_CALIBRATION; `auto` and `predict` (run after it) start from
+# that copy instead of calibrating again. Without it they calibrate.
+if [[ -n ${KOLOS_SHARED_CALIBRATION:-} && $case_name != plan ]] &&
+  compgen -G "$KOLOS_SHARED_CALIBRATION/*-n4.toml" >/dev/null; then
+  mkdir -p cache/calibration
+  cp "$KOLOS_SHARED_CALIBRATION"/*-n4.toml cache/calibration/
+fi
+
 # The JSON line of a `kolos plan --json` output.
 plan_json() { grep '^{' "$1" | tail -1; }
 
 case "$case_name" in
   plan)
+    [[ -z ${KOLOS_SHARED_CALIBRATION:-} ]] || rm -rf "$KOLOS_SHARED_CALIBRATION"
     timeout 600 "$KOLOS" plan gpt.toml -n 4 >plan.txt 2>plan.err ||
       { cat plan.txt plan.err; fail "kolos plan failed"; }
     cat plan.err plan.txt
@@ -30,6 +40,9 @@ case "$case_name" in
     done
     grep -q '^pattern = "grid"' "$cal" || fail "no grid sync row in the calibration"
     grep -q '^pattern = "ring"' "$cal" || fail "no ring sync row in the calibration"
+    if [[ -n ${KOLOS_SHARED_CALIBRATION:-} ]]; then
+      mkdir -p "$KOLOS_SHARED_CALIBRATION" && cp "$cal" "$KOLOS_SHARED_CALIBRATION/"
+    fi
     grep -q "the best as a run: --set parallel.auto=false" plan.txt || fail "no best run printed"
     grep -q "Dropped" plan.txt || fail "no drop reasons printed"
     # Cached now: a second plan does not calibrate again, and agrees.
