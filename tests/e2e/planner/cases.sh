@@ -13,7 +13,7 @@ cp "$config" gpt.toml
 # `plan` calibrates this machine for 4 ranks and leaves the file in
 # KOLOS_SHARED_CALIBRATION; `auto` and `predict` (run after it) start from
 # that copy instead of calibrating again. Without it they calibrate.
-if [[ -n ${KOLOS_SHARED_CALIBRATION:-} && $case_name != plan ]] &&
+if [[ -n ${KOLOS_SHARED_CALIBRATION:-} && ($case_name == auto || $case_name == predict) ]] &&
   compgen -G "$KOLOS_SHARED_CALIBRATION/*-n4.toml" >/dev/null; then
   mkdir -p cache/calibration
   cp "$KOLOS_SHARED_CALIBRATION"/*-n4.toml cache/calibration/
