@@ -56,14 +56,16 @@ std::size_t walk(const std::vector<TensorSpec>& tensors, int64_t chunk_bytes, in
                  Place&& place) {
   std::size_t chunks = 0;
   int64_t end = 0;  // end of the last tensor in the current chunk
+  int group = 0;    // its group
   for (const TensorSpec& t : tensors) {
     int64_t offset = round_up(end, alignment);
-    if (chunks == 0 || offset + t.bytes > chunk_bytes) {
+    if (chunks == 0 || t.group != group || offset + t.bytes > chunk_bytes) {
       ++chunks;
       offset = 0;
     }
     place(chunks - 1, offset);
     end = offset + t.bytes;
+    group = t.group;
   }
   return chunks;
 }

@@ -203,12 +203,12 @@ class ChunkedMemory : public GradientStrategy {
     // precision.
     const RunConfig& cfg = context.config;
     reduce_in_fp32_ = reduce_in_fp32(cfg);
-    // ZeRO over chunks, chunk index k owned by rank k mod (dp x sp): stage 1
-    // shards the optimizer's chunks (moments and masters), stage 2 also
-    // reduces each gradient to its chunk's owner only, stage 3 also keeps
-    // each parameter chunk on its owner only (gathered where a step needs
-    // it). The engine hands this plugin [parallel.zero] in the gradients
-    // plugin's place.
+    // ZeRO over chunks, chunk index k owned by rank k mod the size of its
+    // domain (below): stage 1 shards the optimizer's chunks (moments and
+    // masters), stage 2 also reduces each gradient to its chunk's owner
+    // only, stage 3 also keeps each parameter chunk on its owner only
+    // (gathered where a step needs it). The engine hands this plugin
+    // [parallel.zero] in the gradients plugin's place.
     const ConfigSection zero = cfg.section("parallel.zero");
     zero_stage_ = cfg.parallel.zero.stage;
     zero.check_keys({"stage"}, context.owner + " (which serves parallel.zero under [memory])");
@@ -217,7 +217,25 @@ class ChunkedMemory : public GradientStrategy {
 
   void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override {
     model_ = &model;
-    group_ = mesh.group(AxisSet{Axis::kDP, Axis::kSP});  // as dp averages
+    // As dp averages: each gradient over the data axes its parameter is not
+    // held apart along (an expert under ep: dp x sp, then divided by ep).
+    const AxisSet data = batch_axes() | AxisSet{Axis::kSP};
+    data_group_ = mesh.group(data);
+    const auto domain_of = [&](AxisSet over) {
+      for (size_t d = 0; d < domains_.size(); ++d) {
+        if (domains_[d].axes == over) return d;
+      }
+      Domain d;
+      d.axes = over;
+      d.group = mesh.group(over);
+      d.ranks = static_cast<int>(d.group->size());
+      d.index = static_cast<int>(d.group->rank());
+      d.factor = static_cast<double>(mesh.layout().size(over)) /
+                 static_cast<double>(mesh.layout().size(data));
+      domains_.push_back(std::move(d));
+      return domains_.size() - 1;
+    };
+    domain_of(data);
     for (auto& p : model.placed_parameters()) {
       if (!p.tensor.requires_grad()) continue;
       const at::Tensor& t = p.tensor;
@@ -231,14 +249,11 @@ class ChunkedMemory : public GradientStrategy {
                   " does not own its storage (a view of another tensor?); chunks replace each "
                   "parameter's memory");
       params_.push_back(p);
+      param_domain_.push_back(domain_of(data.without(p.placement.sharded())));
     }
     KOLOS_CHECK(!params_.empty(), name(), ": the model has no trainable parameters");
     low_ = dtype_ != at::kFloat;
     kinds_ = low_ ? kKinds : kMaster;
-    if (zero_stage_ >= 1) {
-      shards_ = group_->size();
-      shard_rank_ = group_->rank();
-    }
     lay_out_chunks(config);
     find_uses(config);
     build_trace();
@@ -373,7 +388,7 @@ class ChunkedMemory : public GradientStrategy {
           if (kind < kinds_) executor_->mark_dirty(id(kind, k));
         }
       }
-      if (shards_ > 1 && zero_stage_ < 3) {
+      if (shards(k) > 1 && zero_stage_ < 3) {
         // ZeRO-1/2: the chunk's owner stepped it; every rank takes its
         // parameters (the whole chunk, padding and all). Under ZeRO-3 the
         // owner alone keeps them; the others gather them where used.
@@ -479,6 +494,16 @@ class ChunkedMemory : public GradientStrategy {
   }
 
  private:
+  // The ranks a gradient is averaged over: the data axes (dp, ep, sp) its
+  // parameter is not held apart along.
+  struct Domain {
+    AxisSet axes;
+    comm::ProcessGroupPtr group;
+    int ranks = 1;        // the group's size
+    int index = 0;        // this rank's place in it
+    double factor = 1.0;  // after the group's mean: its size / the data group's
+  };
+
   // The executor's chunks: kind `kind`, index k. Under ZeRO-1 a rank holds
   // the optimizer's chunks (moments, masters) of the indices it owns only.
   ChunkId id(Kind kind, size_t k) const {
@@ -497,10 +522,16 @@ class ChunkedMemory : public GradientStrategy {
   comm::WorkPtr broadcast_from_owner(ChunkId c) {
     at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(kind_of_[c])},
                                      at::TensorOptions().dtype(at::kByte));
-    return group_->broadcast(bytes, owner(index_of_[c]));
+    return domain(index_of_[c]).group->broadcast(bytes, owner(index_of_[c]));
   }
-  int owner(size_t k) const { return static_cast<int>(k % static_cast<size_t>(shards_)); }
-  bool owns(size_t k) const { return owner(k) == shard_rank_; }
+  // The ranks chunk index k's gradients are averaged over.
+  const Domain& domain(size_t k) const { return domains_[chunk_domain_[k]]; }
+  // ZeRO: the ranks chunk index k is spread over (1 without ZeRO), its
+  // owner and this rank's place among them.
+  int shards(size_t k) const { return zero_stage_ >= 1 ? domain(k).ranks : 1; }
+  int shard_rank(size_t k) const { return zero_stage_ >= 1 ? domain(k).index : 0; }
+  int owner(size_t k) const { return static_cast<int>(k % static_cast<size_t>(shards(k))); }
+  bool owns(size_t k) const { return owner(k) == shard_rank(k); }
   // Bytes of one element, of a chunk, and of parameter i's slot, in a kind.
   int64_t elem_bytes(size_t kind) const {
     return kind == kParam || kind == kGrad ? static_cast<int64_t>(c10::elementSize(dtype_)) : 4;
@@ -532,8 +563,13 @@ class ChunkedMemory : public GradientStrategy {
 
   void lay_out_chunks(const RunConfig& config) {
     std::vector<memory::TensorSpec> specs;
-    // The fp32 layout; 2-byte kinds take it at half the offsets.
-    for (const auto& p : params_) specs.push_back({p.name, p.tensor.numel() * 4});
+    // The fp32 layout; 2-byte kinds take it at half the offsets. Parameters
+    // of different domains never share a chunk: a chunk is reduced (and
+    // under ZeRO owned) within one domain.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      specs.push_back({params_[i].name, params_[i].tensor.numel() * 4,
+                       static_cast<int>(param_domain_[i])});
+    }
     const int64_t align = memory::kDirectIoAlignment;
     if (chunk_bytes_ == 0) {
       // Searched, as Gemini does: the size that wastes least, between the
@@ -554,7 +590,9 @@ class ChunkedMemory : public GradientStrategy {
     }
     num_chunks_ = layout_.num_chunks();
     chunk_params_.assign(num_chunks_, {SIZE_MAX, 0});
+    chunk_domain_.assign(num_chunks_, 0);
     for (size_t i = 0; i < params_.size(); ++i) {
+      chunk_domain_[layout_.slots[i].chunk] = param_domain_[i];
       auto& range = chunk_params_[layout_.slots[i].chunk];
       if (range.first == SIZE_MAX) range.first = i;
       KOLOS_CHECK(range.second == 0 || range.second == i, "internal error: chunk ",
@@ -705,10 +743,10 @@ class ChunkedMemory : public GradientStrategy {
     // two steps that both need it). The block steps are the same on every
     // rank of the group, so the broadcasts come in the same order on all.
     gather_at_.assign(steps_.size(), {});
-    if (zero_stage_ == 3 && shards_ > 1) {
+    if (zero_stage_ == 3) {
       for (size_t s = 0; s < optimizer_begin_; ++s) {
         for (ChunkId c : trace_.steps[s]) {
-          if (kind_of_[c] != kParam) continue;
+          if (kind_of_[c] != kParam || shards(index_of_[c]) == 1) continue;
           const bool before =
               s > 0 && std::find(trace_.steps[s - 1].begin(), trace_.steps[s - 1].end(), c) !=
                            trace_.steps[s - 1].end();
@@ -720,10 +758,10 @@ class ChunkedMemory : public GradientStrategy {
 
   // Makes trace_ from the block trace (base_steps_) with the overlaps the
   // budget has room for, step by step:
-  // - `reductions` (dp x sp > 1): the gradients a step makes final are
-  //   reduced while the next block step runs (end_current_step), their
-  //   chunks in that step too; elsewhere, and after the last block step,
-  //   they are waited for at once;
+  // - `reductions`: the gradients a step makes final (those of a domain of
+  //   more than one rank) are reduced while the next block step runs
+  //   (end_current_step), their chunks in that step too; elsewhere, and
+  //   after the last block step, they are waited for at once;
   // - `gathers` (ZeRO-3): the parameter chunks a block step gathers are
   //   gathered while the block step before runs (begin), their chunks in
   //   that step too; elsewhere when their step begins.
@@ -744,12 +782,14 @@ class ChunkedMemory : public GradientStrategy {
       step = alone;
       return false;
     };
-    if (reductions && group_->size() > 1) {
+    if (reductions) {
       for (size_t s = 0; s + 1 < blocks_end; ++s) {
-        if (norm_at_[s].empty()) continue;
         std::vector<ChunkId> grads;
-        for (size_t i : norm_at_[s]) grads.push_back(id(kGrad, layout_.slots[i].chunk));
-        overlap_[s] = add(s + 1, grads);
+        for (size_t i : norm_at_[s]) {
+          const size_t k = layout_.slots[i].chunk;
+          if (domain(k).ranks > 1) grads.push_back(id(kGrad, k));
+        }
+        if (!grads.empty()) overlap_[s] = add(s + 1, grads);
       }
     }
     if (gathers) {
@@ -789,10 +829,10 @@ class ChunkedMemory : public GradientStrategy {
         error = e.what();
       }
     }
-    if (zero_stage_ == 3 && shards_ > 1) {
+    if (zero_stage_ == 3 && data_group_->size() > 1) {
       // -1: no plan here; 0: a plan without gathers ahead; 1: with them.
       double mine = !planned ? -1.0 : any(ahead_) ? 1.0 : 0.0;
-      group_->all_reduce(at::from_blob(&mine, {1}, at::kDouble), comm::ReduceOp::kMin)->wait();
+      data_group_->all_reduce(at::from_blob(&mine, {1}, at::kDouble), comm::ReduceOp::kMin)->wait();
       // A rank without a plan refuses the budget below, and its error ends
       // the job (the engine's set-up aborts it); the others go on without
       // gathers ahead until then.
@@ -950,27 +990,29 @@ class ChunkedMemory : public GradientStrategy {
   // Ends the step in progress (if any): the reductions launched at the end
   // of the step before are waited for and their gradients' norms taken;
   // the gradients this step made final are then launched, averaged over
-  // dp x sp (every rank holds every gradient chunk; the trace, and so the
-  // order of these collectives, is the same on every rank), and run while
-  // the next step computes (their chunks are in its trace step too, so
-  // they stay resident).
+  // their domain (every rank holds every gradient chunk; the trace, and so
+  // the order of these collectives, is the same on every rank of the data
+  // group), and run while the next step computes (their chunks are in its
+  // trace step too, so they stay resident).
   void end_current_step() {
     if (!in_step_) return;
     finish_reductions();
     torch::NoGradGuard no_grad;
     for (size_t i : norm_at_[current_]) {
+      const size_t k = layout_.slots[i].chunk;
+      const Domain& d = domain(k);
       const bool to_owner = zero_stage_ >= 2 && !is_tied_[i];
-      const int root = owner(layout_.slots[i].chunk);
-      if (group_->size() == 1) {
+      const int root = owner(k);
+      if (d.ranks == 1) {
+        if (d.factor != 1.0) params_[i].tensor.mutable_grad().mul_(d.factor);
         if (!is_tied_[i]) take_norm(i);
         continue;
       }
       // The gradient's bytes in its chunk, apart from the parameter's .grad
       // (whose storage is unbound when the chunk leaves a step).
       const at::Tensor& grad = params_[i].tensor.grad();
-      at::Tensor in_chunk =
-          at::from_blob(executor_->chunk(id(kGrad, layout_.slots[i].chunk)) + slot_offset(kGrad, i),
-                        {grad.numel()}, grad.options());
+      at::Tensor in_chunk = at::from_blob(executor_->chunk(id(kGrad, k)) + slot_offset(kGrad, i),
+                                          {grad.numel()}, grad.options());
       // train.reduce_dtype = "fp32" under bf16/fp16: averaged in fp32, as
       // the dp plugin's buckets do.
       at::Tensor reduced = reduce_in_fp32_ ? in_chunk.to(at::kFloat) : in_chunk;
@@ -978,26 +1020,26 @@ class ChunkedMemory : public GradientStrategy {
       if (to_owner) {
         // ZeRO-2/3: to the chunk's owner only (a reduce-scatter in which
         // every other rank's share is empty).
-        std::vector<at::Tensor> inputs(static_cast<size_t>(group_->size()),
-                                       reduced.narrow(0, 0, 0));
+        std::vector<at::Tensor> inputs(static_cast<size_t>(d.ranks), reduced.narrow(0, 0, 0));
         inputs[static_cast<size_t>(root)] = reduced;
-        work = group_->reduce_scatter(shard_rank_ == root ? reduced : reduced.narrow(0, 0, 0),
-                                      inputs, comm::ReduceOp::kAvg);
+        work = d.group->reduce_scatter(d.index == root ? reduced : reduced.narrow(0, 0, 0), inputs,
+                                       comm::ReduceOp::kAvg);
       } else {
-        work = group_->all_reduce(reduced, comm::ReduceOp::kAvg);
+        work = d.group->all_reduce(reduced, comm::ReduceOp::kAvg);
       }
       reduced_bytes_ += reduced.numel() * reduced.element_size();
       if (overlap_[current_]) overlapped_bytes_ += reduced.numel() * reduced.element_size();
       ++reductions_;
-      pending_.push_back(Reduction{work, i, in_chunk, reduced, to_owner && shard_rank_ != root});
+      pending_.push_back(
+          Reduction{work, i, in_chunk, reduced, d.factor, to_owner && d.index != root});
     }
     if (!overlap_[current_]) finish_reductions();
     in_step_ = false;
   }
 
   // Waits for the reductions in flight: each gradient's result goes into
-  // its chunk (from fp32 when reduced in fp32) and its norm is taken where
-  // this rank has the result. (On ZeRO's other ranks the chunk's bytes are
+  // its chunk (from fp32 when reduced in fp32), times its domain's factor,
+  // and its norm is taken where this rank has the result. (On ZeRO's other ranks the chunk's bytes are
   // dead once its last gradient is reduced: the executor writes nothing of
   // them back.)
   void finish_reductions() {
@@ -1007,6 +1049,7 @@ class ChunkedMemory : public GradientStrategy {
       if (!finishing_ || r.work->is_completed()) ++completed_before_finish_;
       r.work->wait();
       if (r.reduced.data_ptr() != r.in_chunk.data_ptr()) r.in_chunk.copy_(r.reduced);
+      if (r.factor != 1.0 && !r.elsewhere) r.in_chunk.mul_(r.factor);
       // A tied weight's norm after the pipeline's sum.
       if (!is_tied_[r.param] && !r.elsewhere) take_norm(r.param);
     }
@@ -1023,30 +1066,37 @@ class ChunkedMemory : public GradientStrategy {
   }
 
   // ZeRO-2/3: each gradient's norm and finiteness were taken by its chunk's
-  // owner; one sum over the group gives them to every rank, exactly (every
-  // other rank adds zero). Tied weights' and unused parameters' are
-  // everywhere already.
+  // owner; one sum over each domain gives them to every rank of it,
+  // exactly (every other rank adds zero). Tied weights' and unused
+  // parameters' are everywhere already.
   void share_norms() {
-    if (zero_stage_ < 2 || shards_ == 1 || norms_shared_) return;
+    if (zero_stage_ < 2 || norms_shared_) return;
     torch::NoGradGuard no_grad;
-    const size_t n = params_.size();
-    const std::vector<bool>& everywhere = norm_everywhere_;
-    // [0, n): norms; [n, 2n): 1 where a gradient is not finite.
-    std::vector<double> values(2 * n, 0.0);
-    for (size_t i = 0; i < n; ++i) {
-      if (everywhere[i] || !norms_[i].defined()) continue;
-      values[i] = norms_[i].item<double>();
-      values[n + i] = finite_[i] ? 0.0 : 1.0;
-    }
-    group_
-        ->all_reduce(at::from_blob(values.data(), {static_cast<int64_t>(2 * n)}, at::kDouble),
-                     comm::ReduceOp::kSum)
-        ->wait();
-    for (size_t i = 0; i < n; ++i) {
-      if (everywhere[i]) continue;
-      // Widened to double and back to the gradient's dtype: exact.
-      norms_[i] = torch::full({}, values[i], at::kDouble).to(dtype_);
-      finite_[i] = values[n + i] == 0.0;
+    for (size_t d = 0; d < domains_.size(); ++d) {
+      if (domains_[d].ranks == 1) continue;
+      std::vector<size_t> members;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (param_domain_[i] == d && !norm_everywhere_[i]) members.push_back(i);
+      }
+      const size_t n = members.size();
+      // [0, n): norms; [n, 2n): 1 where a gradient is not finite.
+      std::vector<double> values(2 * n, 0.0);
+      for (size_t j = 0; j < n; ++j) {
+        const size_t i = members[j];
+        if (!norms_[i].defined()) continue;
+        values[j] = norms_[i].item<double>();
+        values[n + j] = finite_[i] ? 0.0 : 1.0;
+      }
+      domains_[d]
+          .group
+          ->all_reduce(at::from_blob(values.data(), {static_cast<int64_t>(2 * n)}, at::kDouble),
+                       comm::ReduceOp::kSum)
+          ->wait();
+      for (size_t j = 0; j < n; ++j) {
+        // Widened to double and back to the gradient's dtype: exact.
+        norms_[members[j]] = torch::full({}, values[j], at::kDouble).to(dtype_);
+        finite_[members[j]] = values[n + j] == 0.0;
+      }
     }
     norms_shared_ = true;
   }
@@ -1136,13 +1186,13 @@ class ChunkedMemory : public GradientStrategy {
       std::vector<std::byte> bytes(static_cast<size_t>(kind_bytes(kind)));
       for (size_t k = 0; k < num_chunks_; ++k) {
         if (holds(kind, k)) executor_->read_chunk(id(kind, k), bytes.data());
-        if (shards_ > 1 && (kind != kParam || zero_stage_ == 3)) {
+        if (shards(k) > 1 && (kind != kParam || zero_stage_ == 3)) {
           // ZeRO: the owner's optimizer chunk (and ZeRO-3's parameter
           // chunk), to every rank (a checkpoint holds every piece on every
-          // rank of the group).
+          // rank of the domain).
           at::Tensor t =
               at::from_blob(bytes.data(), {kind_bytes(kind)}, at::TensorOptions().dtype(at::kByte));
-          group_->broadcast(t, owner(k))->wait();
+          domain(k).group->broadcast(t, owner(k))->wait();
         }
         const auto [first, last] = chunk_params_[k];
         for (size_t i = first; i < last; ++i) {
@@ -1170,7 +1220,12 @@ class ChunkedMemory : public GradientStrategy {
     ::close(fd);
   }
 
-  comm::ProcessGroupPtr group_;  // dp x sp: gradients averaged over it
+  // The ranks a gradient is averaged over (Domain, above); domains_[0] is
+  // the whole data group.
+  std::vector<Domain> domains_;
+  std::vector<size_t> param_domain_;  // [parameter]
+  std::vector<size_t> chunk_domain_;  // [chunk index]: its parameters' domain
+  comm::ProcessGroupPtr data_group_;  // dp x ep x sp
   int64_t reduced_bytes_ = 0;    // this step's
   int64_t reductions_ = 0;
   int64_t overlapped_bytes_ = 0;
@@ -1197,8 +1252,6 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<Kind> kind_of_;              // [chunk]
   std::vector<size_t> index_of_;           // [chunk]
   int64_t zero_stage_ = 0;
-  int shards_ = 1;                       // ZeRO: ranks the chunk indices are spread over
-  int shard_rank_ = 0;                   // this rank's place among them
   std::vector<PlacedParameter> params_;  // trainable, in model order
   std::vector<std::pair<size_t, size_t>> chunk_params_;  // [chunk]: parameters [first, last)
   std::vector<std::vector<size_t>> uses_;                // [block]: parameters it reads
@@ -1209,11 +1262,13 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<std::vector<ChunkId>> zero_at_;     // [step]: gradient chunks first used there
   std::vector<std::vector<size_t>> norm_at_;      // [step]: gradients final after it
   // A gradient's reduction in flight: `reduced` (the chunk's bytes, or an
-  // fp32 copy) is averaged; `elsewhere`: onto another rank (ZeRO-2/3).
+  // fp32 copy) is averaged, then multiplied by `factor` (its domain's);
+  // `elsewhere`: onto another rank (ZeRO-2/3).
   struct Reduction {
     comm::WorkPtr work;
     size_t param;
     at::Tensor in_chunk, reduced;
+    double factor;
     bool elsewhere;
   };
   std::vector<Reduction> pending_;                // launched at the end of the step before

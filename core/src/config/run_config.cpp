@@ -832,12 +832,6 @@ class Reader {
                        "parallel.auto: the planner does not model mixture-of-experts layers "
                        "(model.name = \"mixtral\"); set the layout yourself.");
     }
-    if (!choose_plugins(c).memory.empty() && c.parallel.expert.size > 1) {
-      root.fail_at_any({"memory", "plugins.memory", "parallel.expert.size"},
-                       "parallel.expert.size = " + std::to_string(c.parallel.expert.size) +
-                           ": the chunks memory plugin does not reduce experts held apart "
-                           "along ep yet; remove [memory] or set parallel.expert.size = 1.");
-    }
   }
 
   // parallel.expert.size > 1: an MoE model whose experts divide, and the

@@ -15,7 +15,12 @@ namespace {
 std::vector<TensorSpec> random_tensors(std::mt19937_64& rng, std::size_t count, int64_t max_bytes) {
   std::uniform_int_distribution<int64_t> size(0, max_bytes);
   std::vector<TensorSpec> out;
-  for (std::size_t i = 0; i < count; ++i) out.push_back({"t" + std::to_string(i), size(rng)});
+  // Runs of tensors in one of two groups (dense and experts).
+  int group = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (rng() % 8 == 0) group = 1 - group;
+    out.push_back({"t" + std::to_string(i), size(rng), group});
+  }
   return out;
 }
 
@@ -38,12 +43,16 @@ void expect_valid(const std::vector<TensorSpec>& tensors, const ChunkLayout& lay
       EXPECT_TRUE(s.chunk == prev.chunk || s.chunk == prev.chunk + 1);
       if (s.chunk == prev.chunk) {
         EXPECT_GE(s.offset, prev.offset + prev.bytes);
-      } else {
+        EXPECT_EQ(tensors[i].group, tensors[i - 1].group);  // one group per chunk
+      } else if (tensors[i].group == tensors[i - 1].group) {
         EXPECT_EQ(s.offset, 0);
-        // A new chunk only when the tensor did not fit after the previous one.
+        // A new chunk only when the tensor did not fit after the previous
+        // one, or its group changed.
         const int64_t next =
             (prev.offset + prev.bytes + layout.alignment - 1) / layout.alignment * layout.alignment;
         EXPECT_GT(next + s.bytes, layout.chunk_bytes);
+      } else {
+        EXPECT_EQ(s.offset, 0);
       }
     } else {
       EXPECT_EQ(s.chunk, 0u);
@@ -73,6 +82,28 @@ TEST(ChunkLayout, HandMadeOffsetsAndWaste) {
   // 28 padding + 78 tail, 56 tail, 246 tail.
   EXPECT_EQ(layout.wasted_bytes, 3 * 256 - 360);
   expect_valid(tensors, layout);
+}
+
+// A tensor whose group differs from the one before it starts a new chunk
+// (experts, reduced over fewer ranks than the dense weights, never share a
+// chunk with them), and the search counts that chunk's tail as waste.
+TEST(ChunkLayout, AGroupChangeStartsANewChunk) {
+  const std::vector<TensorSpec> tensors = {
+      {"a", 64, 0}, {"expert.0", 64, 1}, {"expert.1", 64, 1}, {"b", 64, 0}};
+  const ChunkLayout layout = pack(tensors, 256, 64);
+  ASSERT_EQ(layout.num_chunks(), 3u);
+  EXPECT_EQ(layout.slots[0].chunk, 0u);
+  EXPECT_EQ(layout.slots[1].chunk, 1u);
+  EXPECT_EQ(layout.slots[1].offset, 0);
+  EXPECT_EQ(layout.slots[2].chunk, 1u);
+  EXPECT_EQ(layout.slots[2].offset, 64);
+  EXPECT_EQ(layout.slots[3].chunk, 2u);
+  EXPECT_EQ(layout.wasted_bytes, 3 * 256 - 4 * 64);
+  expect_valid(tensors, layout);
+  const ChunkSearchResult best = search_chunk_bytes(tensors, 64, 256, 64);
+  EXPECT_EQ(best.num_chunks, 4u);  // 64-byte chunks: one per tensor, no waste
+  EXPECT_EQ(best.chunk_bytes, 64);
+  EXPECT_EQ(best.wasted_bytes, 0);
 }
 
 TEST(ChunkLayout, DirectIoAlignmentCountsPaddingAsWaste) {

@@ -30,6 +30,10 @@ inline constexpr int64_t kDirectIoAlignment = 4096;
 struct TensorSpec {
   std::string name;
   int64_t bytes = 0;
+  // Tensors of different groups never share a chunk (e.g. gradients
+  // reduced over different ranks): a tensor whose group differs from the
+  // one before it starts a new chunk.
+  int group = 0;
 };
 
 // Where one tensor went: its chunk and its byte offset inside that chunk.
@@ -58,7 +62,8 @@ struct ChunkLayout {
 
 // Packs `tensors` in order into chunks of `chunk_bytes`: each tensor starts
 // at the next `alignment`-aligned offset of the current chunk, or at offset 0
-// of a new chunk when it does not fit. Throws kolos::Error when a tensor is
+// of a new chunk when it does not fit or its group differs from the tensor
+// before it. Throws kolos::Error when a tensor is
 // larger than a chunk (naming it, its bytes, the chunk size and the smallest
 // chunk size that holds every tensor), when `alignment` is not a power of two
 // or `chunk_bytes` not a multiple of it, or when a tensor's bytes are negative.
