@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,11 +13,13 @@
 #include "kolos/checkpoint/checkpoint.h"
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
+#include "kolos/core/experts.h"
 #include "kolos/core/format.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/model.h"
 #include "kolos/core/precision.h"
 #include "kolos/core/runtime.h"
+#include "kolos/core/training_state.h"
 #include "kolos/inference/kv_cache.h"
 #include "kolos/modules/gpt.h"
 #include "kolos/modules/hf.h"
@@ -74,6 +77,12 @@ RunConfig inference_run(const ModelConfig& model, int64_t ranks, int64_t stages,
   RunConfig config;
   config.source = "<inference>";
   config.model = model;
+  // A mixture of experts is served dropless, whatever capacity it trained
+  // with: a token's output must not depend on the other requests of its
+  // step. Its auxiliary losses train the router only.
+  config.model.capacity_factor = 0;
+  config.model.aux_loss_coef = 0;
+  config.model.z_loss_coef = 0;
   config.parallel.tensor.size = ranks / stages;
   config.parallel.tensor.mode = "1d";
   config.parallel.pipeline.size = stages;
@@ -129,16 +138,20 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
     modules::register_builtin_models();
     source = open_source(path);
     // The engine generates text: a causal language model with a KV cache.
-    if (source.model.name == "mixtral") {
-      throw ConfigError(path + ": model.name = \"mixtral\": kolos generate and kolos serve do "
-                        "not run mixture-of-experts models yet (\"gpt\" and \"llama\" only); "
-                        "ckpt export --format hf writes it for transformers");
-    }
-    if (source.model.name != "gpt" && source.model.name != "llama") {
-      throw ConfigError(path + ": model.name = \"" + source.model.name +
+    const std::string& name = source.model.name;
+    if (name != "gpt" && name != "llama" && name != "mixtral") {
+      throw ConfigError(path + ": model.name = \"" + name +
                         "\" is not a language model; kolos generate and kolos serve run "
-                        "\"gpt\" and \"llama\" models (a \"vit\" classifier is evaluated by "
-                        "[eval] in kolos train; a \"dit\" model draws images with kolos sample)");
+                        "\"gpt\", \"llama\" and \"mixtral\" models (a \"vit\" classifier is "
+                        "evaluated by [eval] in kolos train; a \"dit\" model draws images with "
+                        "kolos sample)");
+    }
+    if (name == "mixtral" && source.model.capacity_factor > 0 && world->rank() == 0) {
+      std::fprintf(stderr,
+                   "kolos: note: model.capacity_factor = %g: served dropless (every token "
+                   "reaches its top_k experts), so that a request's output does not depend on "
+                   "the others in its step\n",
+                   source.model.capacity_factor);
     }
     const int64_t stages = config.pipeline_stages;
     if (ranks % stages != 0 || stages > source.model.layers) {
@@ -155,7 +168,7 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
     dtype = config.precision == "bf16" ? at::kBFloat16 : at::kFloat;
     const ModelConfig& m = run.model;
     const int64_t tp = ranks / stages;
-    const int64_t kv_heads = (m.name == "llama" && m.kv_heads > 0 ? m.kv_heads : m.heads) / tp;
+    const int64_t kv_heads = (m.name != "gpt" && m.kv_heads > 0 ? m.kv_heads : m.heads) / tp;
     // The stage's attention layers (every rank computes every stage's split).
     const int64_t stage = world->rank() / tp;
     const std::vector<int> split = stage_of_blocks(static_cast<size_t>(m.layers + 2), stages);
@@ -245,6 +258,12 @@ void InferenceEngine::Impl::load_weights() {
     std::vector<checkpoint::Piece> pieces;
     for (const auto& p : params)
       pieces.push_back(checkpoint::Piece{"model/" + p.name, p.tensor, p.placement});
+    // A mixture block's balancing bias (run state, every block's on every
+    // rank): it chooses the experts.
+    for (const auto& [name, bias] : router_biases(*model)) {
+      pieces.push_back(checkpoint::Piece{std::string(kStatePrefix) + name, bias,
+                                         Placement::replicated(bias.sizes().vec())});
+    }
     checkpoint::load_pieces(*world, source.dir, pieces, "model/");
     return;
   }
@@ -445,7 +464,8 @@ std::string InferenceEngine::describe() const {
   const ModelConfig& m = impl_->run.model;
   std::ostringstream out;
   out << m.name << " (" << m.layers << " layers, hidden " << m.hidden << ", heads " << m.heads;
-  if (m.name == "llama") out << ", kv_heads " << m.kv_heads;
+  if (m.name != "gpt") out << ", kv_heads " << m.kv_heads;
+  if (m.name == "mixtral") out << ", " << m.experts << " experts top " << m.top_k;
   out << ", vocab " << m.vocab << ", context " << m.seq_len << ") from " << impl_->source.kind
       << " " << impl_->source.dir << " | " << impl_->factory->name() << " over "
       << impl_->mesh->size(Axis::kTP) << " rank" << (impl_->mesh->size(Axis::kTP) == 1 ? "" : "s");

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # `kolos generate` end to end:  cases.sh CASE
 # (environment: KOLOS, MPIEXEC, KOLOS_VENV, KOLOS_SOURCE_DIR)
-# hf_gpt2, hf_llama: a random GPT-2 / LLaMA with grouped-query attention made
-#        by transformers; its greedy generate (eager attention, 64 new
-#        tokens, two prompts) against kolos generate on the model imported
-#        with `kolos ckpt import --format hf`: serial, tp1d over 2 ranks, 2
-#        pipeline stages; GPT-2 also straight from the Hugging Face
-#        directory, streamed, as text through a tokenizer, with a stop
-#        string; bf16 runs.
+# hf_gpt2, hf_llama, hf_mixtral: a random GPT-2 / LLaMA with grouped-query
+#        attention / Mixtral (4 experts, top 2) made by transformers; its
+#        greedy generate (eager attention, 64 new tokens, two prompts)
+#        against kolos generate on the model imported with `kolos ckpt
+#        import --format hf`: serial, tp1d over 2 ranks, 2 pipeline stages;
+#        GPT-2 also straight from the Hugging Face directory, streamed, as
+#        text through a tokenizer, with a stop string; bf16 runs (LLaMA).
+# moe:   a mixtral trained by `kolos run` under expert parallelism (ep 2)
+#        with auxiliary-loss-free balancing and a capacity factor serves,
+#        dropless, the same greedy tokens serially, under tp1d on 2 ranks
+#        and in 2 pipeline stages.
 # zero3: checkpoints trained by `kolos run` under ZeRO-3 on 2 ranks serve
 #        the same greedy tokens serially, under tp1d on 2 ranks, in 2
 #        pipeline stages, and (GPT) in 2 stages of tp1d x 2.
@@ -160,6 +164,51 @@ TOML
 case $case_name in
   hf_gpt2) hf_case gpt2 ;;
   hf_llama) hf_case llama ;;
+  hf_mixtral) hf_case mixtral ;;
+  moe)
+    cat >moe.toml <<TOML
+[model]
+name = "mixtral"
+layers = 2
+hidden = 64
+heads = 4
+kv_heads = 2
+ffn_hidden = 96
+experts = 4
+top_k = 2
+capacity_factor = 1.0
+bias_update_rate = 0.05
+seq_len = 96
+vocab = 128
+init_std = 0.3
+[data]
+kind = "synthetic"
+[optim]
+lr = 3e-2
+[train]
+global_batch = 4
+micro_batch = 2
+steps = 4
+[parallel]
+data = 2
+expert = { size = 2 }
+[checkpoint]
+dir = "ck-moe"
+TOML
+    timeout 120 "$KOLOS" run -n 2 --mpirun "$MPIEXEC" moe.toml >train.txt 2>&1 ||
+      { cat train.txt; fail "training the mixtral under ep 2 failed"; }
+    generate serial.txt ck-moe "${PROMPT_ARGS[@]}" --max-tokens 40
+    grep -q "served dropless" serial.txt.err || { cat serial.txt.err; fail "no note that the capacity factor is not applied"; }
+    grep -q "4 experts top 2" serial.txt.err || { cat serial.txt.err; fail "the model line does not name the experts"; }
+    ids_of serial.txt >serial.ids
+    generate tp2.txt ck-moe "${PROMPT_ARGS[@]}" --max-tokens 40 -n 2 "${MPI[@]}"
+    ids_of tp2.txt >tp2.ids
+    same serial.ids tp2.ids "mixtral trained under ep 2: served under tp1d x 2 = served serially"
+    generate pp2.txt ck-moe "${PROMPT_ARGS[@]}" --max-tokens 40 -n 2 "${MPI[@]}" \
+      --set inference.pipeline_stages=2
+    ids_of pp2.txt >pp2.ids
+    same serial.ids pp2.ids "mixtral trained under ep 2: served in 2 pipeline stages = served serially"
+    ;;
   zero3)
     for model in gpt llama; do
       train_tiny "ck-$model" "$model"
@@ -258,7 +307,7 @@ steps = 1
 dir = "vitck"
 TOML
     timeout 120 "$KOLOS" train vit.toml >vit.txt 2>&1 || { cat vit.txt; fail "training the vit checkpoint failed"; }
-    expect_failure 'model\.name = "vit" is not a language model; kolos generate and kolos serve run "gpt" and "llama"' -- \
+    expect_failure 'model\.name = "vit" is not a language model; kolos generate and kolos serve run "gpt", "llama" and "mixtral"' -- \
       "$KOLOS" generate vitck --prompt-ids 1,2
     expect_failure 'model\.name = "vit" is not a language model' -- \
       "$KOLOS" generate vitck --prompt-ids 1,2 -n 2 "${MPI[@]}"

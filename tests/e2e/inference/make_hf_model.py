@@ -1,7 +1,7 @@
 # A random tiny transformers model saved with save_pretrained, and
 # transformers' own greedy continuation (eager attention, 64 new tokens) of
 # each prompt: what `kolos generate` must reproduce token for token.
-#   make_hf_model.py gpt2|llama OUTDIR "PROMPT;PROMPT;..."
+#   make_hf_model.py gpt2|llama|mixtral OUTDIR "PROMPT;PROMPT;..."
 # Writes OUTDIR (config.json, model.safetensors) and OUTDIR.expected (one
 # line of ids per prompt). gpt2 also gets a byte-level BPE tokenizer.json
 # (320 ids, trained here by the tokenizers package) and OUTDIR.text.* : a
@@ -22,6 +22,14 @@ if kind == "gpt2":
     cfg = transformers.GPT2Config(vocab_size=320, n_positions=96, n_embd=48, n_layer=2, n_head=4,
                                   resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
     model = transformers.GPT2LMHeadModel(cfg)
+elif kind == "mixtral":  # 4 SwiGLU experts, top 2, grouped-query attention as below
+    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=96,
+                                     rope_theta=10000.0, rms_norm_eps=1e-6,
+                                     router_jitter_noise=0.0, tie_word_embeddings=False)
+    model = transformers.MixtralForCausalLM(cfg)
 else:  # LLaMA with grouped-query attention: 4 query heads over 2 key/value heads
     cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
                                    num_hidden_layers=2, num_attention_heads=4,

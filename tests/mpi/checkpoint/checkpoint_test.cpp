@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -302,11 +303,15 @@ TEST(CheckpointMatrix, SaveUnderALoadUnderB) {
     MPI_Bcast(&count, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
     saved[k].state = broadcast_from_0(saved[k].state, count);
   }
+  // Each pair at the smallest world size of the suite's (1, 2, 4) that
+  // holds both layouts: a pair of layouts of at most half this world's
+  // ranks ran in the run at that size already.
   int pairs = 0;
   for (size_t ka = 0; ka < layouts.size(); ++ka) {
     for (size_t kb = 0; kb < layouts.size(); ++kb) {
       const Layout& a = *layouts[ka];
       const Layout& b = *layouts[kb];
+      if (2 * std::max(a.ranks, b.ranks) <= world_size()) continue;
       const std::string what = "save under " + a.name + ", load under " + b.name;
       // B: load; every global tensor equal bit for bit; train on.
       SubGroup sb(b.ranks);
