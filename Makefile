@@ -87,7 +87,7 @@ test-suite: venv build
 ASAN_BUILD     ?= build-asan
 ASAN_TARGETS   := config_test data_test plugin_registry_test pipeline_plan_test pipeline_config_test \
                   memory_chunk_layout_test memory_placement_test memory_nvme_store_test \
-                  memory_chunk_executor_test memory_streamed_adamw_test
+                  memory_chunk_executor_test memory_streamed_adamw_test memory_chunk_trace_test
 ASAN_TESTS     := ^(config_test|data_test|plugin_registry_test|pipeline_plan_test|pipeline_config_test|memory_.*_test)$$
 ASAN_FULL_TARGETS := $(ASAN_TARGETS) dtype_test mesh_test placement_test kernels_cpu_test \
                   checkpoint_faults_test comm_collectives_test

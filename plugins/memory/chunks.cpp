@@ -29,12 +29,10 @@
 // chunk's slots at a time (its update is element-wise).
 #include <fcntl.h>
 #include <malloc.h>
-#include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +46,7 @@
 
 #include "kolos/core/comm/process_group.h"
 #include "kolos/core/config_located.h"
+#include "kolos/core/data_domains.h"
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
 #include "kolos/core/gradient_strategy.h"
@@ -59,6 +58,9 @@
 #include "kolos/memory/chunk_executor.h"
 #include "kolos/memory/chunk_layout.h"
 #include "kolos/memory/placement.h"
+
+#include "chunk_settings.h"
+#include "chunk_trace.h"
 
 namespace kolos {
 namespace {
@@ -84,119 +86,25 @@ void maybe_die_mid_step(int64_t step, size_t chunk, size_t chunks) {
 void maybe_die_mid_step(int64_t, size_t, size_t) {}
 #endif
 
-struct ChunkSettings {
-  std::string placement = "auto";
-  int64_t compute_budget = 0;
-  std::string offload = "host";
-  std::string nvme_dir;
-  std::string chunk_size = "auto";
-  double param_fraction = 0, grad_fraction = 0, optim_fraction = 0;
-  int64_t prefetch = 1;
-  int64_t io_threads = 4;
-};
-
-std::string in_unit(double x) { return x >= 0 && x <= 1 ? "" : "in [0, 1]"; }
-
-const SettingsTable<ChunkSettings>& settings_table() {
-  static const auto t =
-      SettingsTable<ChunkSettings>("memory")
-          .choice("placement", &ChunkSettings::placement, {"auto", "static"}, "placement policy")
-          .bytes("compute_budget", &ChunkSettings::compute_budget)
-          .choice("offload", &ChunkSettings::offload, {"host", "nvme"}, "lower tier")
-          .string("nvme_dir", &ChunkSettings::nvme_dir)
-          .string("chunk_size", &ChunkSettings::chunk_size)
-          .number("param_fraction", &ChunkSettings::param_fraction, in_unit)
-          .number("grad_fraction", &ChunkSettings::grad_fraction, in_unit)
-          .number("optim_fraction", &ChunkSettings::optim_fraction, in_unit)
-          .integer("prefetch", &ChunkSettings::prefetch, 0, 16)
-          .integer("io_threads", &ChunkSettings::io_threads, 1, 64);
-  return t;
-}
-
-// The kinds of state, each packed with the same layout: chunk k of every
-// kind holds the same parameters. Parameters and gradients are in the run's
-// dtype (fp32, bf16 or fp16), the moments in fp32; under bf16/fp16 a fifth
-// kind holds the fp32 masters AdamW steps. A kind of 2-byte elements packs
-// at half the offsets into chunks of half the bytes (rounded up to the
+// The kinds of state (chunk_trace.h): a kind of 2-byte elements packs at
+// half the offsets into chunks of half the bytes (rounded up to the
 // direct-I/O alignment).
-enum Kind : size_t { kParam = 0, kGrad = 1, kExpAvg = 2, kExpAvgSq = 3, kMaster = 4, kKinds = 5 };
-
-struct TraceStep {
-  // kTied: after the last backward under pipelining, the gradients of tied
-  // weights (copies on several stages) resident while the pipeline sums them.
-  // kBackwardInput: zero-bubble's input pass (parameters read, gradients
-  // untouched); its weight pass is a kBackward.
-  enum Type { kForward, kBackward, kBackwardInput, kTied, kOptimizer } type;
-  size_t index;  // the block (forward, backward) or the chunk (optimizer)
-};
+using chunks::Kind;
+using chunks::kParam;
+using chunks::kGrad;
+using chunks::kExpAvg;
+using chunks::kExpAvgSq;
+using chunks::kMaster;
+using chunks::kKinds;
+using chunks::TraceStep;
 
 class ChunkedMemory : public GradientStrategy {
  public:
   std::string name() const override { return "chunks"; }
 
   void configure(const PluginContext& context) override {
-    const ConfigSection& s = context.section;
-    settings_table().read(s, settings_, context.core_keys, context.owner);
-    auto& c = settings_;
-    if (c.compute_budget <= 0) {
-      s.fail_here(context.owner +
-                  " needs memory.compute_budget, the bytes of chunks the compute tier may hold "
-                  "(for example compute_budget = \"2GiB\").");
-    }
-    if (c.chunk_size != "auto") {
-      int64_t bytes = 0;
-      try {
-        bytes = parse_byte_size(c.chunk_size);
-      } catch (const std::invalid_argument& e) {
-        s.fail("chunk_size",
-               quote_toml(c.chunk_size) + ": " + e.what() + "; give \"auto\" or a size.");
-      }
-      if (bytes <= 0 || bytes % memory::kDirectIoAlignment != 0) {
-        s.fail(
-            "chunk_size",
-            quote_toml(c.chunk_size) + " is not a positive multiple of " +
-                std::to_string(memory::kDirectIoAlignment) +
-                " bytes (chunks move whole, with direct I/O); for example " +
-                quote_toml(std::to_string(std::max<int64_t>(1, bytes / memory::kDirectIoAlignment) *
-                                          memory::kDirectIoAlignment) +
-                           "B") +
-                ".");
-      }
-      chunk_bytes_ = bytes;
-    }
-    if (c.offload == "nvme") {
-      if (c.nvme_dir.empty()) {
-        s.fail("offload", "\"nvme\" needs memory.nvme_dir, a directory on the drive to use.");
-      }
-      struct stat st {};
-      if (::stat(c.nvme_dir.c_str(), &st) != 0) {
-        s.fail("nvme_dir", quote_toml(c.nvme_dir) + ": " + std::strerror(errno) +
-                               "; give an existing directory.");
-      }
-      if (!S_ISDIR(st.st_mode)) {
-        s.fail("nvme_dir", quote_toml(c.nvme_dir) + " is not a directory.");
-      }
-    } else if (s.has("nvme_dir")) {
-      s.fail_at_any({"nvme_dir", "offload"},
-                    "memory.nvme_dir is set but memory.offload = \"host\" keeps the chunks out "
-                    "of the compute tier in host memory; set offload = \"nvme\" or remove "
-                    "nvme_dir.");
-    }
-    const bool is_static = c.placement == "static";
-    for (const char* key : {"param_fraction", "grad_fraction", "optim_fraction"}) {
-      if (!is_static && s.has(key)) {
-        s.fail(key,
-               "applies to placement = \"static\" only; the placement is \"" + c.placement + "\".");
-      }
-    }
-    if (is_static && s.has("prefetch")) {
-      s.fail("prefetch",
-             "applies to placement = \"auto\" only (static placement loads a chunk for the step "
-             "that needs it).");
-    }
-    if (c.offload != "nvme" && s.has("io_threads")) {
-      s.fail("io_threads", "applies to offload = \"nvme\" only.");
-    }
+    settings_ = chunks::read_chunk_settings(context);
+    chunk_bytes_ = settings_.chunk_bytes;
     // It composes with data parallelism and ZeRO 1-3 (below), tensor and
     // sequence parallelism of every mode and every pipeline schedule (the
     // chunks hold this rank's pieces and follow its passes), in every
@@ -219,23 +127,8 @@ class ChunkedMemory : public GradientStrategy {
     model_ = &model;
     // As dp averages: each gradient over the data axes its parameter is not
     // held apart along (an expert under ep: dp x sp, then divided by ep).
-    const AxisSet data = batch_axes() | AxisSet{Axis::kSP};
-    data_group_ = mesh.group(data);
-    const auto domain_of = [&](AxisSet over) {
-      for (size_t d = 0; d < domains_.size(); ++d) {
-        if (domains_[d].axes == over) return d;
-      }
-      Domain d;
-      d.axes = over;
-      d.group = mesh.group(over);
-      d.ranks = static_cast<int>(d.group->size());
-      d.index = static_cast<int>(d.group->rank());
-      d.factor = static_cast<double>(mesh.layout().size(over)) /
-                 static_cast<double>(mesh.layout().size(data));
-      domains_.push_back(std::move(d));
-      return domains_.size() - 1;
-    };
-    domain_of(data);
+    data_domain(domains_, mesh, AxisSet{});  // domains_[0]: the whole data group
+    data_group_ = domains_[0].group;
     for (auto& p : model.placed_parameters()) {
       if (!p.tensor.requires_grad()) continue;
       const at::Tensor& t = p.tensor;
@@ -249,7 +142,7 @@ class ChunkedMemory : public GradientStrategy {
                   " does not own its storage (a view of another tensor?); chunks replace each "
                   "parameter's memory");
       params_.push_back(p);
-      param_domain_.push_back(domain_of(data.without(p.placement.sharded())));
+      param_domain_.push_back(data_domain(domains_, mesh, p.placement.sharded()));
     }
     KOLOS_CHECK(!params_.empty(), name(), ": the model has no trainable parameters");
     low_ = dtype_ != at::kFloat;
@@ -300,7 +193,7 @@ class ChunkedMemory : public GradientStrategy {
     finish_wait_s_ = 0;
     finish_skipped_step();
     KOLOS_CHECK(cursor_ == 0, name(), ": a step began at trace step ", cursor_, " of ",
-                steps_.size(), " (the previous step did not finish)");
+                t_.steps.size(), " (the previous step did not finish)");
     materialized_.clear();  // copies made for a checkpoint
     std::fill(norms_.begin(), norms_.end(), at::Tensor());
     std::fill(finite_.begin(), finite_.end(), true);
@@ -322,10 +215,10 @@ class ChunkedMemory : public GradientStrategy {
     finishing_ = false;
     finish_wait_s_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    for (size_t i : unused_) norms_[i] = torch::zeros({}, dtype_);
-    if (tied_step_ != kNoStep) begin(tied_step_);
-    KOLOS_CHECK(cursor_ == optimizer_begin_, name(), ": backward ended at trace step ", cursor_,
-                ", expected ", optimizer_begin_,
+    for (size_t i : t_.unused) norms_[i] = torch::zeros({}, dtype_);
+    if (t_.tied_step != chunks::ChunkTrace::kNoStep) begin(t_.tied_step);
+    KOLOS_CHECK(cursor_ == t_.optimizer_begin, name(), ": backward ended at trace step ", cursor_,
+                ", expected ", t_.optimizer_begin,
                 " (the blocks did not run in the order the trace was made for)");
   }
 
@@ -334,8 +227,8 @@ class ChunkedMemory : public GradientStrategy {
   // are taken after (tied_norms). Every other gradient is final already.
   std::vector<GradPiece> grad_pieces() override {
     std::vector<GradPiece> pieces;
-    if (tied_step_ == kNoStep || current_ != tied_step_) return pieces;
-    for (size_t i : tied_)
+    if (t_.tied_step == chunks::ChunkTrace::kNoStep || current_ != t_.tied_step) return pieces;
+    for (size_t i : t_.tied)
       pieces.push_back(GradPiece{params_[i].tensor.grad(), params_[i].placement});
     return pieces;
   }
@@ -377,7 +270,7 @@ class ChunkedMemory : public GradientStrategy {
     const int64_t t = optimizer_->step_count() + 1;
     for (size_t k = 0; k < num_chunks_; ++k) {
       maybe_die_mid_step(t, k, num_chunks_);
-      begin(optimizer_begin_ + k);
+      begin(t_.optimizer_begin + k);
       if (owns(k)) {
         const auto [first, last] = chunk_params_[k];
         for (size_t i = first; i < last; ++i) {
@@ -399,7 +292,7 @@ class ChunkedMemory : public GradientStrategy {
     end_current_step();
     optimizer_->set_step_count(t);
     scales_.clear();
-    KOLOS_CHECK(cursor_ == steps_.size(), "internal error: step ended at trace step ", cursor_);
+    KOLOS_CHECK(cursor_ == t_.steps.size(), "internal error: step ended at trace step ", cursor_);
     cursor_ = 0;
   }
 
@@ -494,23 +387,12 @@ class ChunkedMemory : public GradientStrategy {
   }
 
  private:
-  // The ranks a gradient is averaged over: the data axes (dp, ep, sp) its
-  // parameter is not held apart along.
-  struct Domain {
-    AxisSet axes;
-    comm::ProcessGroupPtr group;
-    int ranks = 1;        // the group's size
-    int index = 0;        // this rank's place in it
-    double factor = 1.0;  // after the group's mean: its size / the data group's
-  };
+  using Domain = DataDomain;  // the ranks a gradient is averaged over
 
   // The executor's chunks: kind `kind`, index k. Under ZeRO-1 a rank holds
   // the optimizer's chunks (moments, masters) of the indices it owns only.
-  ChunkId id(Kind kind, size_t k) const {
-    KOLOS_CHECK(has(kind, k), "internal error: no chunk ", k, " of kind ", kind, " here");
-    return ids_[kind][k];
-  }
-  bool has(Kind kind, size_t k) const { return ids_[kind][k] != kNoChunk; }
+  ChunkId id(Kind kind, size_t k) const { return t_.id(kind, k); }
+  bool has(Kind kind, size_t k) const { return t_.has(kind, k); }
   // This rank keeps chunk k of `kind` between uses: not another rank's
   // optimizer chunk (ZeRO-1 and up) nor its parameter chunk (ZeRO-3).
   bool holds(Kind kind, size_t k) const {
@@ -520,16 +402,20 @@ class ChunkedMemory : public GradientStrategy {
   // every other rank of the group; c must stay resident until it completes.
   // Not a reduction: not in reduction_stats().
   comm::WorkPtr broadcast_from_owner(ChunkId c) {
-    at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(kind_of_[c])},
+    at::Tensor bytes = at::from_blob(executor_->chunk(c), {kind_bytes(t_.kind_of[c])},
                                      at::TensorOptions().dtype(at::kByte));
-    return domain(index_of_[c]).group->broadcast(bytes, owner(index_of_[c]));
+    return domain(t_.index_of[c]).group->broadcast(bytes, owner(t_.index_of[c]));
   }
   // The ranks chunk index k's gradients are averaged over.
   const Domain& domain(size_t k) const { return domains_[chunk_domain_[k]]; }
   // ZeRO: the ranks chunk index k is spread over (1 without ZeRO), its
   // owner and this rank's place among them.
-  int shards(size_t k) const { return zero_stage_ >= 1 ? domain(k).ranks : 1; }
-  int shard_rank(size_t k) const { return zero_stage_ >= 1 ? domain(k).index : 0; }
+  int shards(size_t k) const {
+    return zero_stage_ >= 1 ? static_cast<int>(domain(k).ranks) : 1;
+  }
+  int shard_rank(size_t k) const {
+    return zero_stage_ >= 1 ? static_cast<int>(domain(k).index) : 0;
+  }
   int owner(size_t k) const { return static_cast<int>(k % static_cast<size_t>(shards(k))); }
   bool owns(size_t k) const { return owner(k) == shard_rank(k); }
   // Bytes of one element, of a chunk, and of parameter i's slot, in a kind.
@@ -552,8 +438,8 @@ class ChunkedMemory : public GradientStrategy {
   // all the same, since the plan expects them (what is resident where), but
   // nothing is updated or marked changed.
   void finish_skipped_step() {
-    if (cursor_ != optimizer_begin_) return;
-    for (size_t k = 0; k < num_chunks_; ++k) begin(optimizer_begin_ + k);
+    if (cursor_ != t_.optimizer_begin) return;
+    for (size_t k = 0; k < num_chunks_; ++k) begin(t_.optimizer_begin + k);
     end_current_step();
     scales_.clear();
     cursor_ = 0;
@@ -623,35 +509,16 @@ class ChunkedMemory : public GradientStrategy {
     }
   }
 
-  std::vector<ChunkId> chunks_of(const std::vector<size_t>& params,
-                                 std::initializer_list<Kind> kinds) const {
-    std::vector<ChunkId> out;
-    for (Kind kind : kinds) {
-      for (size_t i : params) out.push_back(id(kind, layout_.slots[i].chunk));
-    }
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
-  }
-
+  // The trace (chunk_trace.h) of this rank's passes over the blocks.
   void build_trace() {
-    trace_.chunks.clear();
-    const memory::StateKind kinds[kKinds] = {memory::StateKind::kParam, memory::StateKind::kGrad,
-                                             memory::StateKind::kOptim, memory::StateKind::kOptim,
-                                             memory::StateKind::kOptim};
-    ids_.assign(kKinds, std::vector<ChunkId>(num_chunks_, kNoChunk));
-    kind_of_.clear();
-    index_of_.clear();
-    for (size_t kind = 0; kind < kinds_; ++kind) {
-      for (size_t k = 0; k < num_chunks_; ++k) {
-        const bool optimizer = kind == kExpAvg || kind == kExpAvgSq || kind == kMaster;
-        if (optimizer && !owns(k)) continue;
-        ids_[kind][k] = trace_.chunks.size();
-        kind_of_.push_back(static_cast<Kind>(kind));
-        index_of_.push_back(k);
-        trace_.chunks.push_back({kind_bytes(kind), kinds[kind]});
-      }
+    chunks::TraceInputs in;
+    in.chunks = num_chunks_;
+    in.kinds = kinds_;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      in.names.push_back(params_[i].name);
+      in.chunk_of.push_back(layout_.slots[i].chunk);
     }
+    in.uses = uses_;
     // The passes of blocks: the pipeline's order on this rank, else every
     // block forward then backward, per micro-batch.
     std::vector<Model::BlockPass> passes = model_->block_passes();
@@ -662,141 +529,24 @@ class ChunkedMemory : public GradientStrategy {
       }
     }
     for (const Model::BlockPass& pass : passes) {
-      for (size_t j = pass.first; j < pass.last; ++j) {
-        const size_t b = pass.backward ? pass.last - 1 - (j - pass.first) : j;
-        const bool input_only = pass.backward && pass.part == Model::BlockPass::kInput;
-        const TraceStep::Type type = !pass.backward ? TraceStep::kForward
-                                     : input_only   ? TraceStep::kBackwardInput
-                                                    : TraceStep::kBackward;
-        steps_.push_back({type, b});
-        trace_.steps.push_back(chunks_of(uses_[b], type == TraceStep::kBackward
-                                                       ? std::initializer_list<Kind>{kParam, kGrad}
-                                                       : std::initializer_list<Kind>{kParam}));
-      }
+      in.passes.push_back({pass.backward, pass.first, pass.last,
+                           pass.backward && pass.part == Model::BlockPass::kInput});
     }
     // Tied weights: a stage's copies of parameters other stages hold too
     // (not sharded along pp), summed by the pipeline after backward.
-    tied_.clear();
     if (model_->pipelined()) {
       for (size_t i = 0; i < params_.size(); ++i) {
-        if (!params_[i].placement.sharded().contains(Axis::kPP)) tied_.push_back(i);
+        if (!params_[i].placement.sharded().contains(Axis::kPP)) in.tied.push_back(i);
       }
     }
-    tied_step_ = kNoStep;
-    if (!tied_.empty()) {
-      tied_step_ = steps_.size();
-      steps_.push_back({TraceStep::kTied, 0});
-      trace_.steps.push_back(chunks_of(tied_, {kGrad}));
-    }
-    optimizer_begin_ = steps_.size();
-    for (size_t k = 0; k < num_chunks_; ++k) {
-      steps_.push_back({TraceStep::kOptimizer, k});
-      trace_.steps.emplace_back();
-      // ZeRO-1/2: another rank's chunk k: this one receives its parameters.
-      // ZeRO-3: nothing of it stays here.
-      if (holds(kParam, k)) trace_.steps.back().push_back(id(kParam, k));
-      if (!owns(k)) continue;
-      for (Kind kind : {kGrad, kExpAvg, kExpAvgSq, kMaster}) {
-        if (kind < kinds_) trace_.steps.back().push_back(id(kind, k));
-      }
-    }
-    // A gradient chunk is zeroed where the iteration first uses it.
-    zero_at_.assign(steps_.size(), {});
-    std::vector<bool> seen(num_chunks_, false);
-    for (size_t s = 0; s < steps_.size(); ++s) {
-      for (ChunkId c : trace_.steps[s]) {
-        if (kind_of_[c] != kGrad || seen[index_of_[c]]) continue;
-        seen[index_of_[c]] = true;
-        zero_at_[s].push_back(c);
-      }
-    }
-    // A gradient is final after the last backward step that reads its
-    // parameter; its norm is taken there, while its chunk is resident.
-    // A parameter no block reads has a zero gradient.
+    in.kind_bytes = [this](size_t kind) { return kind_bytes(kind); };
+    in.owns = [this](size_t k) { return owns(k); };
+    in.keeps_params = [this](size_t k) { return zero_stage_ < 3 || owns(k); };
+    in.gathered = [this](size_t k) { return zero_stage_ == 3 && shards(k) > 1; };
+    in.reduced = [this](size_t k) { return domain(k).ranks > 1; };
+    t_ = chunks::ChunkTrace(std::move(in));
     norms_.assign(params_.size(), at::Tensor());
     finite_.assign(params_.size(), true);
-    norm_at_.assign(steps_.size(), {});
-    std::vector<bool> done(params_.size(), false);
-    for (size_t s = optimizer_begin_; s-- > 0;) {
-      if (steps_[s].type != TraceStep::kBackward) continue;
-      for (size_t i : uses_[steps_[s].index]) {
-        if (done[i]) continue;
-        done[i] = true;
-        norm_at_[s].push_back(i);
-      }
-    }
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!done[i]) unused_.push_back(i);
-    }
-    is_tied_.assign(params_.size(), false);
-    for (size_t i : tied_) {
-      KOLOS_CHECK(done[i], name(), ": tied weight ", params_[i].name,
-                  " is read by no block of this stage");
-      is_tied_[i] = true;
-    }
-    // Norms every rank takes itself, whatever the ZeRO stage.
-    norm_everywhere_ = is_tied_;
-    for (size_t i : unused_) norm_everywhere_[i] = true;
-    base_steps_ = trace_.steps;
-    // ZeRO-3: a parameter chunk is gathered from its owner where a block
-    // step needs it and the step before did not (it stays resident between
-    // two steps that both need it). The block steps are the same on every
-    // rank of the group, so the broadcasts come in the same order on all.
-    gather_at_.assign(steps_.size(), {});
-    if (zero_stage_ == 3) {
-      for (size_t s = 0; s < optimizer_begin_; ++s) {
-        for (ChunkId c : trace_.steps[s]) {
-          if (kind_of_[c] != kParam || shards(index_of_[c]) == 1) continue;
-          const bool before =
-              s > 0 && std::find(trace_.steps[s - 1].begin(), trace_.steps[s - 1].end(), c) !=
-                           trace_.steps[s - 1].end();
-          if (!before) gather_at_[s].push_back(c);
-        }
-      }
-    }
-  }
-
-  // Makes trace_ from the block trace (base_steps_) with the overlaps the
-  // budget has room for, step by step:
-  // - `reductions`: the gradients a step makes final (those of a domain of
-  //   more than one rank) are reduced while the next block step runs
-  //   (end_current_step), their chunks in that step too; elsewhere, and
-  //   after the last block step, they are waited for at once;
-  // - `gathers` (ZeRO-3): the parameter chunks a block step gathers are
-  //   gathered while the block step before runs (begin), their chunks in
-  //   that step too; elsewhere when their step begins.
-  // The block steps, and so these choices, are the same on every rank of
-  // the group (make_plan has them agree if a plan takes one back).
-  void augment(bool reductions, bool gathers) {
-    trace_.steps = base_steps_;
-    overlap_.assign(steps_.size(), false);
-    ahead_.assign(steps_.size(), false);
-    const size_t blocks_end = tied_step_ == kNoStep ? optimizer_begin_ : tied_step_;
-    const auto add = [this](size_t s, const std::vector<ChunkId>& chunks) {
-      std::vector<ChunkId>& step = trace_.steps[s];
-      const std::vector<ChunkId> alone = step;
-      step.insert(step.end(), chunks.begin(), chunks.end());
-      std::sort(step.begin(), step.end());
-      step.erase(std::unique(step.begin(), step.end()), step.end());
-      if (memory::working_set_bytes(trace_, s) <= settings_.compute_budget) return true;
-      step = alone;
-      return false;
-    };
-    if (reductions) {
-      for (size_t s = 0; s + 1 < blocks_end; ++s) {
-        std::vector<ChunkId> grads;
-        for (size_t i : norm_at_[s]) {
-          const size_t k = layout_.slots[i].chunk;
-          if (domain(k).ranks > 1) grads.push_back(id(kGrad, k));
-        }
-        if (!grads.empty()) overlap_[s] = add(s + 1, grads);
-      }
-    }
-    if (gathers) {
-      for (size_t s = 1; s < blocks_end; ++s) {
-        if (!gather_at_[s].empty()) ahead_[s] = add(s - 1, gather_at_[s]);
-      }
-    }
   }
 
   // The plan for the budget, with the overlaps augment() found room for;
@@ -820,7 +570,7 @@ class ChunkedMemory : public GradientStrategy {
     bool planned = false;
     for (const auto& [reductions, gathers] :
          {std::pair{true, true}, std::pair{true, false}, std::pair{false, false}}) {
-      augment(reductions, gathers);
+      t_.augment(reductions, gathers, settings_.compute_budget);
       try {
         plan_for(budget);
         planned = true;
@@ -831,13 +581,13 @@ class ChunkedMemory : public GradientStrategy {
     }
     if (zero_stage_ == 3 && data_group_->size() > 1) {
       // -1: no plan here; 0: a plan without gathers ahead; 1: with them.
-      double mine = !planned ? -1.0 : any(ahead_) ? 1.0 : 0.0;
+      double mine = !planned ? -1.0 : any(t_.ahead) ? 1.0 : 0.0;
       data_group_->all_reduce(at::from_blob(&mine, {1}, at::kDouble), comm::ReduceOp::kMin)->wait();
       // A rank without a plan refuses the budget below, and its error ends
       // the job (the engine's set-up aborts it); the others go on without
       // gathers ahead until then.
-      if (mine <= 0 && planned && any(ahead_)) {
-        augment(any(overlap_), false);
+      if (mine <= 0 && planned && any(t_.ahead)) {
+        t_.augment(any(t_.overlap), false, settings_.compute_budget);
         try {
           plan_for(budget);
         } catch (const Error& e) {
@@ -846,15 +596,15 @@ class ChunkedMemory : public GradientStrategy {
       }
     }
     if (!planned) throw refuse(error);
-    base_steps_.clear();
+    t_.drop_block_trace();
   }
 
   void plan_for(int64_t budget) {
     if (settings_.placement == "auto") {
-      plan_ = memory::plan_auto(trace_, budget, static_cast<size_t>(settings_.prefetch));
+      plan_ = memory::plan_auto(t_.access, budget, static_cast<size_t>(settings_.prefetch));
     } else {
       plan_ = memory::plan_static(
-          trace_, budget,
+          t_.access, budget,
           {settings_.param_fraction, settings_.grad_fraction, settings_.optim_fraction});
     }
   }
@@ -898,7 +648,7 @@ class ChunkedMemory : public GradientStrategy {
         settings_.offload == "nvme" ? memory::LowerTier::kNvme : memory::LowerTier::kHost;
     options.nvme.dir = settings_.nvme_dir;
     options.nvme.threads = static_cast<int>(settings_.io_threads);
-    options.scratch.assign(trace_.chunks.size(), false);
+    options.scratch.assign(t_.access.chunks.size(), false);
     for (size_t k = 0; k < num_chunks_; ++k) {
       if (!holds(kParam, k)) options.scratch[id(kParam, k)] = true;
     }
@@ -908,12 +658,12 @@ class ChunkedMemory : public GradientStrategy {
     // plan keeps resident over that span takes no tier copy (every rank's
     // gradient chunks of other ranks' indices, with one micro-batch per
     // step, unless the budget evicts them mid-backward).
-    options.fresh = zero_at_;
+    options.fresh = t_.zero_at;
     options.init = [this](ChunkId c, std::byte* dst, int64_t bytes) {
       std::memset(dst, 0, static_cast<size_t>(bytes));
-      const size_t kind = kind_of_[c];
+      const size_t kind = t_.kind_of[c];
       if (kind != kParam && kind != kMaster) return;
-      const auto [first, last] = chunk_params_[index_of_[c]];
+      const auto [first, last] = chunk_params_[t_.index_of[c]];
       for (size_t i = first; i < last; ++i) {
         const at::Tensor& param = params_[i].tensor;
         if (kind == kParam) {
@@ -925,13 +675,13 @@ class ChunkedMemory : public GradientStrategy {
       }
     };
     try {
-      executor_ = std::make_unique<memory::ChunkExecutor>(trace_, plan_, options);
+      executor_ = std::make_unique<memory::ChunkExecutor>(t_.access, plan_, options);
     } catch (const Error& e) {
       throw ConfigError(std::string("memory (") + name() + "): " + e.what());
     }
     // The chunks hold the parameters now: their own memory goes.
     for (auto& p : params_) free_storage(p.tensor);
-    bound_.assign(trace_.chunks.size(), false);
+    bound_.assign(t_.access.chunks.size(), false);
   }
 
   void install_hooks() {
@@ -955,8 +705,8 @@ class ChunkedMemory : public GradientStrategy {
 
   // Points every tensor of chunk `c` into `base` (nullptr: no memory).
   void bind(ChunkId c, std::byte* base) {
-    const size_t kind = kind_of_[c];
-    const auto [first, last] = chunk_params_[index_of_[c]];
+    const size_t kind = t_.kind_of[c];
+    const auto [first, last] = chunk_params_[t_.index_of[c]];
     for (size_t i = first; i < last; ++i) {
       c10::StorageImpl* s = tensor_of(kind, i).storage().unsafeGetStorageImpl();
       if (base == nullptr) {
@@ -975,14 +725,14 @@ class ChunkedMemory : public GradientStrategy {
   void advance(TraceStep expected) {
     const char* names[] = {"forward", "backward", "backward (input)", "tied gradients",
                            "optimizer"};
-    const bool matches = cursor_ < optimizer_begin_ && steps_[cursor_].index == expected.index &&
-                         (steps_[cursor_].type == expected.type ||
+    const bool matches = cursor_ < t_.optimizer_begin && t_.steps[cursor_].index == expected.index &&
+                         (t_.steps[cursor_].type == expected.type ||
                           (expected.type == TraceStep::kBackward &&
-                           steps_[cursor_].type == TraceStep::kBackwardInput));
+                           t_.steps[cursor_].type == TraceStep::kBackwardInput));
     KOLOS_CHECK(matches, name(), ": the ", names[expected.type], " of block ", expected.index,
                 " ran where the trace has step ", cursor_, " (",
-                cursor_ < steps_.size() ? names[steps_[cursor_].type] : "past the end", " of ",
-                cursor_ < steps_.size() ? std::to_string(steps_[cursor_].index) : "-",
+                cursor_ < t_.steps.size() ? names[t_.steps[cursor_].type] : "past the end", " of ",
+                cursor_ < t_.steps.size() ? std::to_string(t_.steps[cursor_].index) : "-",
                 "); the blocks ran in another order than the trace was made for");
     begin(cursor_);
   }
@@ -998,14 +748,14 @@ class ChunkedMemory : public GradientStrategy {
     if (!in_step_) return;
     finish_reductions();
     torch::NoGradGuard no_grad;
-    for (size_t i : norm_at_[current_]) {
+    for (size_t i : t_.norm_at[current_]) {
       const size_t k = layout_.slots[i].chunk;
       const Domain& d = domain(k);
-      const bool to_owner = zero_stage_ >= 2 && !is_tied_[i];
+      const bool to_owner = zero_stage_ >= 2 && !t_.is_tied[i];
       const int root = owner(k);
       if (d.ranks == 1) {
         if (d.factor != 1.0) params_[i].tensor.mutable_grad().mul_(d.factor);
-        if (!is_tied_[i]) take_norm(i);
+        if (!t_.is_tied[i]) take_norm(i);
         continue;
       }
       // The gradient's bytes in its chunk, apart from the parameter's .grad
@@ -1028,12 +778,12 @@ class ChunkedMemory : public GradientStrategy {
         work = d.group->all_reduce(reduced, comm::ReduceOp::kAvg);
       }
       reduced_bytes_ += reduced.numel() * reduced.element_size();
-      if (overlap_[current_]) overlapped_bytes_ += reduced.numel() * reduced.element_size();
+      if (t_.overlap[current_]) overlapped_bytes_ += reduced.numel() * reduced.element_size();
       ++reductions_;
       pending_.push_back(
           Reduction{work, i, in_chunk, reduced, d.factor, to_owner && d.index != root});
     }
-    if (!overlap_[current_]) finish_reductions();
+    if (!t_.overlap[current_]) finish_reductions();
     in_step_ = false;
   }
 
@@ -1051,7 +801,7 @@ class ChunkedMemory : public GradientStrategy {
       if (r.reduced.data_ptr() != r.in_chunk.data_ptr()) r.in_chunk.copy_(r.reduced);
       if (r.factor != 1.0 && !r.elsewhere) r.in_chunk.mul_(r.factor);
       // A tied weight's norm after the pipeline's sum.
-      if (!is_tied_[r.param] && !r.elsewhere) take_norm(r.param);
+      if (!t_.is_tied[r.param] && !r.elsewhere) take_norm(r.param);
     }
     pending_.clear();
   }
@@ -1076,7 +826,7 @@ class ChunkedMemory : public GradientStrategy {
       if (domains_[d].ranks == 1) continue;
       std::vector<size_t> members;
       for (size_t i = 0; i < params_.size(); ++i) {
-        if (param_domain_[i] == d && !norm_everywhere_[i]) members.push_back(i);
+        if (param_domain_[i] == d && !t_.norm_everywhere[i]) members.push_back(i);
       }
       const size_t n = members.size();
       // [0, n): norms; [n, 2n): 1 where a gradient is not finite.
@@ -1104,11 +854,11 @@ class ChunkedMemory : public GradientStrategy {
   // The tied weights' norms, once the pipeline has summed them (the engine
   // asks for finiteness or the norm only after that).
   void tied_norms() {
-    if (tied_step_ == kNoStep || tied_done_) return;
-    KOLOS_CHECK(in_step_ && current_ == tied_step_, "internal error: ", name(),
+    if (t_.tied_step == chunks::ChunkTrace::kNoStep || tied_done_) return;
+    KOLOS_CHECK(in_step_ && current_ == t_.tied_step, "internal error: ", name(),
                 ": tied gradients asked for outside their step");
     torch::NoGradGuard no_grad;
-    for (size_t i : tied_) take_norm(i);
+    for (size_t i : t_.tied) take_norm(i);
     tied_done_ = true;
   }
 
@@ -1117,32 +867,32 @@ class ChunkedMemory : public GradientStrategy {
     end_current_step();
     executor_->begin_step(s);
     std::vector<bool> needed(bound_.size(), false);
-    for (ChunkId c : trace_.steps[s]) needed[c] = true;
+    for (ChunkId c : t_.access.steps[s]) needed[c] = true;
     for (ChunkId c = 0; c < bound_.size(); ++c) {
       if (bound_[c] && !needed[c]) bind(c, nullptr);
     }
-    for (ChunkId c : trace_.steps[s]) bind(c, executor_->chunk(c));
+    for (ChunkId c : t_.access.steps[s]) bind(c, executor_->chunk(c));
     // ZeRO-3: this step's parameter chunks from their owners (launched
     // during the step before, or now), then the next step's, launched to
     // run while this one computes (their chunks are in this step's trace).
-    if (!gather_at_[s].empty()) {
+    if (!t_.gather_at[s].empty()) {
       const auto start = std::chrono::steady_clock::now();
-      if (!ahead_[s]) launch_gathers(s, false);
+      if (!t_.ahead[s]) launch_gathers(s, false);
       for (comm::WorkPtr& work : gathers_) work->wait();
       gathers_.clear();
       gather_wait_s_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    if (s + 1 < steps_.size() && ahead_[s + 1]) launch_gathers(s + 1, true);
-    for (ChunkId c : zero_at_[s]) {
-      std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(kind_of_[c])));
+    if (s + 1 < t_.steps.size() && t_.ahead[s + 1]) launch_gathers(s + 1, true);
+    for (ChunkId c : t_.zero_at[s]) {
+      std::memset(executor_->chunk(c), 0, static_cast<size_t>(kind_bytes(t_.kind_of[c])));
     }
     // Backward accumulates into gradient chunks; the tied step's pipeline
     // sum replaces them in place (a chunk written back and reloaded clean
     // in between must be written again).
-    if (steps_[s].type == TraceStep::kBackward || steps_[s].type == TraceStep::kTied) {
-      for (ChunkId c : trace_.steps[s]) {
-        if (kind_of_[c] == kGrad) executor_->mark_dirty(c);
+    if (t_.steps[s].type == TraceStep::kBackward || t_.steps[s].type == TraceStep::kTied) {
+      for (ChunkId c : t_.access.steps[s]) {
+        if (t_.kind_of[c] == kGrad) executor_->mark_dirty(c);
       }
     }
     count_resident();
@@ -1154,10 +904,10 @@ class ChunkedMemory : public GradientStrategy {
   // ZeRO-3: launches the gathers of step s's parameter chunks (`ahead`:
   // while the step before it computes), counted in the gather metrics.
   void launch_gathers(size_t s, bool ahead) {
-    for (ChunkId c : gather_at_[s]) {
+    for (ChunkId c : t_.gather_at[s]) {
       gathers_.push_back(broadcast_from_owner(c));
-      gathered_bytes_ += kind_bytes(kind_of_[c]);
-      if (ahead) gathered_ahead_bytes_ += kind_bytes(kind_of_[c]);
+      gathered_bytes_ += kind_bytes(t_.kind_of[c]);
+      if (ahead) gathered_ahead_bytes_ += kind_bytes(t_.kind_of[c]);
     }
   }
 
@@ -1166,8 +916,8 @@ class ChunkedMemory : public GradientStrategy {
     int64_t total = 0;
     for (ChunkId c = 0; c < bound_.size(); ++c) {
       if (!executor_->resident(c)) continue;
-      by_kind[kind_of_[c]] += kind_bytes(kind_of_[c]);
-      total += kind_bytes(kind_of_[c]);
+      by_kind[t_.kind_of[c]] += kind_bytes(t_.kind_of[c]);
+      total += kind_bytes(t_.kind_of[c]);
     }
     if (total > peak_total_) {
       peak_total_ = total;
@@ -1232,7 +982,7 @@ class ChunkedMemory : public GradientStrategy {
   int64_t completed_before_finish_ = 0;
   double finish_wait_s_ = 0;
   bool finishing_ = false;  // in finish_backward()
-  ChunkSettings settings_;
+  chunks::ChunkSettings settings_;
   int64_t accumulation_ = 1;
   int64_t chunk_bytes_ = 0;            // of an fp32 kind (kind_bytes: of any)
   at::ScalarType dtype_ = at::kFloat;  // of the parameters and gradients
@@ -1242,25 +992,13 @@ class ChunkedMemory : public GradientStrategy {
   memory::ChunkSearchResult search_;
   memory::ChunkLayout layout_;
   size_t num_chunks_ = 0;  // per kind
-  static constexpr size_t kNoStep = static_cast<size_t>(-1);
-  std::vector<size_t> tied_;   // parameters that are tied weights' copies (pipelining)
-  std::vector<bool> is_tied_;  // [parameter]
-  size_t tied_step_ = kNoStep;
   bool tied_done_ = false;
-  static constexpr ChunkId kNoChunk = static_cast<ChunkId>(-1);
-  std::vector<std::vector<ChunkId>> ids_;  // [kind][index]: the executor's chunk, or kNoChunk
-  std::vector<Kind> kind_of_;              // [chunk]
-  std::vector<size_t> index_of_;           // [chunk]
   int64_t zero_stage_ = 0;
   std::vector<PlacedParameter> params_;  // trainable, in model order
   std::vector<std::pair<size_t, size_t>> chunk_params_;  // [chunk]: parameters [first, last)
   std::vector<std::vector<size_t>> uses_;                // [block]: parameters it reads
-  std::vector<TraceStep> steps_;
-  memory::AccessTrace trace_;
+  chunks::ChunkTrace t_;  // the steps of an iteration and their chunks
   memory::Plan plan_;
-  size_t optimizer_begin_ = 0;
-  std::vector<std::vector<ChunkId>> zero_at_;     // [step]: gradient chunks first used there
-  std::vector<std::vector<size_t>> norm_at_;      // [step]: gradients final after it
   // A gradient's reduction in flight: `reduced` (the chunk's bytes, or an
   // fp32 copy) is averaged, then multiplied by `factor` (its domain's);
   // `elsewhere`: onto another rank (ZeRO-2/3).
@@ -1272,15 +1010,10 @@ class ChunkedMemory : public GradientStrategy {
     bool elsewhere;
   };
   std::vector<Reduction> pending_;                // launched at the end of the step before
-  std::vector<bool> overlap_;                     // [step]: its reductions run during the next step
-  std::vector<std::vector<ChunkId>> base_steps_;  // the trace without overlap (set-up only)
-  std::vector<std::vector<ChunkId>> gather_at_;  // [step]: ZeRO-3: parameter chunks to gather
-  std::vector<bool> ahead_;  // [step]: its gathers are launched when the step before begins
   std::vector<comm::WorkPtr> gathers_;  // in flight, for the next step
   int64_t gathered_bytes_ = 0;          // this step's (GatherStats)
   int64_t gathered_ahead_bytes_ = 0;
   double gather_wait_s_ = 0;
-  std::vector<size_t> unused_;  // parameters no block reads
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<memory::ChunkExecutor> executor_;
   std::vector<bool> bound_;  // [chunk]: its tensors point into the arena
@@ -1290,7 +1023,6 @@ class ChunkedMemory : public GradientStrategy {
   std::vector<at::Tensor> norms_;                      // [parameter]: its gradient's norm this step
   std::vector<bool> finite_;                           // [parameter]: fp16: its gradient is finite
   bool norms_shared_ = false;                          // ZeRO-2/3: share_norms() ran this step
-  std::vector<bool> norm_everywhere_;                  // [parameter]: tied or unused (not shared)
   std::optional<double> unscale_;                      // fp16: 1 / this step's loss scale
   std::vector<double> scales_;                         // factors for the gradients, in order
   std::vector<std::vector<at::Tensor>> materialized_;  // [kind][parameter]

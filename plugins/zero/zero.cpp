@@ -29,23 +29,7 @@ void ZeroStrategy::track(int64_t& current, int64_t& peak, int64_t delta) {
 
 void ZeroStrategy::shard_parameters(Model& model, const DeviceMesh& mesh) {
   model_ = &model;
-  AxisSet data{Axis::kDP, Axis::kSP};
-  if (mesh.size(expert_axis()) > 1) data = data | AxisSet{expert_axis()};
-  const auto domain_of = [&](AxisSet over) {
-    for (size_t d = 0; d < domains_.size(); ++d) {
-      if (domains_[d].axes == over) return d;
-    }
-    Domain d;
-    d.axes = over;
-    d.group = mesh.group(over);
-    d.ranks = d.group->size();
-    d.index = d.group->rank();
-    d.factor = static_cast<double>(mesh.layout().size(over)) /
-               static_cast<double>(mesh.layout().size(data));
-    domains_.push_back(std::move(d));
-    return domains_.size() - 1;
-  };
-  domain_of(data);
+  data_domain(domains_, mesh, AxisSet{});  // domains_[0]: the whole data group
   group_ = domains_[0].group;
   ranks_ = domains_[0].ranks;
   index_ = domains_[0].index;
@@ -65,7 +49,7 @@ void ZeroStrategy::shard_parameters(Model& model, const DeviceMesh& mesh) {
                      " is a scalar; ZeRO shards parameters along dim 0");
     Slot s;
     s.param = p;
-    s.domain = domain_of(data.without(p.placement.sharded()));
+    s.domain = data_domain(domains_, mesh, p.placement.sharded());
     const Domain& d = domains_[s.domain];
     s.rows = p.tensor.size(0);
     s.row_numel = s.rows > 0 ? p.tensor.numel() / s.rows : 0;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kolos/core/comm/process_group.h"
+#include "kolos/core/data_domains.h"
 #include "kolos/core/gradient_strategy.h"
 #include "kolos/core/optimizer.h"
 
@@ -64,14 +65,8 @@ class ZeroStrategy : public GradientStrategy {
     int64_t bytes() const;
   };
   // The ranks a parameter is sharded and its gradient averaged over.
-  struct Domain {
-    AxisSet axes;
-    comm::ProcessGroupPtr group;
-    int64_t ranks = 1, index = 0;
-    // After the group's mean: its size / the whole data group's (an expert
-    // under ep: 1 / ep), so every gradient is the mean over all data ranks.
-    double factor = 1.0;
-  };
+  // The ranks a gradient is averaged over (kolos/core/data_domains.h).
+  using Domain = DataDomain;
   struct ShardGroup {
     size_t domain = 0;
     std::vector<size_t> slots;
