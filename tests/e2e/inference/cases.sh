@@ -131,9 +131,12 @@ hf_case() {
   echo "ok: $kind in bf16 generates (first tokens: $(ids_of bf16.txt | head -1 | cut -d' ' -f1-8); fp32: $(head -1 "$kind.expected" | cut -d' ' -f1-8))"
 }
 
-# train_tiny DIR MODEL: a 2-rank ZeRO-3 run of a few steps saving to DIR
-# (weights drawn wide, so that greedy tokens vary and have clear margins).
+# train_tiny DIR MODEL [PARALLEL [MODEL_KEYS]]: a 2-rank run of a few
+# steps saving to DIR, under ZeRO-3 unless PARALLEL (lines of [parallel])
+# says otherwise; MODEL_KEYS: more lines of [model] (weights drawn wide, so
+# that greedy tokens vary and have clear margins).
 train_tiny() {
+  local parallel=${3:-"zero = { stage = 3 }"} keys=${4:-}
   cat >tiny.toml <<TOML
 [model]
 name = "$2"
@@ -143,6 +146,7 @@ heads = 4
 seq_len = 96
 vocab = 128
 init_std = 0.3
+$keys
 [data]
 kind = "synthetic"
 [optim]
@@ -153,12 +157,12 @@ micro_batch = 2
 steps = 4
 [parallel]
 data = 2
-zero = { stage = 3 }
+$parallel
 [checkpoint]
 dir = "$1"
 TOML
   timeout 120 "$KOLOS" run -n 2 --mpirun "$MPIEXEC" tiny.toml >train.txt 2>&1 ||
-    { cat train.txt; fail "training the checkpoint under zero3 failed"; }
+    { cat train.txt; fail "training the $2 checkpoint ($parallel) failed"; }
 }
 
 case $case_name in
@@ -166,37 +170,12 @@ case $case_name in
   hf_llama) hf_case llama ;;
   hf_mixtral) hf_case mixtral ;;
   moe)
-    cat >moe.toml <<TOML
-[model]
-name = "mixtral"
-layers = 2
-hidden = 64
-heads = 4
-kv_heads = 2
+    train_tiny ck-moe mixtral "expert = { size = 2 }" "kv_heads = 2
 ffn_hidden = 96
 experts = 4
 top_k = 2
 capacity_factor = 1.0
-bias_update_rate = 0.05
-seq_len = 96
-vocab = 128
-init_std = 0.3
-[data]
-kind = "synthetic"
-[optim]
-lr = 3e-2
-[train]
-global_batch = 4
-micro_batch = 2
-steps = 4
-[parallel]
-data = 2
-expert = { size = 2 }
-[checkpoint]
-dir = "ck-moe"
-TOML
-    timeout 120 "$KOLOS" run -n 2 --mpirun "$MPIEXEC" moe.toml >train.txt 2>&1 ||
-      { cat train.txt; fail "training the mixtral under ep 2 failed"; }
+bias_update_rate = 0.05"
     generate serial.txt ck-moe "${PROMPT_ARGS[@]}" --max-tokens 40
     grep -q "served dropless" serial.txt.err || { cat serial.txt.err; fail "no note that the capacity factor is not applied"; }
     grep -q "4 experts top 2" serial.txt.err || { cat serial.txt.err; fail "the model line does not name the experts"; }

@@ -37,35 +37,48 @@ steps = 5
 TOML
 
 case "$case_name" in
-  accuracy)
+  accuracy-states | accuracy-activations | accuracy-sequence | accuracy-models)
     # name | ranks | config | overrides
-    runs=(
-      "dp|2|states.toml|"
-      "zero1|2|states.toml|--set parallel.zero.stage=1"
-      "zero2|2|states.toml|--set parallel.zero.stage=2"
-      "zero3|2|states.toml|--set parallel.zero.stage=3"
-      "tp1d|2|states.toml|--set parallel.tensor.size=2"
-      "pp2-1f1b|2|states.toml|--set parallel.pipeline.size=2"
-      "activations-dp|2|activations.toml|"
-      "activations-full|2|activations.toml|--set train.recompute=\"full\""
-      "activations-sel|2|activations.toml|--set train.recompute=\"selective\""
-      "activations-sp2|2|activations.toml|--set parallel.sequence.size=2"
-      "activations-ring2|2|activations.toml|--set parallel.sequence.size=2 --set parallel.sequence.mode=\"ring\""
-      "activations-meg2|2|activations.toml|--set parallel.tensor.size=2 --set parallel.sequence.mode=\"megatron\""
-      # bf16 with one 8-token micro-batch per rank and step: on a CPU without
-      # AVX-512, LibTorch's bf16 matmul is its reference loop (about 9 s a
-      # step for this model even so; 32 tokens ran past the 300 s limit),
-      # and the states, not the tokens, are what this run checks.
-      "bf16|2|states.toml|--set train.precision=\"bf16\" --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=1"
-      "llama|2|states.toml|--set model.name=\"llama\" --set model.kv_heads=2"
-      "llama-act|2|activations.toml|--set model.name=\"llama\""
-    )
+    case "$case_name" in
+      accuracy-states)
+        runs=(
+          "dp|2|states.toml|"
+          "zero1|2|states.toml|--set parallel.zero.stage=1"
+          "zero2|2|states.toml|--set parallel.zero.stage=2"
+          "zero3|2|states.toml|--set parallel.zero.stage=3"
+          "tp1d|2|states.toml|--set parallel.tensor.size=2"
+          "pp2-1f1b|2|states.toml|--set parallel.pipeline.size=2"
+        ) ;;
+      accuracy-activations)
+        runs=(
+          "activations-dp|2|activations.toml|"
+          "activations-full|2|activations.toml|--set train.recompute=\"full\""
+          "activations-sel|2|activations.toml|--set train.recompute=\"selective\""
+        ) ;;
+      accuracy-sequence)
+        runs=(
+          "activations-sp2|2|activations.toml|--set parallel.sequence.size=2"
+          "activations-ring2|2|activations.toml|--set parallel.sequence.size=2 --set parallel.sequence.mode=\"ring\""
+          "activations-meg2|2|activations.toml|--set parallel.tensor.size=2 --set parallel.sequence.mode=\"megatron\""
+        ) ;;
+      accuracy-models)
+        runs=(
+          # bf16 with one 8-token micro-batch per rank and step: on a CPU
+          # without AVX-512, LibTorch's bf16 matmul is its reference loop
+          # (about 9 s a step for this model even so; 32 tokens ran past the
+          # 300 s limit), and the states, not the tokens, are what this run
+          # checks.
+          "bf16|2|states.toml|--set train.precision=\"bf16\" --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=1"
+          "llama|2|states.toml|--set model.name=\"llama\" --set model.kv_heads=2"
+          "llama-act|2|activations.toml|--set model.name=\"llama\""
+        ) ;;
+    esac
     failed=0
     printf '%-16s %12s %12s %8s\n' run estimate measured error
     for r in "${runs[@]}"; do
       IFS='|' read -r name ranks config extra <<<"$r"
       # shellcheck disable=SC2086
-      timeout 300 "$KOLOS" run -n "$ranks" "$config" $extra --set log.metrics="$name.jsonl" \
+      timeout 600 "$KOLOS" run -n "$ranks" "$config" $extra --set log.metrics="$name.jsonl" \
         --set log.progress=off >"$name.out" 2>&1 || { cat "$name.out"; fail "$name: the run failed"; }
       # The estimate the run printed (the one its engine checked before
       # building the model) against the peak RSS the run measured.
