@@ -99,16 +99,15 @@ PY
     [[ $failed -eq 0 ]] || fail "$failed estimate(s) more than 15% from the measured peak"
     ;;
   refusals)
-    # Refused before allocating: fast, a message with the numbers and what
-    # would fit, no crash.
-    start=$SECONDS
+    # Refused before allocating: a message with the numbers and what would
+    # fit, no crash. (Allocating first would end otherwise: out of memory,
+    # or past expect_failure's 120 s timeout for 1e11 layers.)
     expect_failure "does not fit: .*parameters need about .* per rank .*Largest: " -- \
       "$KOLOS" check states.toml --set model.layers=99999999999
     expect_failure "does not fit: .*Largest: parameters|does not fit: .*Largest: optimizer" -- \
       "$KOLOS" train states.toml --set model.hidden=1048576
     expect_failure "does not fit: .* on 2 ranks, .*(Nothing tried fits|Would fit)" -- \
       "$KOLOS" run -n 2 states.toml --set model.layers=99999999999
-    [[ $((SECONDS - start)) -lt 60 ]] || fail "the refusals took $((SECONDS - start)) s"
     # A budget that the states model exceeds on 2 dp ranks but fits with
     # zero3 or 4-way tensor parallelism: named as alternatives.
     expect_failure "does not fit: .*\\[runtime\\] memory_limit.*Would fit: parallel.zero.stage = 3" -- \
