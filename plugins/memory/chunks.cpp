@@ -387,8 +387,6 @@ class ChunkedMemory : public GradientStrategy {
   }
 
  private:
-  using Domain = DataDomain;  // the ranks a gradient is averaged over
-
   // The executor's chunks: kind `kind`, index k. Under ZeRO-1 a rank holds
   // the optimizer's chunks (moments, masters) of the indices it owns only.
   ChunkId id(Kind kind, size_t k) const { return t_.id(kind, k); }
@@ -407,7 +405,7 @@ class ChunkedMemory : public GradientStrategy {
     return domain(t_.index_of[c]).group->broadcast(bytes, owner(t_.index_of[c]));
   }
   // The ranks chunk index k's gradients are averaged over.
-  const Domain& domain(size_t k) const { return domains_[chunk_domain_[k]]; }
+  const DataDomain& domain(size_t k) const { return domains_[chunk_domain_[k]]; }
   // ZeRO: the ranks chunk index k is spread over (1 without ZeRO), its
   // owner and this rank's place among them.
   int shards(size_t k) const {
@@ -547,6 +545,10 @@ class ChunkedMemory : public GradientStrategy {
     t_ = chunks::ChunkTrace(std::move(in));
     norms_.assign(params_.size(), at::Tensor());
     finite_.assign(params_.size(), true);
+    shared_norms_.assign(domains_.size(), {});
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!t_.norm_everywhere[i]) shared_norms_[param_domain_[i]].push_back(i);
+    }
   }
 
   // The plan for the budget, with the overlaps augment() found room for;
@@ -750,7 +752,7 @@ class ChunkedMemory : public GradientStrategy {
     torch::NoGradGuard no_grad;
     for (size_t i : t_.norm_at[current_]) {
       const size_t k = layout_.slots[i].chunk;
-      const Domain& d = domain(k);
+      const DataDomain& d = domain(k);
       const bool to_owner = zero_stage_ >= 2 && !t_.is_tied[i];
       const int root = owner(k);
       if (d.ranks == 1) {
@@ -824,10 +826,7 @@ class ChunkedMemory : public GradientStrategy {
     torch::NoGradGuard no_grad;
     for (size_t d = 0; d < domains_.size(); ++d) {
       if (domains_[d].ranks == 1) continue;
-      std::vector<size_t> members;
-      for (size_t i = 0; i < params_.size(); ++i) {
-        if (param_domain_[i] == d && !t_.norm_everywhere[i]) members.push_back(i);
-      }
+      const std::vector<size_t>& members = shared_norms_[d];
       const size_t n = members.size();
       // [0, n): norms; [n, 2n): 1 where a gradient is not finite.
       std::vector<double> values(2 * n, 0.0);
@@ -970,11 +969,13 @@ class ChunkedMemory : public GradientStrategy {
     ::close(fd);
   }
 
-  // The ranks a gradient is averaged over (Domain, above); domains_[0] is
-  // the whole data group.
-  std::vector<Domain> domains_;
+  // The ranks a gradient is averaged over (kolos/core/data_domains.h);
+  // domains_[0] is the whole data group.
+  std::vector<DataDomain> domains_;
   std::vector<size_t> param_domain_;  // [parameter]
   std::vector<size_t> chunk_domain_;  // [chunk index]: its parameters' domain
+  // [domain]: its parameters whose norms ZeRO-2/3 share (not tied or unused).
+  std::vector<std::vector<size_t>> shared_norms_;
   comm::ProcessGroupPtr data_group_;  // dp x ep x sp
   int64_t reduced_bytes_ = 0;    // this step's
   int64_t reductions_ = 0;
