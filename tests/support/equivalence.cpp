@@ -6,10 +6,13 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "kolos/core/comm/mpi.h"
 #include "kolos/core/error.h"
@@ -119,6 +122,111 @@ RunRecord run_and_record(const RunConfig& config, const comm::ProcessGroupPtr& g
   return record;
 }
 
+namespace {
+
+// MPI_Bcast over the world whose receivers sleep between polls instead of
+// spinning in MPI (Open MPI's blocking collectives busy-wait).
+void broadcast_asleep(void* data, int64_t bytes) {
+  MPI_Request request;
+  MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &request);
+  auto pause = std::chrono::microseconds(20);
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+}
+
+void put(std::vector<char>& out, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  out.insert(out.end(), p, p + bytes);
+}
+template <typename T>
+void put(std::vector<char>& out, const T& value) {
+  put(out, &value, sizeof value);
+}
+
+struct Reader {
+  const char* at;
+  void get(void* data, size_t bytes) {
+    std::memcpy(data, at, bytes);
+    at += bytes;
+  }
+  template <typename T>
+  T get() {
+    T value;
+    get(&value, sizeof value);
+    return value;
+  }
+};
+
+std::vector<char> pack(const RunRecord& r) {
+  std::vector<char> out;
+  for (const auto* v : {&r.losses, &r.grad_norms}) {
+    put(out, static_cast<int64_t>(v->size()));
+    put(out, v->data(), v->size() * sizeof(double));
+  }
+  put(out, static_cast<int64_t>(r.parameters.size()));
+  for (const auto& [name, tensor] : r.parameters) {
+    const at::Tensor t = tensor.detach().cpu().contiguous();
+    put(out, static_cast<int64_t>(name.size()));
+    put(out, name.data(), name.size());
+    put(out, static_cast<int64_t>(t.scalar_type()));
+    put(out, static_cast<int64_t>(t.dim()));
+    for (int64_t d : t.sizes()) put(out, d);
+    put(out, t.data_ptr(), t.nbytes());
+  }
+  return out;
+}
+
+RunRecord unpack(const std::vector<char>& bytes) {
+  RunRecord r;
+  Reader in{bytes.data()};
+  for (auto* v : {&r.losses, &r.grad_norms}) {
+    v->resize(in.get<int64_t>());
+    in.get(v->data(), v->size() * sizeof(double));
+  }
+  const auto n = in.get<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    std::string name(in.get<int64_t>(), '\0');
+    in.get(name.data(), name.size());
+    const auto type = static_cast<at::ScalarType>(in.get<int64_t>());
+    std::vector<int64_t> sizes(in.get<int64_t>());
+    for (auto& d : sizes) d = in.get<int64_t>();
+    at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(type));
+    in.get(t.data_ptr(), t.nbytes());
+    r.parameters.emplace_back(std::move(name), std::move(t));
+  }
+  return r;
+}
+
+}  // namespace
+
+RunRecord serial_record(const RunConfig& config) {
+  RunRecord record;
+  std::vector<char> bytes;
+  // The record's bytes; negative: rank 0's run failed, and the bytes are
+  // its message, which every rank then throws.
+  int64_t size = 0;
+  if (world_rank() == 0) {
+    try {
+      record = run_and_record(config, self_group());
+      bytes = pack(record);
+      size = static_cast<int64_t>(bytes.size());
+    } catch (const std::exception& e) {
+      const std::string what = std::string("the serial reference failed on rank 0: ") + e.what();
+      bytes.assign(what.begin(), what.end());
+      size = -static_cast<int64_t>(bytes.size());
+    }
+  }
+  broadcast_asleep(&size, sizeof size);
+  bytes.resize(static_cast<size_t>(std::abs(size)));
+  broadcast_asleep(bytes.data(), std::abs(size));
+  if (size < 0) throw std::runtime_error(std::string(bytes.begin(), bytes.end()));
+  return world_rank() == 0 ? record : unpack(bytes);
+}
+
 void expect_records_bit_equal(const RunRecord& reference, const RunRecord& candidate,
                               const std::string& what) {
   SCOPED_TRACE(what);
@@ -169,7 +277,7 @@ void expect_records_match(const RunRecord& reference, const RunRecord& candidate
 
 void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
                        const Tolerance& tolerance) {
-  RunRecord serial = run_and_record(reference, self_group());
+  RunRecord serial = serial_record(reference);
   RunRecord parallel = run_and_record(candidate, world_group());
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -3,9 +3,9 @@
 //
 // run_and_record() trains a config with the Engine on a process group and
 // records every step's loss and the final global parameters.
-// expect_equivalent() runs the serial reference on MPI_COMM_SELF (each rank
-// computes it; it is the same everywhere), then the parallel config on
-// MPI_COMM_WORLD, and compares per-step losses (relative) and final
+// expect_equivalent() runs the serial reference on MPI_COMM_SELF (rank 0
+// trains it and every rank gets its record: serial_record), then the
+// parallel config on MPI_COMM_WORLD, and compares per-step losses (relative) and final
 // parameters (absolute, after gathering every piece into its global tensor).
 // A new strategy is checked by writing its config, nothing else.
 #pragma once
@@ -67,6 +67,13 @@ std::vector<std::vector<std::string>> grid_layouts();
 
 RunRecord run_and_record(const RunConfig& config, const comm::ProcessGroupPtr& group);
 
+// run_and_record(config, self_group()) as every rank of the world would get
+// it, trained once: on rank 0 alone, the record then broadcast. The other
+// ranks wait asleep: with more ranks than cores, training it on every rank
+// or spinning in MPI while rank 0 trains takes the cores from rank 0.
+// Collective over the world.
+RunRecord serial_record(const RunConfig& config);
+
 // GoogleTest expectations: losses and parameters agree within `tolerance`.
 void expect_records_match(const RunRecord& reference, const RunRecord& candidate,
                           const Tolerance& tolerance, const std::string& what);
@@ -76,7 +83,7 @@ void expect_records_match(const RunRecord& reference, const RunRecord& candidate
 void expect_records_bit_equal(const RunRecord& reference, const RunRecord& candidate,
                               const std::string& what);
 
-// Serial `reference` on MPI_COMM_SELF vs `candidate` on MPI_COMM_WORLD.
+// Serial `reference` (serial_record) vs `candidate` on MPI_COMM_WORLD.
 void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
                        const Tolerance& tolerance = {});
 

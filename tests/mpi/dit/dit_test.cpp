@@ -148,7 +148,7 @@ TEST(DitData, KeysFollowTheSampleIndex) {
 
 TEST(DitSerial, Learns) {
   const testing::RunRecord r =
-      testing::run_and_record(serial({"train.steps=40"}), testing::self_group());
+      testing::serial_record(serial({"train.steps=40"}));
   ASSERT_EQ(r.losses.size(), 40u);
   double first = 0, last = 0;
   for (int i = 0; i < 5; ++i) {

@@ -98,7 +98,7 @@ class Chunks : public ::testing::Test {
     fs::remove_all(nvme_);
   }
   testing::RunRecord reference(const std::vector<std::string>& extra = {}) {
-    const auto r = testing::run_and_record(config(extra), testing::self_group());
+    const auto r = testing::serial_record(config(extra));
     EXPECT_LT(r.losses.back(), r.losses.front()) << "the reference must learn";
     // Clipping (at 0.5) must act on some step, or its path goes untested.
     EXPECT_GT(*std::max_element(r.grad_norms.begin(), r.grad_norms.end()), 0.5);

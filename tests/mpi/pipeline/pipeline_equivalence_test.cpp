@@ -142,7 +142,7 @@ double worst_parameter_gap(const char* fault) {
   setenv("KOLOS_PIPELINE_INJECT", fault, 1);
   const int P = 2;
   testing::RunRecord reference =
-      testing::run_and_record(serial(shape(2, 4, 1)), testing::self_group());
+      testing::serial_record(serial(shape(2, 4, 1)));
   testing::RunRecord broken = testing::run_and_record(
       pipelined(shape(2, 4, world_size() / P), P, "1f1b"), testing::world_group());
   unsetenv("KOLOS_PIPELINE_INJECT");

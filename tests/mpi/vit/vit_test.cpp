@@ -143,20 +143,20 @@ TEST(VitConfig, ActivationAndNormEps) {
 // Both keys reach the model: the first loss moves with each of them.
 TEST(VitSerial, ActivationAndNormEpsAct) {
   const std::vector<std::string> one = {"train.steps=1"};
-  const double tanh_loss = testing::run_and_record(serial(one), testing::self_group()).losses[0];
+  const double tanh_loss = testing::serial_record(serial(one)).losses[0];
   std::vector<std::string> exact = one;
   exact.push_back("model.activation=\"gelu\"");
   std::vector<std::string> wide_eps = one;
   wide_eps.push_back("model.norm_eps=0.5");
-  const double exact_loss = testing::run_and_record(serial(exact), testing::self_group()).losses[0];
-  const double eps_loss = testing::run_and_record(serial(wide_eps), testing::self_group()).losses[0];
+  const double exact_loss = testing::serial_record(serial(exact)).losses[0];
+  const double eps_loss = testing::serial_record(serial(wide_eps)).losses[0];
   EXPECT_NE(exact_loss, tanh_loss);
   EXPECT_NE(eps_loss, tanh_loss);
 }
 
 TEST(VitSerial, Learns) {
   const testing::RunRecord r =
-      testing::run_and_record(serial({"train.steps=40"}), testing::self_group());
+      testing::serial_record(serial({"train.steps=40"}));
   ASSERT_EQ(r.losses.size(), 40u);
   EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
 }
