@@ -7,9 +7,13 @@ set(KOLOS_BASE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/src/error.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/dtype/dtype.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/config/run_config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/config/core_tables.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/config/toml_input.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/config/role_checks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/config/section.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/config/roles.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/mesh/mesh_layout.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/mesh/mesh_shape.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/plugin/plugin_library.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/plugin/plugin_stamp.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/plugin/plugin_table.cpp

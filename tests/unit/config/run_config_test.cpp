@@ -1,5 +1,6 @@
-// RunConfig: parsing, defaults, shorthands, overrides, error messages, mesh
-// resolution, closest_match and the to_toml round trip.
+// RunConfig: parsing, defaults, shorthands, error messages, the roles,
+// closest_match and the to_toml round trip (the text's checks and overrides:
+// toml_input_test.cpp; the mesh: mesh_shape_test.cpp).
 //
 // Error tests check the message, not just the exception type: a config error
 // is only useful if it says where, which key, what was found and what would be
@@ -15,44 +16,18 @@
 #include <string>
 #include <vector>
 
+#include "config_test_support.h"
 #include "kolos/core/error.h"
 #include "kolos/core/roles.h"
 
 namespace kolos {
 namespace {
 
-constexpr const char* kName = "run.toml";
-
-// The message of the ConfigError that `fn` throws; fails the test if it
-// throws nothing or something else.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected ConfigError, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected ConfigError, nothing was thrown";
-  return "";
-}
-
-std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  return error_of([&] { parse_run_config(text, kName, overrides); });
-}
-
-// Every one of `parts` occurs in `message`.
-::testing::AssertionResult has_all(const std::string& message,
-                                   const std::vector<std::string>& parts) {
-  for (const auto& part : parts) {
-    if (message.find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "missing `" << part << "` in:\n" << message;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using config_test::error_of;
+using config_test::has_all;
+using config_test::kFullConfig;
+using config_test::kName;
+using config_test::parse_error;
 
 TEST(RunConfigDefaults, EmptyTextGivesTheHeaderDefaults) {
   const RunConfig c = parse_run_config("", "<string>");
@@ -82,61 +57,6 @@ TEST(RunConfigDefaults, EmptyTextGivesTheHeaderDefaults) {
   EXPECT_TRUE(c.plugins.path.empty());
   EXPECT_TRUE(c.plugins.by_role.empty());
 }
-
-constexpr const char* kFullConfig = R"(# every section
-[model]
-name = "gpt"
-layers = 12
-hidden = 768
-heads = 12
-seq_len = 1024
-vocab = 50304
-mlp_ratio = 4
-init_std = 0.01
-
-[data]
-kind = "tokens"
-path = "data/train.bin"
-dtype = "uint16"
-
-[optim]
-name = "adamw"
-lr = 3e-4
-min_lr = 3e-5
-warmup_steps = 100
-beta1 = 0.9
-beta2 = 0.95
-eps = 1e-8
-weight_decay = 0.1
-grad_clip = 1
-fused = false
-
-[train]
-global_batch = 64
-micro_batch = 4
-steps = 1000
-seed = 7
-precision = "fp32"
-
-[parallel]
-data = 2
-tensor = { size = 4, mode = "2d" }
-pipeline = { size = 2, schedule = "interleaved", microbatches = 8, chunks = 2 }
-sequence = { size = 1 }
-zero = { stage = 2 }
-bucket_mb = 50
-bucket_kb = 512
-
-[log]
-metrics = "metrics.jsonl"
-every = 10
-progress = "lines"
-
-[plugins]
-path = ["build/plugins", "/opt/kolos/plugins"]
-layers = "tp2d"
-gradients = "zero2"
-)";
 
 TEST(RunConfigParse, ReadsEveryKey) {
   const RunConfig c = parse_run_config(kFullConfig, kName);
@@ -226,34 +146,6 @@ TEST(RunConfigShorthand, WrongTypeSaysBothFormsAreAccepted) {
                       {"run.toml:2:8", "parallel.zero", "5 is not a ZeRO stage", "valid: 0"}));
   EXPECT_TRUE(has_all(parse_error("[parallel]\npipeline = 0\n"),
                       {"run.toml:2:12", "parallel.pipeline", "must be >= 1"}));
-}
-
-TEST(RunConfigErrors, MalformedTomlPassesToml11LocationThrough) {
-  const std::string msg = parse_error("[model]\nlayers = = 3\n");
-  EXPECT_TRUE(has_all(msg, {"run.toml:2:", "malformed TOML", "--> run.toml", "layers = = 3"}));
-  EXPECT_TRUE(has_all(parse_error("[model]\nlayers = 3\nlayers = 4\n"),
-                      {"run.toml", "malformed TOML", "already exists"}));
-  EXPECT_TRUE(has_all(parse_error("[model\n"), {"run.toml:1:", "malformed TOML"}));
-}
-
-TEST(RunConfigErrors, DeepNestingIsRefusedBeforeTheParserRecurses) {
-  // 200,000 levels crashed the recursive parser (stack overflow).
-  const std::string deep(200000, '[');
-  EXPECT_TRUE(has_all(parse_error("# a comment\n[model]\nlayers = " + deep + "\n"),
-                      {"run.toml:3:", "nested more than 64 deep"}));
-  EXPECT_TRUE(has_all(parse_error("[model]\nx = { a = " + std::string(100, '{') + "\n"),
-                      {"run.toml:2:", "nested more than 64 deep"}));
-  EXPECT_TRUE(has_all(parse_error("[model]\n", {"model.layers=" + deep}),
-                      {"--set model.layers=[[[", "nested more than 64 deep"}));
-  // Brackets in strings and comments do not count; 64 levels are read.
-  const std::string text = "[model]\nname = \"" + deep.substr(0, 500) + "\" # " + deep.substr(0, 500) +
-                           "\n[data]\nkind = '''" + deep.substr(0, 500) + "'''\n";
-  const std::string strings = parse_error(text);  // refused for the values, not their brackets
-  EXPECT_EQ(strings.find("nested"), std::string::npos) << strings;
-  std::string nested64 = std::string(64, '[') + "1" + std::string(64, ']');
-  const std::string at64 = parse_error("[model]\nlayers = " + nested64 + "\n");
-  EXPECT_TRUE(has_all(at64, {"model.layers"})) << "64 levels parse; the value's type is wrong";
-  EXPECT_EQ(at64.find("nested"), std::string::npos) << at64;
 }
 
 TEST(RunConfigErrors, UnknownSectionListsSectionsAndSuggests) {
@@ -544,212 +436,6 @@ TEST(RunConfigRoles, ChoosePluginsFollowsTheSettings) {
   EXPECT_EQ(choice("").memory, "");
   EXPECT_EQ(choice("[memory]\ncompute_budget = \"1GiB\"\n").memory, "chunks");
   EXPECT_EQ(choice("[plugins]\nmemory = \"mychunks\"\n").memory, "mychunks");
-}
-
-TEST(RunConfigOverrides, ApplyBeforeValidation) {
-  const RunConfig c = parse_run_config(
-      kFullConfig, kName,
-      {"parallel.tensor.size=9", "parallel.tensor.mode=3d", "parallel.tensor.size=8",
-       "plugins.layers=tp3d", "model.name=custom", "optim.lr=0.01", "plugins.path=[\"a\", \"b\"]",
-       "log.metrics=", "train.seed = 9"});
-  EXPECT_EQ(c.parallel.tensor.size, 8);  // the later override wins
-  EXPECT_EQ(c.parallel.tensor.mode, "3d");
-  EXPECT_EQ(c.model.name, "custom");  // a bare word is a string
-  EXPECT_DOUBLE_EQ(c.optim.lr, 0.01);
-  EXPECT_EQ(c.plugins.path, (std::vector<std::string>{"a", "b"}));
-  EXPECT_EQ(c.log.metrics, "");
-  EXPECT_EQ(c.plugins.by_role.at("layers"), "tp3d");
-  EXPECT_EQ(c.plugins.by_role.at("gradients"), "zero2");  // untouched
-  EXPECT_EQ(c.train.seed, 9);
-}
-
-TEST(RunConfigOverrides, CreateSectionsAndRefineShorthands) {
-  const RunConfig c = parse_run_config("[parallel]\ntensor = 4\nzero = 1\n", kName,
-                                       {"parallel.tensor.mode=2d", "parallel.zero.stage=3",
-                                        "parallel.pipeline=2", "model.layers=6"});
-  EXPECT_EQ(c.parallel.tensor.size, 4);
-  EXPECT_EQ(c.parallel.tensor.mode, "2d");
-  EXPECT_EQ(c.parallel.zero.stage, 3);
-  EXPECT_EQ(c.parallel.pipeline.size, 2);
-  EXPECT_EQ(c.model.layers, 6);
-  const RunConfig t =
-      parse_run_config("", kName, {"parallel.tensor={size=8, mode=\"2.5d\", depth=2}"});
-  int64_t depth = 0;
-  EXPECT_TRUE(t.section("parallel.tensor").read("depth", depth));
-  EXPECT_EQ(depth, 2);
-}
-
-TEST(RunConfigOverrides, TypoInOverrideNamesTheOverride) {
-  const std::string msg = parse_error("[parallel]\ndata = 2\n", {"parallel.tensr.size=2"});
-  EXPECT_TRUE(has_all(msg, {"--set parallel.tensr.size=2", "unknown key `parallel.tensr`",
-                            "Did you mean `tensor`?"}));
-  EXPECT_EQ(msg.find("run.toml:2"), std::string::npos) << "no file line for an override:\n" << msg;
-  EXPECT_TRUE(
-      has_all(parse_error("", {"modle.layers=3"}),
-              {"--set modle.layers=3", "unknown section `modle`", "Did you mean `model`?"}));
-}
-
-TEST(RunConfigOverrides, BadOverrideValuesNameTheOverride) {
-  EXPECT_TRUE(has_all(parse_error("[model]\nlayers = 4\n", {"model.layers=2.5"}),
-                      {"run.toml: --set model.layers=2.5", "model.layers",
-                       "expected an integer, found a float (2.5)"}));
-  EXPECT_TRUE(has_all(parse_error("[model]\nlayers = 4\n", {"model.layers=0"}),
-                      {"--set model.layers=0", "model.layers", ">= 1"}));
-  EXPECT_TRUE(has_all(parse_error("", {"parallel.tensor.mode=2.5"}),
-                      {"--set parallel.tensor.mode=2.5", "expected a string, found a float"}));
-  // A problem that the override did not cause still points into the file.
-  const std::string msg =
-      parse_error("[parallel]\ntensor = { size = 4, mode = \"4d\" }\n", {"parallel.tensor.size=2"});
-  EXPECT_TRUE(has_all(msg, {"run.toml:2:29", "parallel.tensor.mode"}));
-}
-
-TEST(RunConfigOverrides, MalformedOverrides) {
-  EXPECT_TRUE(has_all(parse_error("", {"model.layers"}),
-                      {"--set model.layers", "expected section.key=value", "no '='"}));
-  EXPECT_TRUE(
-      has_all(parse_error("", {"model..layers=2"}), {"--set model..layers=2", "not a valid key"}));
-  EXPECT_TRUE(has_all(parse_error("", {"=2"}), {"--set =2", "not a valid key"}));
-  EXPECT_TRUE(has_all(parse_error("[model]\nname = \"gpt\"\n", {"model.name.first=x"}),
-                      {"--set model.name.first=x", "`model.name` is a string", "not a table"}));
-  EXPECT_TRUE(
-      has_all(parse_error("", {"model.name.first=x"}),
-              {"--set model.name.first=x", "model.name: expected a string, found a table"}));
-}
-
-TEST(RunConfigOverrides, ValuesThatAreNotTomlBecomeStrings) {
-  // "1 2" is not a TOML value; a newline must not smuggle in another key.
-  const RunConfig c =
-      parse_run_config("", kName, {"model.name=1 2", "log.metrics=a\nmodel.layers = 9"});
-  EXPECT_EQ(c.model.name, "1 2");
-  EXPECT_EQ(c.log.metrics, "a\nmodel.layers = 9");
-  EXPECT_EQ(c.model.layers, 2);
-}
-
-class TempDir : public ::testing::Test {
- protected:
-  std::string path(const std::string& name) {
-    return std::string(KOLOS_CONFIG_TEST_TMPDIR) + "/" + name;
-  }
-};
-
-TEST_F(TempDir, LoadReadsFileAndRecordsSource) {
-  const std::string file = path("load_ok.toml");
-  std::ofstream(file) << "[model]\nlayers = 3\n";
-  const RunConfig c = load_run_config(file, {"model.hidden=32"});
-  EXPECT_EQ(c.source, file);
-  EXPECT_EQ(c.model.layers, 3);
-  EXPECT_EQ(c.model.hidden, 32);
-  std::remove(file.c_str());
-}
-
-TEST_F(TempDir, LoadErrorsNameThePathAndLine) {
-  const std::string file = path("load_bad.toml");
-  std::ofstream(file) << "[model]\n\nlayers = \"x\"\n";
-  EXPECT_TRUE(has_all(error_of([&] { load_run_config(file); }),
-                      {file + ":3:10", "model.layers", "expected an integer"}));
-  std::remove(file.c_str());
-}
-
-TEST_F(TempDir, MissingOrUnreadableFileNamesPathAndOsError) {
-  const std::string missing = path("no_such_config.toml");
-  EXPECT_TRUE(has_all(error_of([&] { load_run_config(missing); }),
-                      {missing, "cannot open", "No such file or directory"}));
-  EXPECT_TRUE(has_all(error_of([&] { load_run_config(KOLOS_CONFIG_TEST_TMPDIR); }),
-                      {KOLOS_CONFIG_TEST_TMPDIR, "Is a directory"}));
-}
-
-RunConfig mesh_config(int64_t data, int64_t pp, int64_t sp, int64_t tp) {
-  RunConfig c;
-  c.source = kName;
-  c.parallel.data = data;
-  c.parallel.pipeline.size = pp;
-  c.parallel.sequence.size = sp;
-  c.parallel.tensor.size = tp;
-  return c;
-}
-
-TEST(MeshShape, DerivesDataFromTheWorld) {
-  const MeshShape m = resolve_mesh_shape(mesh_config(0, 2, 1, 2), 8);
-  EXPECT_EQ(m.pp, 2);
-  EXPECT_EQ(m.dp, 2);
-  EXPECT_EQ(m.sp, 1);
-  EXPECT_EQ(m.tp, 2);
-  EXPECT_EQ(m.size(), 8);
-  EXPECT_EQ(resolve_mesh_shape(RunConfig{}, 1).size(), 1);
-  EXPECT_EQ(resolve_mesh_shape(RunConfig{}, 4).dp, 4);
-}
-
-TEST(MeshShape, ExplicitDataMustMatch) {
-  const MeshShape m = resolve_mesh_shape(mesh_config(2, 1, 2, 2), 8);
-  EXPECT_EQ(m.dp, 2);
-  EXPECT_EQ(m.sp, 2);
-  const std::string msg = error_of([] { resolve_mesh_shape(mesh_config(2, 1, 1, 4), 4); });
-  EXPECT_TRUE(has_all(msg, {"run.toml", "pipeline 1 x data 2 x sequence 1 x tensor 4 = 8",
-                            "world size is 4", "set parallel.data = 1", "launch 8 ranks"}));
-  const std::string odd = error_of([] { resolve_mesh_shape(mesh_config(2, 1, 1, 4), 6); });
-  EXPECT_TRUE(has_all(odd, {"= 8", "world size is 6", "launch 8 ranks", "divides 6"}));
-}
-
-TEST(MeshShape, SizesThatDoNotDivideTheWorld) {
-  const std::string msg = error_of([] { resolve_mesh_shape(mesh_config(0, 1, 1, 3), 8); });
-  EXPECT_TRUE(has_all(msg, {"pipeline 1 x sequence 1 x tensor 3 = 3", "does not divide",
-                            "world size 8", "launch a multiple of 3", "6 or 9"}));
-  const std::string small = error_of([] { resolve_mesh_shape(mesh_config(0, 2, 1, 4), 4); });
-  EXPECT_TRUE(has_all(small, {"= 8 does not divide the world size 4", "e.g. 8)"}));
-  EXPECT_TRUE(has_all(error_of([] { resolve_mesh_shape(RunConfig{}, 0); }), {"world size"}));
-}
-
-// Sizes whose product passes 2^63 used to wrap to 0 and divide by it (SIGFPE).
-TEST(MeshShape, ProductsThatOverflowAreRefused) {
-  const int64_t big = int64_t{1} << 32;
-  EXPECT_TRUE(has_all(error_of([&] { resolve_mesh_shape(mesh_config(0, big, 1, big), 4); }),
-                      {"pipeline 4294967296 x sequence 1 x tensor 4294967296", "2^63"}));
-  EXPECT_TRUE(has_all(error_of([&] { resolve_mesh_shape(mesh_config(big * 4, 1, 1, big), 4); }),
-                      {"= more than 2^63", "world size is 4"}));
-  EXPECT_TRUE(has_all(parse_error("[parallel]\npipeline = 4294967296\ntensor = 4294967296\n"),
-                      {"run.toml:2:12:", "needs more than 2147483647 ranks"}));
-  EXPECT_TRUE(has_all(parse_error("[parallel]\ndata = 65536\ntensor = 65536\n"),
-                      {"run.toml:3:10:", "needs more than 2147483647 ranks"}));
-}
-
-// Bytes that are not UTF-8 are refused before toml11 sees them: its error
-// path for one in a literal string read out of bounds.
-TEST(RunConfigErrors, BytesThatAreNotUtf8AreRefused) {
-  EXPECT_TRUE(has_all(parse_error("[model]\nname = 'g\xbapt'\n"),
-                      {"run.toml:2:10: a byte (0xba) that is not UTF-8"}));
-  EXPECT_TRUE(has_all(parse_error("# \xc0\xaf overlong\n"), {"run.toml:1:3: a byte (0xc0)"}));
-  EXPECT_TRUE(has_all(parse_error("# \xed\xa0\x80 surrogate\n"), {"run.toml:1:3:"}));
-  EXPECT_TRUE(has_all(parse_error("", {"model.name='\xff'"}), {"--set model.name=", "not UTF-8"}));
-  EXPECT_EQ(parse_run_config("# caf\xc3\xa9 \xf0\x9f\x98\x80\n[model]\nname = \"gpt\"\n", kName)
-                .model.name,
-            "gpt");
-}
-
-// toml11 reads an integer literal past 64 bits as INT64_MAX (or wraps it).
-TEST(RunConfigErrors, IntegersPast64BitsAreRefused) {
-  for (const char* literal : {"99999999999999999999", "9223372036854775808", "0x8000000000000000",
-                              "0o1000000000000000000000"}) {
-    EXPECT_TRUE(has_all(parse_error(std::string("[model]\nlayers = ") + literal + "\n"),
-                        {"run.toml:2:10:", "does not fit 64 bits"}))
-        << literal;
-  }
-  // toml11's binary parser overflows from the 63rd digit: refused before it runs.
-  const std::string binary = "0b" + std::string(63, '1');
-  EXPECT_TRUE(has_all(parse_error("[model]\nlayers = " + binary + "\n"),
-                      {"run.toml:2:10: a binary integer of 63 digits; kolos reads at most 62"}));
-  EXPECT_EQ(parse_run_config("[model]\nlayers = 0b" + std::string(62, '1') + "\n", kName)
-                .model.layers,
-            (int64_t{1} << 62) - 1);
-  EXPECT_EQ(parse_run_config("[train]\nseed = 9_223_372_036_854_775_807\n", kName).train.seed,
-            std::numeric_limits<int64_t>::max());
-  EXPECT_TRUE(has_all(parse_error("[optim]\nwarmup_steps = -9223372036854775809\n"),
-                      {"run.toml:2:16:", "does not fit 64 bits"}));
-  EXPECT_TRUE(has_all(parse_error("", {"model.layers=99999999999999999999"}),
-                      {"run.toml: --set model.layers=99999999999999999999:", "does not fit"}));
-  // A hint past INT64_MAX is left out rather than wrapped to a negative size.
-  const std::string hint = parse_error("[model]\nhidden = 9223372036854775807\nheads = 2\n");
-  EXPECT_TRUE(has_all(hint, {"e.g. hidden = 9223372036854775806)"}));
-  EXPECT_EQ(hint.find("-9223372036854775808"), std::string::npos) << hint;
 }
 
 TEST(ClosestMatch, SuggestsOnlyCloseUnambiguousCandidates) {

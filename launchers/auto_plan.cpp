@@ -1,0 +1,218 @@
+// The planner role inside a job (launchers/auto_plan.h): the planner plugin
+// a config chooses, this machine's calibration (also `kolos calibrate`'s
+// worker) and parallel.auto's choice of layout, tried and measured through
+// tune.h, before `kolos train` builds its engine.
+#include "auto_plan.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "kolos/core/config_located.h"
+#include "kolos/core/engine.h"
+#include "kolos/core/error.h"
+#include "kolos/core/format.h"
+#include "kolos/core/plugin_registry.h"
+#include "kolos/modules/data.h"
+#include "tune.h"
+
+namespace kolos::cli {
+namespace {
+
+// rank 0's string on every rank of the world.
+std::string broadcast_string(std::string text) {
+  long long size = static_cast<long long>(text.size());
+  MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  text.resize(static_cast<size_t>(size));
+  if (size > 0) MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return text;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
+std::string json_quote(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::vector<std::string> rank_hosts(const Runtime& runtime) {
+  constexpr int kName = 256;
+  std::vector<char> mine(kName, '\0');
+  gethostname(mine.data(), kName - 1);
+  std::vector<char> all(static_cast<size_t>(kName) * runtime.size(), '\0');
+  MPI_Allgather(mine.data(), kName, MPI_CHAR, all.data(), kName, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < runtime.size(); ++r) hosts.emplace_back(all.data() + r * kName);
+  if (const char* simulated = std::getenv("KOLOS_SIMULATED_HOSTS")) {
+    std::vector<std::string> names;
+    std::stringstream in(simulated);
+    for (std::string name; std::getline(in, name, ',');) names.push_back(name);
+    if (static_cast<int>(names.size()) != runtime.size()) {
+      throw UsageError("KOLOS_SIMULATED_HOSTS names " + std::to_string(names.size()) +
+                       " host(s) for " + std::to_string(runtime.size()) +
+                       " ranks; give one name per rank, comma-separated");
+    }
+    hosts = names;
+  }
+  return hosts;
+}
+
+std::shared_ptr<Planner> make_planner(const RunConfig& config) {
+  PluginRegistry registry(config.plugins.path);
+  const RoleChoice choice = choose_plugins(config);
+  const std::string name = choice.planner.empty() ? "autoplan" : choice.planner;
+  std::shared_ptr<Planner> planner = registry.create<Planner>("planner", name);
+  const RoleSpec& spec = role_spec("planner");
+  planner->configure(PluginContext{config, config.section(spec.section), spec.core_keys,
+                                   "planner plugin `" + name + "`", MeshShape{}, 1});
+  return planner;
+}
+
+void calibrate_machine(const Runtime& runtime, Planner& planner, const std::string& path,
+                       std::vector<std::string> overrides, const RunConfig& config) {
+  planner.calibrate(runtime.world(), config);
+  for (const char* o : {"parallel.auto=false", "parallel.data=0", "parallel.tensor.size=1",
+                        "parallel.pipeline.size=1", "parallel.sequence.size=1",
+                        "parallel.zero.stage=0", "train.recompute=\"none\"", "train.steps=6",
+                        "log.metrics=\"\"", "log.progress=\"off\"", "checkpoint.dir=\"\""}) {
+    overrides.push_back(o);
+  }
+  // Without a reference run (the config fixes a mode that needs a size
+  // the reference does not have, or the model does not fit the layout)
+  // its figure is not measured; every rank reads the same config, so every
+  // rank decides alike, and the engine's refusals are agreed.
+  std::vector<std::pair<RunConfig, double>> measured;
+  const auto reference = [&](const std::string& name, const std::vector<std::string>& layout) {
+    std::vector<std::string> o = overrides;
+    o.insert(o.end(), layout.begin(), layout.end());
+    std::string skipped;
+    RunConfig run;
+    try {
+      run = load_run_config(path, o);
+    } catch (const Error& e) {
+      skipped = e.what();
+    }
+    std::vector<double> times;
+    if (skipped.empty()) {
+      try {
+        Engine engine(run, runtime.world(),
+                      [](const RunConfig& c) { return data::make_source(c); });
+        engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
+      } catch (const AgreedError& e) {
+        skipped = e.what();
+      }
+    }
+    if (runtime.rank() != 0) return;
+    if (!skipped.empty()) {
+      std::fprintf(stderr, "kolos: calibration: no %s reference run (%s)\n", name.c_str(),
+                   skipped.substr(0, skipped.find('\n')).c_str());
+      return;
+    }
+    // The steps after the first two (allocation, first touches).
+    std::vector<double> steady(times.begin() + std::min<size_t>(2, times.size()), times.end());
+    std::sort(steady.begin(), steady.end());
+    if (!steady.empty()) measured.emplace_back(run, steady[steady.size() / 2]);
+  };
+  reference("data-parallel", {});
+  if (runtime.size() % 4 == 0) {
+    const std::string rest = "parallel.data=" + std::to_string(runtime.size() / 4);
+    reference("tensor 2d", {rest, "parallel.tensor.size=4", "parallel.tensor.mode=\"2d\"",
+                            "train.micro_batch=2"});
+    reference("ring attention", {rest, "parallel.sequence.size=4",
+                                 "parallel.sequence.mode=\"ring\"", "train.micro_batch=2"});
+  }
+  for (const auto& [run, seconds] : measured)
+    planner.record_reference(run, runtime.size(), seconds);
+}
+
+RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
+                            std::vector<std::string> overrides, const RunConfig& config,
+                            std::string* header) {
+  comm::ProcessGroup& world = *runtime.world();
+  const int64_t ranks = runtime.size();
+  std::shared_ptr<Planner> planner;
+  agreed(world, [&] {
+    planner = make_planner(config);
+    planner->check(config);
+    std::set<std::string> hosts;
+    for (const auto& h : rank_hosts(runtime)) hosts.insert(h);
+    if (hosts.size() > 1 && planner->needs_calibration()) {
+      throw ConfigError(located(config, "parallel.auto",
+                                "parallel.auto = true on " + std::to_string(hosts.size()) +
+                                    " hosts needs a cluster file ([planner] cluster = FILE): "
+                                    "the calibration measures one node, not the network "
+                                    "between nodes (docs/planner.md)"));
+    }
+  });
+  int calibrate = 0;
+  if (runtime.rank() == 0) {
+    calibrate = planner->needs_calibration() &&
+                !std::filesystem::exists(planner->calibration_path(ranks));
+  }
+  MPI_Bcast(&calibrate, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (calibrate) {
+    if (runtime.rank() == 0) {
+      std::fprintf(stderr, "kolos: parallel.auto: calibrating this machine for %lld ranks (once: %s)\n",
+                   (long long)ranks, planner->calibration_path(ranks).c_str());
+    }
+    calibrate_machine(runtime, *planner, path, overrides, config);
+  }
+  // The finalists tried for a few steps, the fastest measured kept (tune.h).
+  const Tuned tuned = plan_and_tune(runtime, *planner, config, path, overrides);
+  std::string chosen;
+  agreed(world, [&] {
+    if (runtime.rank() != 0) return;  // rank 0 reports the pick and writes the header
+    const PlanReport& report = tuned.report;
+    if (!tuned.trials.empty()) std::fputs(format_trials(tuned, "parallel.auto").c_str(), stderr);
+    const PlannedRun& best = tuned.chosen;
+    for (const auto& o : best.overrides) chosen += o + "\n";
+    std::string sets;
+    for (const auto& o : best.overrides) sets += " --set " + o;
+    std::fprintf(stderr,
+                 "kolos: parallel.auto: %s | predicted %.3f s/step, %s per rank | %zu plan(s) "
+                 "kept of %s\nkolos: parallel.auto: the run is%s\n",
+                 best.describe.c_str(), best.step_s,
+                 detail::format_bytes(best.memory_bytes).c_str(), report.plans.size(),
+                 report.machine.c_str(), sets.c_str());
+    std::ostringstream h;
+    h.precision(9);
+    h << "{\"plan\":{\"describe\":" << json_quote(best.describe)
+      << ",\"predicted_step_s\":" << best.step_s << ",\"memory_bytes\":" << best.memory_bytes
+      << ",\"bytes_per_step\":" << best.bytes_per_step
+      << ",\"machine\":" << json_quote(report.machine) << ",\"overrides\":[";
+    for (size_t i = 0; i < best.overrides.size(); ++i) {
+      h << (i ? "," : "") << json_quote(best.overrides[i]);
+    }
+    h << "]";
+    if (!tuned.trials.empty()) h << ",\"tuning\":" << trials_json(tuned);
+    h << "}}";
+    *header = h.str();
+  });
+  const std::vector<std::string> plan = split_lines(broadcast_string(chosen));
+  overrides.insert(overrides.end(), plan.begin(), plan.end());
+  RunConfig resolved;
+  agreed(world, [&] { resolved = load_run_config(path, overrides); });
+  return resolved;
+}
+
+}  // namespace kolos::cli
