@@ -21,3 +21,12 @@ function(kolos_add_plugin)
     add_dependencies(runtime ${target})
   endif()
 endfunction()
+
+# kolos_plugin_terms(<file>...): a plugin's memory terms (torch-free,
+# registered with KOLOS_PLUGIN_TERMS; kolos/core/plugin_terms.h) go into
+# libkolos_plugin_terms, which the core's estimate and the planner link.
+function(kolos_plugin_terms)
+  foreach(file IN LISTS ARGN)
+    target_sources(kolos_plugin_terms PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/${file})
+  endforeach()
+endfunction()

@@ -5,6 +5,7 @@
 # of the torch-free libraries (tests/unit/build) covers them too.
 set(KOLOS_BASE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/src/error.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/format.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/dtype/dtype.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/config/run_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/config/core_tables.cpp

@@ -436,7 +436,7 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
       *part *= R.step_factor * p.feedback;
     }
   }
-  p.memory = memory_per_rank(w, c, &p.memory_parts, mach.cluster.runtime_bytes);
+  p.memory = memory_per_rank(w, c, mach.cluster, &p.memory_parts);
   const double blocks_rank = static_cast<double>(m.layers) / static_cast<double>(c.pp);
   p.bytes_tp = M * blocks_rank * block_bytes_tp;
   if (c.tp > 1 && c.tp_mode == TpMode::k1D) p.bytes_tp += M * 2 * (tp - 1) / tp * e * bsh;

@@ -1,134 +1,96 @@
-// Memory per rank: the terms of core/src/engine/memory_estimate.cpp over a
-// Candidate (see cost_model.h for why it is written again here).
+// Memory per rank of a Candidate: the candidate described as a MemoryQuery
+// for rank_memory() (kolos/core/plugin_terms.h), the function the core's
+// estimate calls for a config. The plugins are those kolos would choose for
+// the candidate's settings (choose_plugins in roles.h); the planner names
+// none itself.
 #include <algorithm>
-#include <cmath>
+#include <string>
 
+#include "kolos/core/plugin_terms.h"
+#include "kolos/core/roles.h"
 #include "kolos/planner/cost_model.h"
-#include "kolos/schedules/plan.h"
-#include "schedule_kind.h"
 
 namespace kolos::planner {
+
+RoleChoice plugins_of(const Candidate& c, bool memory_role) {
+  RoleSettings roles;
+  roles.tensor_size = c.tp;
+  roles.tensor_mode = to_string(c.tp_mode);
+  // Megatron's sequence parallelism has no sp axis: it splits over tp.
+  roles.sequence_size = c.sp;
+  roles.sequence_mode = c.sp_mode == SpMode::kNone ? "" : to_string(c.sp_mode);
+  roles.pipeline_size = c.pp;
+  roles.zero_stage = c.zero;
+  roles.memory = memory_role || c.offload > 0;
+  return choose_plugins(roles);
+}
+
+MemoryQuery memory_query(const Workload& w, const Candidate& c, double runtime_bytes) {
+  const ModelShape& m = w.model;
+  MemoryQuery q;
+  q.model.layers = static_cast<double>(m.layers);
+  q.model.hidden = static_cast<double>(m.hidden);
+  q.model.heads = static_cast<double>(m.heads);
+  q.model.kv_heads = static_cast<double>(m.kv());
+  q.model.seq = static_cast<double>(m.seq_len);
+  q.model.vocab = static_cast<double>(m.vocab);
+  q.model.inner = static_cast<double>(m.ffn());
+  q.pp = c.pp, q.dp = c.dp, q.sp = c.sp, q.tp = c.tp;
+  const RoleChoice plugins = plugins_of(c, w.memory_role);
+  q.layers = plugins.layers, q.sequence = plugins.sequence, q.pipeline = plugins.pipeline;
+  q.gradients = plugins.gradients;  // q.memory below, once the states are known
+  q.settings = w.settings;
+  if (c.pp > 1) {
+    q.settings["parallel.pipeline.schedule"] = to_string(c.schedule);
+    q.settings["parallel.pipeline.chunks"] = std::to_string(c.chunks);
+  }
+  q.element_bytes = w.element_bytes();
+  q.micro_batch = c.micro_batch;
+  q.accumulation = c.microbatches;
+  q.recompute = to_string(c.recompute);
+  q.zero_stage = c.zero;
+  q.bucket_bytes = w.bucket_bytes;
+  q.recompute_every = w.recompute_every;
+  q.runtime_bytes = runtime_bytes;
+  q.runtime_source = "the cluster file's runtime_bytes";
+  if (w.memory_role) {
+    q.memory = plugins.memory;
+  } else if (c.offload > 0) {
+    // The memory role keeps (1 - offload) of the model states in the
+    // compute tier: its budget, from the states the gradients role holds.
+    const double states = rank_memory(q).states;
+    q.memory = plugins.memory;
+    q.settings["memory.compute_budget"] =
+        std::to_string(static_cast<long long>((1 - c.offload) * states));
+  }
+  return q;
+}
+
 namespace {
 
-// Micro-batches whose activations pipeline rank r holds at once, in units of
-// its whole stage: the schedules' own count (libkolos_schedules).
-double in_flight(const Candidate& c, int64_t r) {
-  return pipeline::stage_activations_in_flight(
-      schedule_kind(c.schedule), static_cast<int>(c.pp), static_cast<int>(c.microbatches),
-      static_cast<int>(c.chunks), static_cast<int>(r));
-}
-
-bool ring_kernel(SpMode m) { return m == SpMode::kRing || m == SpMode::kHybrid; }
-
-// Bytes autograd keeps for one micro-batch through one block (the
-// estimator's block_activations).
-double block_activations(const ModelShape& m, const Candidate& c, double e) {
-  const double tp = static_cast<double>(c.tp), b = static_cast<double>(c.micro_batch);
-  const double s = static_cast<double>(m.seq_len), tokens = s / static_cast<double>(c.sp);
-  const double h = static_cast<double>(m.hidden), heads = static_cast<double>(m.heads);
-  const double bsh = b * tokens * h;
-  double norms = 4 * bsh;
-  if (c.sp_mode == SpMode::kMegatron) norms = (norms - 2 * bsh) / tp + 2 * bsh;
-  const double attention =
-      ring_kernel(c.sp_mode) ? b * heads * tokens * 4 / e + 3 * bsh : b * heads * tokens * s;
-  const double cut = 4 * bsh + 2 * b * tokens * static_cast<double>(m.ffn()) + attention;
-  if (c.tp_mode == TpMode::k1D) return e * (norms + cut / tp);
-  return e * (norms + cut) / tp;
-}
-
-struct StageMemory {
-  double total = 0;
-  std::vector<MemoryPart> parts;
-};
-
-StageMemory stage_memory(const Workload& w, const Candidate& c, int64_t stage,
-                         double runtime_bytes) {
-  const ModelShape& m = w.model;
-  const double e = w.element_bytes(), tp = static_cast<double>(c.tp);
-  const double N = static_cast<double>(c.dp * c.sp);  // the gradients role's group
-  const double blocks = static_cast<double>(m.layers) / static_cast<double>(c.pp);
-  const double block = m.block_params() / tp;
-  double P = blocks * block;
-  if (stage == 0) P += m.embedding_params() / tp;
-  if (stage == c.pp - 1) {
-    P += m.head_params() / tp;
-    // The tied head's copy of the token table on a stage without the embedding.
-    if (stage != 0) P += static_cast<double>(m.vocab * m.hidden) / tp;
+double rank_bytes(const RankMemory& r, bool host_is_device, std::vector<MemoryPart>* parts,
+                  double* host_bytes) {
+  if (parts != nullptr) {
+    parts->clear();
+    for (const auto& t : r.terms) {
+      if (host_is_device || !t.host) parts->push_back({t.name, t.bytes});
+    }
   }
-  const double masters = e < 4 ? 4 : 0;
-  const double bucket = 25.0 * 1024 * 1024;
-  double params = 0, grads = 0, optim = 0;
-  switch (c.zero) {
-    case 3:
-      params = e * (P / N + 2 * block);
-      grads = e * (P / N + 2 * block);
-      optim = (8 + masters) * P / N;
-      break;
-    case 2:
-      params = e * P;
-      grads = e * P / N + std::min(bucket, e * P);
-      optim = (8 + e + masters) * P / N;
-      break;
-    case 1:
-      params = e * P;
-      grads = e * P;
-      optim = (8 + e + masters) * P / N;
-      break;
-    default:
-      params = e * P;
-      grads = e * P;
-      optim = (8 + masters) * P;
-  }
-  // The memory role keeps (1 - offload) of the model states on the device.
-  const double kept = 1 - c.offload;
-  StageMemory out;
-  auto add = [&](const char* name, double bytes) {
-    out.parts.push_back({name, bytes});
-    out.total += bytes;
-  };
-  add("parameters", kept * params);
-  add("gradients", kept * grads);
-  add("optimizer states", kept * optim);
-
-  const double b = static_cast<double>(c.micro_batch), sp = static_cast<double>(c.sp);
-  const double s = static_cast<double>(m.seq_len), h = static_cast<double>(m.hidden);
-  const double heads = static_cast<double>(m.heads);
-  const double flight = in_flight(c, stage);
-  const double per_block = block_activations(m, c, e);
-  double act = blocks * per_block * flight;
-  if (c.recompute == Recompute::kFull) {
-    const double input = e * b * s / sp * h / (c.tp_mode == TpMode::k1D ? 1 : tp);
-    act = blocks * input * flight + per_block;
-  } else if (c.recompute == Recompute::kSelective && !ring_kernel(c.sp_mode)) {
-    act -= blocks * e * b * heads * s * s / tp / sp * flight;
-  }
-  if (stage == c.pp - 1) {
-    const double per_logit = e < 4 ? 2 * e + 3 * 4 : 3 * e;
-    act += per_logit * b * s / sp * static_cast<double>(m.vocab) / tp;
-  }
-  add("activations", act);
-  const double tile = std::min(512.0, s / sp / 2);
-  const double scores = ring_kernel(c.sp_mode)
-                            ? 4 * 4 * b * heads / tp * tile * tile + 10 * 4 * b * s / sp * h / tp
-                            : 3 * e * b * heads * s * s / tp / sp;
-  const double largest = std::max({static_cast<double>(m.vocab) * h, h * m.ffn(), h * h});
-  add("temporaries", scores + 2 * e * largest / tp);
-  add("allocator, buffers", kAllocatorAllowance * out.total);
-  add("runtime", runtime_bytes);
-  return out;
+  if (host_bytes != nullptr) *host_bytes = r.host();
+  return host_is_device ? r.peak() : std::max(r.training_peak() - r.host(), r.build_peak);
 }
 
 }  // namespace
 
 double memory_per_rank(const Workload& w, const Candidate& c, std::vector<MemoryPart>* parts,
-                       double runtime_bytes) {
-  StageMemory worst = stage_memory(w, c, 0, runtime_bytes);
-  if (c.pp > 1) {
-    StageMemory last = stage_memory(w, c, c.pp - 1, runtime_bytes);
-    if (last.total > worst.total) worst = std::move(last);
-  }
-  if (parts != nullptr) *parts = worst.parts;
-  return worst.total;
+                       double runtime_bytes, double* host_bytes) {
+  return rank_bytes(rank_memory(memory_query(w, c, runtime_bytes)), false, parts, host_bytes);
+}
+
+double memory_per_rank(const Workload& w, const Candidate& c, const Cluster& cluster,
+                       std::vector<MemoryPart>* parts, double* host_bytes) {
+  return rank_bytes(rank_memory(memory_query(w, c, cluster.runtime_bytes)),
+                    cluster.host_is_device, parts, host_bytes);
 }
 
 }  // namespace kolos::planner

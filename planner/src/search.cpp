@@ -11,6 +11,8 @@
 #include <queue>
 
 #include "kolos/core/error.h"
+#include "kolos/core/plugin_terms.h"
+#include "kolos/planner/cost_model.h"
 #include "kolos/schedules/plan.h"
 
 namespace kolos::planner {
@@ -34,22 +36,29 @@ int64_t exact_root(int64_t x, int k) {
   return 0;
 }
 
+// The tensor modes' shapes of tp ranks: 1d, a square (2d), d x q x q
+// (2.5d), a cube (3d). Whether a model fits one is its plugin's to say.
 struct TpChoice {
   TpMode mode;
-  int64_t depth = 1, q = 1, batch_blocks = 1;  // q: the grid's side; the batch's split
+  int64_t depth = 1;  // 2.5d's d
 };
 
 std::vector<TpChoice> tp_choices(int64_t tp) {
-  std::vector<TpChoice> out{{TpMode::k1D, 1, tp, 1}};
+  std::vector<TpChoice> out{{TpMode::k1D, 1}};
   if (tp < 4) return out;
-  if (const int64_t q = exact_root(tp, 2)) out.push_back({TpMode::k2D, 1, q, q});
+  if (exact_root(tp, 2)) out.push_back({TpMode::k2D, 1});
   for (int64_t d = 2; d * 4 <= tp; ++d) {
-    if (tp % d != 0) continue;
-    if (const int64_t q = exact_root(tp / d, 2); q >= 2)
-      out.push_back({TpMode::k2p5D, d, q, d * q});
+    if (tp % d == 0 && exact_root(tp / d, 2) >= 2) out.push_back({TpMode::k2p5D, d});
   }
-  if (const int64_t q = exact_root(tp, 3); q >= 2) out.push_back({TpMode::k3D, 1, q, q * q});
+  if (exact_root(tp, 3) >= 2) out.push_back({TpMode::k3D, 1});
   return out;
+}
+
+// A plugin's verdict on a layout ("" fine); a plugin without layout rules
+// (the serial built-in, no sequence plugin) takes every layout.
+std::string layout_problem(const std::string& plugin, const LayoutQuery& layout) {
+  const PluginTerms* t = plugin.empty() ? nullptr : plugin_terms(plugin);
+  return t != nullptr && t->layout_problem != nullptr ? t->layout_problem(layout) : "";
 }
 
 struct SpChoice {
@@ -173,40 +182,20 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                 static_cast<int64_t>(schedules.size()) * n_zero * n_rec * n_off;
             const int64_t below_mesh = static_cast<int64_t>(mbs.size()) * below_mb;
             result.evaluated += below_mesh;
-            // The tensor mode's divisibility (docs/tensor-parallel.md).
-            const int64_t heads_split = tc.mode == TpMode::k1D ? tp : tc.q;
-            if (m.heads % heads_split != 0 || m.kv() % heads_split != 0 ||
-                m.ffn() % heads_split != 0) {
-              tally.drop("tp: heads, kv heads or MLP width do not divide by the tensor split",
-                         kStageTensor, below_mesh);
+            // The tensor and sequence plugins' own rules (their terms,
+            // kolos/core/plugin_terms.h).
+            const RoleChoice plugins = plugins_of(c);
+            LayoutQuery layout;
+            layout.heads = m.heads, layout.kv_heads = m.kv(), layout.inner = m.ffn();
+            layout.seq = m.seq_len, layout.tp = tp, layout.sp = sp;
+            layout.tensor_mode = to_string(tc.mode), layout.depth = tc.depth;
+            layout.ulysses = sc.ulysses;
+            if (const std::string bad = layout_problem(plugins.layers, layout); !bad.empty()) {
+              tally.drop(bad, kStageTensor, below_mesh);
               continue;
             }
-            // The sequence mode's (docs/sequence-parallel.md).
-            const int64_t heads_per_tp = m.heads / tp;
-            std::string sp_bad;
-            if (sc.mode == SpMode::kUlysses || sc.mode == SpMode::kRing ||
-                sc.mode == SpMode::kHybrid) {
-              if (tp > 1 && tc.mode != TpMode::k1D)
-                sp_bad = "sp: ulysses/ring/hybrid need tensor mode 1d";
-            }
-            if (sp_bad.empty() && sc.mode == SpMode::kUlysses &&
-                (heads_per_tp % sp != 0 || m.seq_len % sp != 0)) {
-              sp_bad = "sp: ulysses needs heads per tensor rank and seq_len divisible by sp";
-            }
-            if (sp_bad.empty() && sc.mode == SpMode::kRing && m.seq_len % (2 * sp) != 0) {
-              sp_bad = "sp: ring needs seq_len divisible by 2*sp";
-            }
-            if (sp_bad.empty() && sc.mode == SpMode::kHybrid &&
-                (heads_per_tp % sc.ulysses != 0 ||
-                 m.seq_len % (sp / sc.ulysses * std::lcm<int64_t>(2, sc.ulysses)) != 0)) {
-              sp_bad =
-                  "sp: hybrid needs heads per tensor rank divisible by a, seq_len by r*lcm(2, a)";
-            }
-            if (sp_bad.empty() && sc.mode == SpMode::kMegatron && m.seq_len % tp != 0) {
-              sp_bad = "sp: megatron needs seq_len divisible by tp";
-            }
-            if (!sp_bad.empty()) {
-              tally.drop(sp_bad, kStageSequence, below_mesh);
+            if (const std::string bad = layout_problem(plugins.sequence, layout); !bad.empty()) {
+              tally.drop(bad, kStageSequence, below_mesh);
               continue;
             }
             for (const int64_t mb : mbs) {
@@ -216,9 +205,9 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                            below_mb);
                 continue;
               }
-              if (mb % tc.batch_blocks != 0) {
-                tally.drop("tp: micro_batch not divisible by the grid's batch blocks", kStageTensor,
-                           below_mb);
+              layout.micro_batch = mb;
+              if (const std::string bad = layout_problem(plugins.layers, layout); !bad.empty()) {
+                tally.drop(bad, kStageTensor, below_mb);
                 continue;
               }
               c.microbatches = w.global_batch / (mb * dp);
@@ -281,18 +270,13 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                         continue;
                       }
                       std::vector<MemoryPart> parts;
-                      const double mem = memory_per_rank(w, c, &parts, mach.cluster.runtime_bytes);
+                      double host_tier = 0;
+                      const double mem = memory_per_rank(w, c, mach.cluster, &parts, &host_tier);
                       if (off > 0) {
                         // The memory role's host tier holds a copy of every
-                        // chunk: all the states the offload fraction thins
-                        // on the device, for each rank of the node.
-                        Candidate whole = c;
-                        whole.offload = 0;
-                        const double states =
-                            (memory_per_rank(w, whole, nullptr, mach.cluster.runtime_bytes) - mem) /
-                            off;
+                        // chunk, for each rank of the node.
                         const double host =
-                            states * static_cast<double>(mach.cluster.devices_per_node);
+                            host_tier * static_cast<double>(mach.cluster.devices_per_node);
                         if (host > mach.cluster.host_memory) {
                           tally.drop("offload: host memory", kStageMemory, 1);
                           if (least_host < 0 || host < least_host) {

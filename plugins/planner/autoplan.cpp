@@ -90,6 +90,12 @@ pl::Workload workload_of(const RunConfig& config) {
   w.model.ffn_multiplier = m.mlp_ratio;
   w.global_batch = config.train.global_batch;
   w.precision = config.train.precision;
+  w.bucket_bytes = static_cast<double>(config.parallel.bucket_kb > 0
+                                           ? config.parallel.bucket_kb * 1024
+                                           : config.parallel.bucket_mb * 1024 * 1024);
+  w.recompute_every = config.train.recompute_every;
+  w.memory_role = !choose_plugins(config).memory.empty();
+  w.settings = role_settings(config);
   return w;
 }
 
@@ -422,10 +428,22 @@ class Autoplan final : public Planner {
     c.nvlink_domain = ranks;
     c.host_bandwidth = rates.elementwise_bytes;
     c.host_memory = budget.bytes * n;
+    c.host_is_device = true;
     c.runtime_bytes = resident_bytes();
     *what = "this machine (" + c.name + ", " + std::to_string(ranks) + " ranks; calibration " +
             path + "; memory " + budget.source + ")";
     return {c, rates};
+  }
+
+  // The planner costs a candidate's memory with the function kolos's
+  // estimate calls (rank_memory): a difference means the planner described
+  // the candidate otherwise than kolos reads the run it prints, a defect.
+  static void agree_on_memory(const pl::Candidate& c, double planner, double kolos) {
+    if (std::abs(planner - kolos) > 1e-9 * kolos) {
+      throw std::logic_error("the planner's memory for " + c.describe() + " (" +
+                             std::to_string(planner) + " B) is not kolos's estimate of the run (" +
+                             std::to_string(kolos) + " B)");
+    }
   }
 
   // kolos's own verdict on candidate `c`: the run it makes must pass
@@ -433,15 +451,16 @@ class Autoplan final : public Planner {
   std::string accept(const RunConfig& base, const std::string& text, int64_t ranks,
                      const pl::Candidate& c, pl::Prediction& p, double runtime_bytes,
                      double budget) const {
+    MemoryEstimate estimate;
     try {
       RunConfig run = parse_run_config(text, base.source, overrides_of(c));
       plan_run(run, ranks);
-      const MemoryEstimate m = estimate_memory(run, ranks, runtime_bytes);
-      if (m.peak() > budget) return "memory: kolos's estimate exceeds the rank's budget";
-      p.memory = m.peak();
+      estimate = estimate_memory(run, ranks, runtime_bytes);
     } catch (const std::exception& e) {
       return reason_of(e.what());
     }
+    agree_on_memory(c, p.memory, estimate.peak());
+    if (estimate.peak() > budget) return "memory: kolos's estimate exceeds the rank's budget";
     return "";
   }
 
@@ -458,8 +477,10 @@ class Autoplan final : public Planner {
       const RunPlan plan = plan_run(config, ranks);
       const pl::Candidate c = candidate_of(config, plan);
       pl::RankedPlan rp{c, pl::predict(w, mach, c)};
-      if (here)
-        rp.prediction.memory = estimate_memory(config, ranks, mach.cluster.runtime_bytes).peak();
+      if (here) {
+        const double kolos = estimate_memory(config, ranks, mach.cluster.runtime_bytes).peak();
+        agree_on_memory(c, rp.prediction.memory, kolos);
+      }
       result.plans.push_back(rp);
       result.evaluated = result.survived = 1;
     } else {

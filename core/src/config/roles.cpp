@@ -43,27 +43,39 @@ const std::string& RoleChoice::of(const std::string& role) const {
   return role_spec(role).name;  // throws for an unknown role
 }
 
-RoleChoice choose_plugins(const RunConfig& config) {
-  const auto& p = config.parallel;
+RoleChoice choose_plugins(const RoleSettings& p) {
   RoleChoice choice;
-  if (p.tensor.size > 1) {
-    const std::string& mode = p.tensor.mode;
-    choice.layers = mode == "2.5d" ? "tp2p5d" : "tp" + mode;
+  if (p.tensor_size > 1) {
+    choice.layers = p.tensor_mode == "2.5d" ? "tp2p5d" : "tp" + p.tensor_mode;
   } else {
     choice.layers = role_spec("layers").builtin;
   }
-  choice.pipeline = p.pipeline.size > 1 ? "pipeline" : role_spec("pipeline").builtin;
+  choice.pipeline = p.pipeline_size > 1 ? "pipeline" : role_spec("pipeline").builtin;
   choice.gradients =
-      p.zero.stage > 0 ? "zero" + std::to_string(p.zero.stage) : role_spec("gradients").builtin;
+      p.zero_stage > 0 ? "zero" + std::to_string(p.zero_stage) : role_spec("gradients").builtin;
   // "megatron" splits over the tensor group, with no sp axis of its own: it
   // is chosen by its mode whatever the size (its plugin checks the size).
-  choice.sequence = p.sequence.size > 1 || p.sequence.mode == "megatron" ? p.sequence.mode : "";
+  choice.sequence = p.sequence_size > 1 || p.sequence_mode == "megatron" ? p.sequence_mode : "";
   // A [memory] section asks for the memory role; `chunks` is its plugin.
-  choice.memory = config.section("memory").present() ? "chunks" : "";
+  choice.memory = p.memory ? "chunks" : "";
   // parallel.auto = true (or a [planner] section) asks for the planner
   // role; `autoplan` is its plugin.
-  choice.planner =
-      config.parallel.auto_plan || config.section("planner").present() ? "autoplan" : "";
+  choice.planner = p.planner ? "autoplan" : "";
+  return choice;
+}
+
+RoleChoice choose_plugins(const RunConfig& config) {
+  const auto& p = config.parallel;
+  RoleSettings settings;
+  settings.tensor_size = p.tensor.size;
+  settings.tensor_mode = p.tensor.mode;
+  settings.sequence_size = p.sequence.size;
+  settings.sequence_mode = p.sequence.mode;
+  settings.pipeline_size = p.pipeline.size;
+  settings.zero_stage = p.zero.stage;
+  settings.memory = config.section("memory").present();
+  settings.planner = config.parallel.auto_plan || config.section("planner").present();
+  RoleChoice choice = choose_plugins(settings);
   const auto& by_role = config.plugins.by_role;
   const auto override_with = [&](const char* role, std::string& slot) {
     const auto it = by_role.find(role);

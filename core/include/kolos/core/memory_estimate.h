@@ -8,20 +8,16 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "kolos/core/mesh_layout.h"
+#include "kolos/core/plugin_terms.h"
 #include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
 
 namespace kolos {
-
-struct MemoryTerm {
-  std::string name;    // "parameters", "gradients", ...
-  double bytes = 0;    // double: a config may ask for more than int64 can count
-  std::string detail;  // how it was computed, for the table
-};
 
 struct MemoryEstimate {
   MeshShape shape;
@@ -52,6 +48,12 @@ struct MemoryBudget {
 // measures it (resident_bytes()). Throws ConfigError when the mesh does not
 // fit the world (resolve_mesh_shape's message).
 MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, double runtime_bytes);
+// The run as rank_memory() (plugin_terms.h) takes it: what estimate_memory
+// asks, and what a test compares the planner's query with.
+MemoryQuery memory_query(const RunConfig& config, int64_t world_size, double runtime_bytes);
+// The keys of every role's section as text, by their full names
+// ("memory.compute_budget"): what the plugins' terms read.
+std::map<std::string, std::string> role_settings(const RunConfig& config);
 
 // The ranks of the mesh's axes other than data: pipeline x sequence x
 // tensor (sequence mode "megatron" adds no axis: it splits over the tensor

@@ -44,6 +44,20 @@ struct RoleChoice {
 };
 RoleChoice choose_plugins(const RunConfig& config);
 
+// What that choice reads of a run, without [plugins] overrides: the
+// [parallel] sizes and modes, and whether a [memory] or [planner] section is
+// there. The planner describes its candidates this way.
+struct RoleSettings {
+  int64_t tensor_size = 1;
+  std::string tensor_mode = "1d";
+  int64_t sequence_size = 1;
+  std::string sequence_mode;
+  int64_t pipeline_size = 1;
+  int64_t zero_stage = 0;
+  bool memory = false, planner = false;
+};
+RoleChoice choose_plugins(const RoleSettings& settings);
+
 // What configure() is given.
 struct PluginContext {
   const RunConfig& config;

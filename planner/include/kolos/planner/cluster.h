@@ -34,6 +34,9 @@ struct Cluster {
   int64_t nvlink_domain = 0;   // consecutive devices that share the fast fabric
   double host_bandwidth = 0;   // bytes/s per device to host memory (PCIe), for offload
   double host_memory = 0;      // bytes of host memory per node
+  // A CPU machine (kolos plan on this machine): the memory role's host
+  // tier is in the same memory as the "device's", and counts against it.
+  bool host_is_device = false;
   // Bytes a rank holds before the model exists (CUDA context, NCCL,
   // LibTorch). Not in the file: assumed 2 GiB for a GPU cluster; planning
   // for this machine measures it (the process's resident set).

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "kolos/core/plugin_terms.h"
+#include "kolos/core/roles.h"
 #include "kolos/planner/candidate.h"
 #include "kolos/planner/cluster.h"
 #include "kolos/planner/model.h"
@@ -15,9 +17,6 @@ namespace kolos::planner {
 // micro-batch can hide behind (kolos launches bucket reductions from
 // gradient hooks on the group's own thread): assumed, not measured.
 inline constexpr double kReductionOverlap = 0.8;
-// The memory estimate's allowance for the allocator and communication
-// buffers (core/src/engine/memory_estimate.cpp): 25% of the tensors.
-inline constexpr double kAllocatorAllowance = 0.25;
 // Bytes a GPU process holds before the model exists (CUDA context, NCCL,
 // LibTorch): assumed.
 inline constexpr double kRuntimeBytes = 2.0 * 1024 * 1024 * 1024;
@@ -71,16 +70,27 @@ struct AllReducePaths {
 };
 AllReducePaths mpi_all_reduce_paths(const Cluster& c, double bytes, int64_t n);
 
-// Memory per rank at the peak, worst pipeline stage, with its parts. The
-// terms are those of core/src/engine/memory_estimate.cpp (parameters,
-// gradients, optimizer states per ZeRO stage, activations per block with
-// recomputation and the pipeline's in-flight micro-batches, the logits,
-// backward's temporaries, the allocator allowance, the runtime), written
-// again here over a Candidate so that the planner does not need LibTorch;
-// it is meant to be replaced by a call to that estimator once the estimator
-// takes a mesh and roles without a RunConfig.
+// The plugins kolos chooses for the candidate's settings (choose_plugins,
+// kolos/core/roles.h); the memory role's when the run has one or the
+// candidate offloads.
+RoleChoice plugins_of(const Candidate& c, bool memory_role = false);
+
+// The candidate as the memory estimate's query (kolos/core/plugin_terms.h):
+// the plugins kolos chooses for its settings, the pipeline's schedule, the
+// memory role's compute budget for an offload fraction (that share of the
+// model states leaves the device).
+MemoryQuery memory_query(const Workload& w, const Candidate& c,
+                         double runtime_bytes = kRuntimeBytes);
+// Device memory per rank at the peak, worst pipeline stage, with its
+// parts: rank_memory() over memory_query(), the function kolos's own
+// estimate calls for a config, less the terms held in host memory (the
+// memory role's host tier), which go to `host_bytes`.
 double memory_per_rank(const Workload& w, const Candidate& c, std::vector<MemoryPart>* parts,
-                       double runtime_bytes = kRuntimeBytes);
+                       double runtime_bytes = kRuntimeBytes, double* host_bytes = nullptr);
+// The same on `cluster`: its runtime bytes, and on a machine whose host is
+// its device (Cluster::host_is_device) the host tier counted in.
+double memory_per_rank(const Workload& w, const Candidate& c, const Cluster& cluster,
+                       std::vector<MemoryPart>* parts, double* host_bytes = nullptr);
 
 // The whole prediction. Not thread-safe: the pipeline plans it simulates
 // are cached in a process-wide table. `simulate_pipeline`: run the pipeline plugin's

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace kolos::planner {
@@ -35,6 +36,15 @@ struct Workload {
   ModelShape model;
   int64_t global_batch = 0;
   std::string precision = "bf16";
+  // What the run sets beyond the plan, as the memory estimate reads it
+  // (kolos/core/plugin_terms.h): the gradient bucket ([parallel]
+  // bucket_mb), every how many blocks recomputation acts, whether the run
+  // has the memory role ([memory]), and the plugins' keys by full name
+  // (a candidate's own pipeline schedule replaces the run's).
+  double bucket_bytes = 25.0 * 1024 * 1024;
+  int64_t recompute_every = 1;
+  bool memory_role = false;
+  std::map<std::string, std::string> settings;
   double element_bytes() const { return precision == "fp32" ? 4.0 : 2.0; }
 };
 

@@ -1,0 +1,194 @@
+// What each plugin knows about the memory a rank holds, and the one function
+// that adds it up.
+//
+// A plugin's terms live in its own folder (plugins/<dir>/*_terms.cpp),
+// torch-free, and register under the plugin's name with KOLOS_PLUGIN_TERMS.
+// plugins/CMakeLists.txt's kolos_plugin_terms() compiles them into
+// libkolos_plugin_terms, beside the registry and rank_memory(). The core's
+// estimate (memory_estimate.h: the engine's refusal, `kolos check`,
+// `kolos plan --memory`) and the planner (planner/, its search and its
+// printed plans) both describe a rank as a MemoryQuery and call
+// rank_memory(): they agree because there is one function, and neither
+// names a plugin.
+//
+// What rank_memory() knows itself is the model's: parameters per block, the
+// embedding and the head, the tensors autograd keeps per block, the logits,
+// the allocator's allowance. What it asks:
+//   the layers role     how a block's saved tensors divide over the tensor
+//                       group (TensorCut);
+//   the sequence role   what attention keeps and backward's high point of
+//                       its core (AttentionMemory);
+//   the pipeline role   the micro-batches a stage holds at once;
+//   the gradients role  the model states: parameters, gradients, optimizer;
+//   the memory role     the model states instead of the gradients role.
+// A chosen plugin that registered no terms is named in the result as "not
+// counted", never estimated as another plugin.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kolos {
+
+struct MemoryTerm {
+  std::string name;    // "parameters", "gradients", ...
+  double bytes = 0;    // double: a config may ask for more than int64 can count
+  std::string detail;  // how it was computed, for the table
+  // Held in host memory beside a device (the memory role's host tier). On
+  // a CPU run that is the same memory and the estimate adds it; the planner
+  // counts it against the host, not the device.
+  bool host = false;
+};
+
+// The model, whole. Every count is a double: the point of an estimate is to
+// say that 1e11 layers do not fit before anything is allocated.
+struct ModelDims {
+  double layers = 0, hidden = 0, heads = 0, kv_heads = 0, seq = 0, vocab = 0;
+  double inner = 0;    // the MLP's width
+  bool llama = false;  // no biases, SwiGLU, RMSNorm, untied head, no position table
+  // A mixture of experts: the share of blocks whose MLP is `experts` SwiGLU
+  // experts, each token through top_k of them, plus `shared` always-on ones.
+  double moe_share = 0, experts = 0, top_k = 1, shared = 0;
+};
+
+// One run, as the estimate sees it: the model, the mesh, the roles' plugins
+// and what the run sets. Built from a RunConfig by the core
+// (memory_estimate.cpp) and from a Candidate by the planner.
+struct MemoryQuery {
+  ModelDims model;
+  int64_t pp = 1, dp = 1, sp = 1, tp = 1, ep = 1;
+  // The plugin of each role ("" none); names as roles.h's RoleChoice.
+  std::string layers, sequence, pipeline, gradients, memory;
+  // The plugins' own keys, as text, by their full name
+  // ("parallel.pipeline.schedule", "memory.compute_budget").
+  std::map<std::string, std::string> settings;
+  double element_bytes = 4;  // parameters and activations: 2 under bf16/fp16
+  int64_t micro_batch = 1;
+  int64_t accumulation = 1;  // micro-batches per step on each rank
+  std::string recompute = "none";
+  int64_t recompute_every = 1;
+  int zero_stage = 0;        // parallel.zero.stage (the memory role shards by it)
+  double bucket_bytes = 0;   // [parallel] bucket size
+  double runtime_bytes = 0;  // the process before the model exists
+  std::string runtime_source = "measured in this process";  // for the table
+
+  bool mixed() const { return element_bytes < 4; }  // fp32 masters beside bf16/fp16
+  // A plugin key's text, or `fallback` when the run does not set it.
+  std::string setting(const std::string& key, const std::string& fallback = "") const;
+};
+
+// What the rank at one pipeline stage holds.
+struct RankPiece {
+  int64_t stage = 0;
+  double blocks = 0;   // transformer blocks on this stage
+  double params = 0;   // local parameters after the tensor cut, before any sharding
+  double block = 0;    // one block's local parameters
+  double largest = 0;  // the largest global tensor (built whole to initialise)
+  bool embeddings = false, head = false;
+  // "1.2M local parameters": for the terms' details.
+  std::string count() const;
+};
+
+// The layers role: divisors over the tensor group of a block's saved
+// tensors. The norms' inputs and outputs, everything else (projections,
+// MLP, attention), and the input a fully recomputed block keeps.
+struct TensorCut {
+  double norms = 1, rest = 1, kept_input = 1;
+};
+
+// The sequence role: what the attention core of one block keeps for one
+// micro-batch of `tokens` positions per rank (elements), how much of that
+// selective recomputation drops (the probabilities), backward's high point
+// of the core (bytes, over the tensor group), and whether the norms'
+// tensors split over the tensor group but for the two a column layer
+// gathers whole (megatron).
+struct AttentionMemory {
+  double saved = 0;
+  double probabilities = 0;
+  double backward = 0;
+  bool norms_over_tensor = false;
+  std::string kernel;  // for the details: "dense", "ring kernel"
+};
+
+// A layout the planner considers for the layers and sequence roles: the
+// model's divisible sizes and the mesh's. micro_batch 0: not chosen yet
+// (the search asks again with each micro-batch).
+struct LayoutQuery {
+  int64_t heads = 0, kv_heads = 0, inner = 0, seq = 0;
+  int64_t tp = 1, sp = 1;
+  std::string tensor_mode = "1d";  // [parallel.tensor] mode
+  int64_t depth = 1;               // 2.5d: d of d x q x q
+  int64_t ulysses = 1;             // hybrid: the Ulysses degree a of sp = a x r
+  int64_t micro_batch = 0;
+};
+
+// A plugin's terms. A role's plugin fills the hooks of its role.
+struct PluginTerms {
+  std::string name;  // the plugin's name ("zero3")
+  std::string role;  // its role ("gradients")
+  TensorCut (*cut)(const MemoryQuery&) = nullptr;                                 // layers
+  AttentionMemory (*attention)(const MemoryQuery&, double micro, double tokens) = nullptr;  // sequence
+  double (*in_flight)(const MemoryQuery&, int64_t stage) = nullptr;              // pipeline
+  // gradients, memory: appends "parameters", "gradients", "optimizer
+  // states" (or the memory role's tiers) for `piece`.
+  void (*states)(const MemoryQuery&, const RankPiece&, std::vector<MemoryTerm>&) = nullptr;
+  // layers, sequence: "" when the plugin runs `layout`, else why not (the
+  // planner's reason for dropping the candidates that have it).
+  std::string (*layout_problem)(const LayoutQuery& layout) = nullptr;
+};
+
+// Registers `terms` (at load, through KOLOS_PLUGIN_TERMS); a second
+// registration of one name throws.
+void register_plugin_terms(const PluginTerms& terms);
+// The terms registered under `name`, or nullptr.
+const PluginTerms* plugin_terms(const std::string& name);
+// Every registered name, sorted.
+std::vector<std::string> plugin_terms_names();
+
+// The attention core without the ring kernel: it keeps the batch x heads x
+// tokens x seq probabilities (the serial core, ulysses after its all-to-all,
+// megatron).
+AttentionMemory dense_attention_memory(const MemoryQuery& q, double micro, double tokens);
+
+// One rank's memory at its high point.
+struct RankMemory {
+  std::string rank;  // "every rank", "pipeline stage 3"
+  std::vector<MemoryTerm> terms;  // the training peak is their sum
+  double states = 0;              // of which the model states' terms
+  // Building: every local parameter whole, plus the initialisation's
+  // temporary of the largest global tensor, plus the runtime.
+  double build_peak = 0;
+  double model_parameters = 0;  // the whole model, every rank together
+  double training_peak() const;
+  double peak() const;  // max(training, build)
+  double host() const;  // the terms held in host memory beside a device
+};
+
+// The worst rank: the first pipeline stage (the embeddings, the most
+// micro-batches in flight) or the last (the head, the logits), whichever is
+// higher.
+RankMemory rank_memory(const MemoryQuery& query);
+// The rank at pipeline stage `stage`.
+RankMemory rank_memory_at(const MemoryQuery& query, int64_t stage);
+
+// The allocator's and communication buffers' allowance: this share of the
+// tensors (fitted to measured runs; docs/reliability.md).
+inline constexpr double kAllocatorAllowance = 0.25;
+
+namespace detail {
+struct PluginTermsRegistrar {
+  explicit PluginTermsRegistrar(const PluginTerms& terms) { register_plugin_terms(terms); }
+};
+}  // namespace detail
+
+}  // namespace kolos
+
+#define KOLOS_TERMS_CONCAT_(a, b) a##b
+#define KOLOS_TERMS_CONCAT(a, b) KOLOS_TERMS_CONCAT_(a, b)
+// KOLOS_PLUGIN_TERMS(make_terms()): registers the PluginTerms the
+// expression returns when libkolos_plugin_terms loads.
+#define KOLOS_PLUGIN_TERMS(...)                                                         \
+  static const ::kolos::detail::PluginTermsRegistrar KOLOS_TERMS_CONCAT(kolos_terms_, \
+                                                                        __LINE__)(__VA_ARGS__)

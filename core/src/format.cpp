@@ -1,0 +1,51 @@
+// Human-readable numbers (kolos/core/format.h). Torch-free: the memory
+// terms (libkolos_plugin_terms) and the engine's progress lines both use them.
+#include "kolos/core/format.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+
+namespace kolos::detail {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  auto total = static_cast<int64_t>(seconds + 0.5);
+  char buffer[32];
+  if (total >= 3600) {
+    std::snprintf(buffer, sizeof buffer, "%lld:%02lld:%02lld", (long long)(total / 3600),
+                  (long long)(total / 60 % 60), (long long)(total % 60));
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%lld:%02lld", (long long)(total / 60),
+                  (long long)(total % 60));
+  }
+  return buffer;
+}
+
+std::string format_count(double value) {
+  char buffer[32];
+  if (value >= 1e9) {
+    std::snprintf(buffer, sizeof buffer, "%.2fG", value / 1e9);
+  } else if (value >= 1e6) {
+    std::snprintf(buffer, sizeof buffer, "%.2fM", value / 1e6);
+  } else if (value >= 1e3) {
+    std::snprintf(buffer, sizeof buffer, "%.1fk", value / 1e3);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.0f", value);
+  }
+  return buffer;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+  return buffer;
+}
+
+}  // namespace kolos::detail
