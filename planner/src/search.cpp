@@ -26,16 +26,6 @@ std::vector<int64_t> divisors(int64_t n) {
   return out;
 }
 
-int64_t exact_root(int64_t x, int k) {
-  const auto r = static_cast<int64_t>(std::llround(std::pow(static_cast<double>(x), 1.0 / k)));
-  for (int64_t q = std::max<int64_t>(1, r - 1); q <= r + 1; ++q) {
-    int64_t p = 1;
-    for (int i = 0; i < k; ++i) p *= q;
-    if (p == x) return q;
-  }
-  return 0;
-}
-
 // The tensor modes' shapes of tp ranks: 1d, a square (2d), d x q x q
 // (2.5d), a cube (3d). Whether a model fits one is its plugin's to say.
 struct TpChoice {

@@ -76,19 +76,15 @@ std::string megatron_layout(const LayoutQuery& l) {
   return "";
 }
 
-PluginTerms sequence(const char* name,
-                     AttentionMemory (*attention)(const MemoryQuery&, double, double),
-                     std::string (*layout)(const LayoutQuery&)) {
-  PluginTerms t{name, "sequence", nullptr, attention};
-  t.layout_problem = layout;
-  return t;
-}
-
 }  // namespace
 
-KOLOS_PLUGIN_TERMS(sequence("ulysses", dense_attention_memory, ulysses_layout));
-KOLOS_PLUGIN_TERMS(sequence("megatron", megatron, megatron_layout));
-KOLOS_PLUGIN_TERMS(sequence("ring", ring_kernel, ring_layout));
-KOLOS_PLUGIN_TERMS(sequence("hybrid", ring_kernel, hybrid_layout));
+KOLOS_PLUGIN_TERMS(PluginTerms{"ulysses", "sequence", nullptr, dense_attention_memory, nullptr,
+                               nullptr, ulysses_layout});
+KOLOS_PLUGIN_TERMS(
+    PluginTerms{"megatron", "sequence", nullptr, megatron, nullptr, nullptr, megatron_layout});
+KOLOS_PLUGIN_TERMS(
+    PluginTerms{"ring", "sequence", nullptr, ring_kernel, nullptr, nullptr, ring_layout});
+KOLOS_PLUGIN_TERMS(
+    PluginTerms{"hybrid", "sequence", nullptr, ring_kernel, nullptr, nullptr, hybrid_layout});
 
 }  // namespace kolos

@@ -6,8 +6,6 @@
 // kv heads and the MLP's width split over tp (1d) or the grid's side q,
 // and a grid's micro-batch over its batch blocks (2d: q, 2.5d: d x q, 3d:
 // q x q). Torch-free, in libkolos_plugin_terms.
-#include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "kolos/core/plugin_terms.h"
@@ -24,17 +22,6 @@ TensorCut one_d(const MemoryQuery& q) {
 TensorCut grid(const MemoryQuery& q) {
   const double tp = static_cast<double>(q.tp);
   return TensorCut{tp, tp, tp};
-}
-
-// n's exact k-th root, or 0.
-int64_t exact_root(int64_t n, int k) {
-  const auto r = static_cast<int64_t>(std::llround(std::pow(static_cast<double>(n), 1.0 / k)));
-  for (int64_t q = std::max<int64_t>(1, r - 1); q <= r + 1; ++q) {
-    int64_t p = 1;
-    for (int i = 0; i < k; ++i) p *= q;
-    if (p == n) return q;
-  }
-  return 0;
 }
 
 std::string divides(const LayoutQuery& l, int64_t split, int64_t batch_blocks) {
@@ -68,18 +55,12 @@ std::string three_d_layout(const LayoutQuery& l) {
   return divides(l, q, q * q);
 }
 
-PluginTerms layers(const char* name, TensorCut (*cut)(const MemoryQuery&),
-                   std::string (*layout)(const LayoutQuery&)) {
-  PluginTerms t{name, "layers", cut};
-  t.layout_problem = layout;
-  return t;
-}
-
 }  // namespace
 
-KOLOS_PLUGIN_TERMS(layers("tp1d", one_d, one_d_layout));
-KOLOS_PLUGIN_TERMS(layers("tp2d", grid, two_d_layout));
-KOLOS_PLUGIN_TERMS(layers("tp2p5d", grid, two_and_half_d_layout));
-KOLOS_PLUGIN_TERMS(layers("tp3d", grid, three_d_layout));
+KOLOS_PLUGIN_TERMS(PluginTerms{"tp1d", "layers", one_d, nullptr, nullptr, nullptr, one_d_layout});
+KOLOS_PLUGIN_TERMS(PluginTerms{"tp2d", "layers", grid, nullptr, nullptr, nullptr, two_d_layout});
+KOLOS_PLUGIN_TERMS(
+    PluginTerms{"tp2p5d", "layers", grid, nullptr, nullptr, nullptr, two_and_half_d_layout});
+KOLOS_PLUGIN_TERMS(PluginTerms{"tp3d", "layers", grid, nullptr, nullptr, nullptr, three_d_layout});
 
 }  // namespace kolos

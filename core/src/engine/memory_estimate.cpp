@@ -50,7 +50,7 @@ ModelDims model_dims(const RunConfig& c) {
     d.llama = true;
     d.inner = static_cast<double>(m.ffn_hidden > 0 ? m.ffn_hidden : default_ffn_hidden(m.hidden));
     d.kv_heads = static_cast<double>(m.kv_heads > 0 ? m.kv_heads : m.heads);
-    if (m.experts > 0) {
+    if (m.name == "mixtral") {  // the experts keys act on mixtral only
       int64_t moe = 0;
       for (int64_t b = 0; b < m.layers; ++b) moe += is_moe_block(m, b) ? 1 : 0;
       d.moe_share = static_cast<double>(moe) / static_cast<double>(m.layers);

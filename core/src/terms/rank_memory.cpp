@@ -157,6 +157,16 @@ std::vector<std::string> plugin_terms_names() {
   return out;
 }
 
+int64_t exact_root(int64_t n, int k) {
+  const auto r = static_cast<int64_t>(std::llround(std::pow(static_cast<double>(n), 1.0 / k)));
+  for (int64_t q = std::max<int64_t>(1, r - 1); q <= r + 1; ++q) {
+    int64_t p = 1;
+    for (int i = 0; i < k; ++i) p *= q;
+    if (p == n) return q;
+  }
+  return 0;
+}
+
 AttentionMemory dense_attention_memory(const MemoryQuery& q, double micro, double tokens) {
   const ModelDims& m = q.model;
   AttentionMemory a;

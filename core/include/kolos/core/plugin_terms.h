@@ -147,6 +147,9 @@ const PluginTerms* plugin_terms(const std::string& name);
 // Every registered name, sorted.
 std::vector<std::string> plugin_terms_names();
 
+// n's exact k-th root, or 0 when it has none (the tensor grids' sides).
+int64_t exact_root(int64_t n, int k);
+
 // The attention core without the ring kernel: it keeps the batch x heads x
 // tokens x seq probabilities (the serial core, ulysses after its all-to-all,
 // megatron).
