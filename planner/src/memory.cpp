@@ -89,8 +89,8 @@ double memory_per_rank(const Workload& w, const Candidate& c, std::vector<Memory
 
 double memory_per_rank(const Workload& w, const Candidate& c, const Cluster& cluster,
                        std::vector<MemoryPart>* parts, double* host_bytes) {
-  return rank_bytes(rank_memory(memory_query(w, c, cluster.runtime_bytes)),
-                    cluster.host_is_device, parts, host_bytes);
+  return rank_bytes(rank_memory(memory_query(w, c, cluster.runtime_bytes)), cluster.host_is_device,
+                    parts, host_bytes);
 }
 
 }  // namespace kolos::planner

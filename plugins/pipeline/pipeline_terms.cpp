@@ -19,8 +19,8 @@ double in_flight(const MemoryQuery& q, int64_t stage) {
   } catch (const std::exception&) {
   }  // the plugin refuses it, with the key's place
   return pipeline::stage_activations_in_flight(
-      pipeline::parse_schedule(schedule), static_cast<int>(q.pp),
-      static_cast<int>(q.accumulation), static_cast<int>(chunks), static_cast<int>(stage));
+      pipeline::parse_schedule(schedule), static_cast<int>(q.pp), static_cast<int>(q.accumulation),
+      static_cast<int>(chunks), static_cast<int>(stage));
 }
 
 }  // namespace

@@ -80,11 +80,11 @@ std::string megatron_layout(const LayoutQuery& l) {
 
 KOLOS_PLUGIN_TERMS(PluginTerms{"ulysses", "sequence", nullptr, dense_attention_memory, nullptr,
                                nullptr, ulysses_layout});
-KOLOS_PLUGIN_TERMS(
-    PluginTerms{"megatron", "sequence", nullptr, megatron, nullptr, nullptr, megatron_layout});
-KOLOS_PLUGIN_TERMS(
-    PluginTerms{"ring", "sequence", nullptr, ring_kernel, nullptr, nullptr, ring_layout});
-KOLOS_PLUGIN_TERMS(
-    PluginTerms{"hybrid", "sequence", nullptr, ring_kernel, nullptr, nullptr, hybrid_layout});
+KOLOS_PLUGIN_TERMS(PluginTerms{"megatron", "sequence", nullptr, megatron, nullptr, nullptr,
+                               megatron_layout});
+KOLOS_PLUGIN_TERMS(PluginTerms{"ring", "sequence", nullptr, ring_kernel, nullptr, nullptr,
+                               ring_layout});
+KOLOS_PLUGIN_TERMS(PluginTerms{"hybrid", "sequence", nullptr, ring_kernel, nullptr, nullptr,
+                               hybrid_layout});
 
 }  // namespace kolos

@@ -59,8 +59,8 @@ std::string three_d_layout(const LayoutQuery& l) {
 
 KOLOS_PLUGIN_TERMS(PluginTerms{"tp1d", "layers", one_d, nullptr, nullptr, nullptr, one_d_layout});
 KOLOS_PLUGIN_TERMS(PluginTerms{"tp2d", "layers", grid, nullptr, nullptr, nullptr, two_d_layout});
-KOLOS_PLUGIN_TERMS(
-    PluginTerms{"tp2p5d", "layers", grid, nullptr, nullptr, nullptr, two_and_half_d_layout});
+KOLOS_PLUGIN_TERMS(PluginTerms{"tp2p5d", "layers", grid, nullptr, nullptr, nullptr,
+                               two_and_half_d_layout});
 KOLOS_PLUGIN_TERMS(PluginTerms{"tp3d", "layers", grid, nullptr, nullptr, nullptr, three_d_layout});
 
 }  // namespace kolos

@@ -11,9 +11,7 @@ namespace {
 
 double shards(const MemoryQuery& q) { return static_cast<double>(q.dp * q.sp); }
 
-std::string over(const MemoryQuery& q) {
-  return " / dp x sp " + std::to_string(q.dp * q.sp);
-}
+std::string over(const MemoryQuery& q) { return " / dp x sp " + std::to_string(q.dp * q.sp); }
 
 // AdamW's m and v (fp32), under bf16/fp16 the fp32 masters, and stages 1
 // and 2's working copy of the parameter shard in the parameters' dtype.
@@ -21,7 +19,8 @@ void optimizer(const MemoryQuery& q, const RankPiece& p, bool working_copy,
                std::vector<MemoryTerm>& out) {
   const double e = q.element_bytes, masters = q.mixed() ? 4 : 0;
   out.push_back({"optimizer states", (8 + (working_copy ? e : 0) + masters) * p.params / shards(q),
-                 std::string("AdamW m, v (fp32)") + (working_copy ? ", the working copy of the shard" : "") +
+                 std::string("AdamW m, v (fp32)") +
+                     (working_copy ? ", the working copy of the shard" : "") +
                      (q.mixed() ? " + fp32 masters" : "") + over(q)});
 }
 

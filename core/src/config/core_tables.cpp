@@ -11,6 +11,7 @@
 
 #include "document.h"
 #include "kolos/core/roles.h"
+#include "kolos/core/sequence_modes.h"
 
 namespace kolos {
 namespace {
@@ -328,7 +329,7 @@ std::string to_toml(const RunConfig& c) {
   // Written where it selects the plugin (an override that names another
   // plugin would conflict with it when read back).
   const auto sequence_plugin = c.plugins.by_role.find("sequence");
-  if ((p.sequence.size > 1 || p.sequence.mode == "megatron") &&
+  if (sequence_splits(p.sequence) &&
       (sequence_plugin == c.plugins.by_role.end() || sequence_plugin->second == p.sequence.mode)) {
     out << ", mode = " << quote_toml(p.sequence.mode);
   }

@@ -6,6 +6,7 @@
 #include "role_checks.h"
 
 #include "kolos/core/roles.h"
+#include "kolos/core/sequence_modes.h"
 #include "kolos/core/settings.h"
 
 namespace kolos {
@@ -14,7 +15,7 @@ namespace {
 // What model.name = "mixtral" runs under: the layouts its equivalence
 // test covers (tests/mpi/moe); the others are refused by name.
 void check_moe_roles(const RunConfig& c, const ConfigSection& root) {
-  if (c.parallel.sequence.size > 1 || c.parallel.sequence.mode == "megatron") {
+  if (sequence_splits(c.parallel.sequence)) {
     root.fail_at_any({"parallel.sequence", "parallel.sequence.mode", "model.name"},
                      "model.name = \"mixtral\" does not run under sequence parallelism yet: "
                      "its routing and load-balancing loss see a rank's tokens, which a "
@@ -112,8 +113,8 @@ void check_roles(const RunConfig& c) {
     }
   }
   const ConfigSection sequence = c.section("parallel.sequence");
-  if (sequence.has("mode") && c.parallel.sequence.size == 1 && !by_role.count("sequence") &&
-      c.parallel.sequence.mode != "megatron" && !c.parallel.auto_plan) {
+  if (sequence.has("mode") && !sequence_splits(c.parallel.sequence) && !by_role.count("sequence") &&
+      !c.parallel.auto_plan) {
     sequence.fail("mode", quote_toml(c.parallel.sequence.mode) +
                               " has no effect: parallel.sequence.size = 1 splits no sequence; "
                               "remove it, or set a size > 1.");

@@ -2,6 +2,7 @@
 #include "kolos/core/roles.h"
 
 #include "kolos/core/error.h"
+#include "kolos/core/sequence_modes.h"
 
 namespace kolos {
 
@@ -53,9 +54,11 @@ RoleChoice choose_plugins(const RoleSettings& p) {
   choice.pipeline = p.pipeline_size > 1 ? "pipeline" : role_spec("pipeline").builtin;
   choice.gradients =
       p.zero_stage > 0 ? "zero" + std::to_string(p.zero_stage) : role_spec("gradients").builtin;
-  // "megatron" splits over the tensor group, with no sp axis of its own: it
+  // A mode over the tensor group (megatron) has no sp axis of its own: it
   // is chosen by its mode whatever the size (its plugin checks the size).
-  choice.sequence = p.sequence_size > 1 || p.sequence_mode == "megatron" ? p.sequence_mode : "";
+  SequenceConfig sequence;
+  sequence.size = p.sequence_size, sequence.mode = p.sequence_mode;
+  choice.sequence = sequence_splits(sequence) ? p.sequence_mode : "";
   // A [memory] section asks for the memory role; `chunks` is its plugin.
   choice.memory = p.memory ? "chunks" : "";
   // parallel.auto = true (or a [planner] section) asks for the planner

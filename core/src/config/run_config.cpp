@@ -36,6 +36,7 @@
 #include "document.h"
 #include "kolos/core/error.h"
 #include "kolos/core/roles.h"
+#include "kolos/core/sequence_modes.h"
 #include "role_checks.h"
 #include "toml_input.h"
 
@@ -43,8 +44,10 @@ namespace kolos {
 namespace {
 
 const std::vector<std::string> kTensorModes = {"1d", "2d", "2.5d", "3d"};
-// parallel.sequence.mode: each a sequence plugin of that name.
+// parallel.sequence.mode: each a sequence plugin of that name; megatron
+// splits over the tensor group, with no sp axis of its own.
 const std::vector<std::string> kSequenceModes = {"ulysses", "ring", "megatron", "hybrid"};
+const std::vector<std::string> kSequenceModesOverTensor = {"megatron"};
 constexpr int64_t kMaxUint16Vocab = 65536;
 
 // The axis tables of [parallel], each the section of one role.
@@ -597,6 +600,11 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     throw ConfigError(path + ": cannot read the config file: " + std::strerror(error));
   }
   return parse_run_config(text, path, overrides);
+}
+
+bool sequence_over_tensor(const std::string& mode) {
+  return std::find(kSequenceModesOverTensor.begin(), kSequenceModesOverTensor.end(), mode) !=
+         kSequenceModesOverTensor.end();
 }
 
 bool is_moe_block(const ModelConfig& c, int64_t block) {

@@ -18,6 +18,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
+#include "kolos/core/sequence_modes.h"
 #include "kolos/core/settings.h"
 
 namespace kolos {
@@ -128,7 +129,7 @@ int64_t fewest_ranks(const RunConfig& config) {
 
 int64_t non_data_ranks(const RunConfig& config) {
   const auto& p = config.parallel;
-  return p.pipeline.size * (p.sequence.mode == "megatron" ? 1 : p.sequence.size) * p.tensor.size;
+  return p.pipeline.size * sequence_axis_size(p.sequence) * p.tensor.size;
 }
 
 MemoryQuery memory_query(const RunConfig& config, int64_t world_size, double runtime_bytes) {

@@ -8,6 +8,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/mesh_layout.h"
 #include "kolos/core/run_config.h"
+#include "kolos/core/sequence_modes.h"
 
 namespace kolos {
 
@@ -53,8 +54,7 @@ MeshShape resolve_mesh_shape(const RunConfig& config, int64_t world_size) {
   }
   MeshShape mesh;
   mesh.pp = p.pipeline.size;
-  // "megatron" splits the sequence over the tensor group: no sp axis.
-  mesh.sp = p.sequence.mode == "megatron" ? 1 : p.sequence.size;
+  mesh.sp = sequence_axis_size(p.sequence);
   mesh.tp = p.tensor.size;
   int64_t others = 0;
   if (__builtin_mul_overflow(mesh.pp, mesh.sp, &others) ||

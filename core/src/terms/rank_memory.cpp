@@ -255,8 +255,8 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   const double rest = 4 * bsh + wide * micro * tokens * m.inner + att.saved;
   const double per_block = elem * (norms / cut.norms + rest / cut.rest);
   double act = p.blocks * per_block * flight;
-  std::string detail = "micro-batch " + std::to_string(q.micro_batch) + ", " +
-                       fmt_count(p.blocks) + " blocks";
+  std::string detail =
+      "micro-batch " + std::to_string(q.micro_batch) + ", " + fmt_count(p.blocks) + " blocks";
   const double chosen = recomputed_blocks(q, stage, p.blocks);
   if (chosen > 0 && q.recompute == "full") {
     // A recomputed block keeps its input only; in backward one block at a
@@ -305,8 +305,8 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
     r.terms.push_back(MemoryTerm{"allocator, host", kAllocatorAllowance * host,
                                  "25% of the host tier's tensors", /*host=*/true});
   }
-  r.terms.push_back(MemoryTerm{"runtime", q.runtime_bytes,
-                               "LibTorch, MPI, plugins: " + q.runtime_source});
+  r.terms.push_back(
+      MemoryTerm{"runtime", q.runtime_bytes, "LibTorch, MPI, plugins: " + q.runtime_source});
   r.build_peak = q.runtime_bytes + elem * p.params + 2 * elem * p.largest;
   return r;
 }

@@ -126,11 +126,12 @@ struct LayoutQuery {
 
 // A plugin's terms. A role's plugin fills the hooks of its role.
 struct PluginTerms {
-  std::string name;  // the plugin's name ("zero3")
-  std::string role;  // its role ("gradients")
-  TensorCut (*cut)(const MemoryQuery&) = nullptr;                                 // layers
-  AttentionMemory (*attention)(const MemoryQuery&, double micro, double tokens) = nullptr;  // sequence
-  double (*in_flight)(const MemoryQuery&, int64_t stage) = nullptr;              // pipeline
+  std::string name;                                // the plugin's name ("zero3")
+  std::string role;                                // its role ("gradients")
+  TensorCut (*cut)(const MemoryQuery&) = nullptr;  // layers
+  AttentionMemory (*attention)(const MemoryQuery&, double micro,
+                               double tokens) = nullptr;             // sequence
+  double (*in_flight)(const MemoryQuery&, int64_t stage) = nullptr;  // pipeline
   // gradients, memory: appends "parameters", "gradients", "optimizer
   // states" (or the memory role's tiers) for `piece`.
   void (*states)(const MemoryQuery&, const RankPiece&, std::vector<MemoryTerm>&) = nullptr;
@@ -157,7 +158,7 @@ AttentionMemory dense_attention_memory(const MemoryQuery& q, double micro, doubl
 
 // One rank's memory at its high point.
 struct RankMemory {
-  std::string rank;  // "every rank", "pipeline stage 3"
+  std::string rank;               // "every rank", "pipeline stage 3"
   std::vector<MemoryTerm> terms;  // the training peak is their sum
   double states = 0;              // of which the model states' terms
   // Building: every local parameter whole, plus the initialisation's
@@ -192,6 +193,6 @@ struct PluginTermsRegistrar {
 #define KOLOS_TERMS_CONCAT(a, b) KOLOS_TERMS_CONCAT_(a, b)
 // KOLOS_PLUGIN_TERMS(make_terms()): registers the PluginTerms the
 // expression returns when libkolos_plugin_terms loads.
-#define KOLOS_PLUGIN_TERMS(...)                                                         \
+#define KOLOS_PLUGIN_TERMS(...)                                                       \
   static const ::kolos::detail::PluginTermsRegistrar KOLOS_TERMS_CONCAT(kolos_terms_, \
                                                                         __LINE__)(__VA_ARGS__)
