@@ -132,21 +132,29 @@ int64_t non_data_ranks(const RunConfig& config) {
   return p.pipeline.size * sequence_axis_size(p.sequence) * p.tensor.size;
 }
 
+namespace {
+
+// Micro-batches per step on each rank.
+int64_t accumulation_of(const RunConfig& config, const MeshShape& mesh) {
+  const int64_t per_step = config.train.micro_batch * mesh.batch_ranks();
+  return std::max<int64_t>(1, config.train.global_batch / std::max<int64_t>(1, per_step));
+}
+
+}  // namespace
+
 MemoryQuery memory_query(const RunConfig& config, int64_t world_size, double runtime_bytes) {
   const MeshShape mesh = resolve_mesh_shape(config, world_size);
-  const int64_t per_step = config.train.micro_batch * mesh.batch_ranks();
-  const int64_t accumulation =
-      std::max<int64_t>(1, config.train.global_batch / std::max<int64_t>(1, per_step));
-  return query_of(config, mesh, choose_plugins(config), accumulation, runtime_bytes);
+  return query_of(config, mesh, choose_plugins(config), accumulation_of(config, mesh),
+                  runtime_bytes);
 }
 
 MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, double runtime_bytes) {
-  const MemoryQuery q = memory_query(config, world_size, runtime_bytes);
-  const RankMemory r = rank_memory(q);
   MemoryEstimate e;
   e.shape = resolve_mesh_shape(config, world_size);
   e.roles = choose_plugins(config);
-  e.accumulation = q.accumulation;
+  e.accumulation = accumulation_of(config, e.shape);
+  const RankMemory r =
+      rank_memory(query_of(config, e.shape, e.roles, e.accumulation, runtime_bytes));
   e.rank = r.rank;
   e.terms = r.terms;
   e.build_peak = r.build_peak;
