@@ -12,6 +12,13 @@
 
 namespace kolos::modules::hf_detail {
 
+// A tensor's kolos name and Hugging Face name, with the shape both give it:
+// the conversions that rename without reshaping list these.
+struct TensorName {
+  std::string kolos, hf;
+  std::vector<int64_t> shape;
+};
+
 // Tensors by name, each taken once; what is left at the end is an error.
 class Tensors {
  public:

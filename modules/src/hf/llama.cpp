@@ -12,16 +12,14 @@
 namespace kolos::modules {
 namespace {
 
+using hf_detail::TensorName;
+
 // (kolos name, Hugging Face name) of every tensor of a llama with `c`'s
 // shape, with the shape both have.
-struct Named {
-  std::string kolos, hf;
-  std::vector<int64_t> shape;
-};
-std::vector<Named> llama_names(const ModelConfig& c) {
+std::vector<TensorName> llama_names(const ModelConfig& c) {
   const int64_t h = c.hidden, hd = c.hidden / c.heads, kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
   const int64_t f = c.ffn_hidden > 0 ? c.ffn_hidden : default_ffn_hidden(c.hidden);
-  std::vector<Named> out{{"embed.wte.weight", "model.embed_tokens.weight", {c.vocab, h}}};
+  std::vector<TensorName> out{{"embed.wte.weight", "model.embed_tokens.weight", {c.vocab, h}}};
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string k = "h." + std::to_string(i) + ".";
     const std::string l = "model.layers." + std::to_string(i) + ".";
@@ -92,10 +90,11 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
   hf_detail::Tensors left(weights, "the checkpoint");
   HfModel hf;
   hf.architecture = mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM";
-  for (const Named& n : llama_names(c)) hf.tensors.emplace_back(n.hf, left.take(n.kolos, n.shape));
+  for (const TensorName& n : llama_names(c))
+    hf.tensors.emplace_back(n.hf, left.take(n.kolos, n.shape));
   left.expect_empty(mixtral ? "Mixtral" : "LLaMA",
-                    "is this checkpoint's model a " + c.name + " with layers = " +
-                        std::to_string(c.layers) + "?");
+                    "is this checkpoint's model a " + c.name +
+                        " with layers = " + std::to_string(c.layers) + "?");
   const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
   const int64_t f = c.ffn_hidden > 0 ? c.ffn_hidden : default_ffn_hidden(c.hidden);
   std::ostringstream json;
@@ -127,8 +126,7 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
          << "  \"router_jitter_noise\": 0.0,\n"
          << "  \"output_router_logits\": false,\n";
   }
-  json
-       << "  \"torch_dtype\": \"float32\"\n"
+  json << "  \"torch_dtype\": \"float32\"\n"
        << "}\n";
   hf.config_json = json.str();
   return hf;
@@ -209,7 +207,7 @@ ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
     left.drop("model.layers." + std::to_string(i) + ".self_attn.rotary_emb.inv_freq");
   }
   at::Tensor embedding;
-  for (const Named& n : llama_names(c)) {
+  for (const TensorName& n : llama_names(c)) {
     at::Tensor t;
     if (n.hf == "lm_head.weight" && tied) {
       if (left.has("lm_head.weight")) {
@@ -230,8 +228,8 @@ ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
     out.weights.emplace_back(n.kolos, t);
   }
   left.expect_empty("kolos " + c.name, "is this a " + std::string(mixtral ? "Mixtral" : "LLaMA") +
-                                          " with num_hidden_layers = " +
-                                          std::to_string(c.layers) + " (config.json)?");
+                                           " with num_hidden_layers = " + std::to_string(c.layers) +
+                                           " (config.json)?");
   return out;
 }
 

@@ -11,17 +11,15 @@
 namespace kolos::modules {
 namespace {
 
+using hf_detail::TensorName;
+
 // (kolos name, Hugging Face name) of every tensor whose layout the two
 // share (nn::Linear's [out, in], LayerNorm vectors), with its shape. The
 // patch projection, the class token, the positions and the classifier's
 // bias are converted apart.
-struct Named {
-  std::string kolos, hf;
-  std::vector<int64_t> shape;
-};
-std::vector<Named> vit_block_names(const ModelConfig& c) {
+std::vector<TensorName> vit_block_names(const ModelConfig& c) {
   const int64_t h = c.hidden, inner = c.mlp_ratio * c.hidden;
-  std::vector<Named> out;
+  std::vector<TensorName> out;
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string k = "h." + std::to_string(i) + ".";
     const std::string l = "vit.encoder.layer." + std::to_string(i) + ".";
@@ -78,7 +76,7 @@ HfModel vit_to_hf_vit(const ModelConfig& c, const NamedTensors& weights) {
   put("vit.embeddings.cls_token", left.take("embed.cls_token", {h}).view({1, 1, h}));
   put("vit.embeddings.position_embeddings",
       left.take("embed.pos_embed", {vit_tokens(c), h}).unsqueeze(0));
-  for (const Named& n : vit_block_names(c)) put(n.hf, left.take(n.kolos, n.shape));
+  for (const TensorName& n : vit_block_names(c)) put(n.hf, left.take(n.kolos, n.shape));
   // kolos's head has no bias; the classifier's is zero.
   put("classifier.bias", torch::zeros({c.classes}, torch::kFloat));
   left.expect_empty(
@@ -221,7 +219,7 @@ ImportedModel vit_from_hf(const Config& config, const NamedTensors& tensors) {
   put("embed.pos_embed", left.take("vit.embeddings.position_embeddings", {1, vit_tokens(c), h})
                              .view({vit_tokens(c), h}));
   at::Tensor ln_f_bias, classifier;
-  for (const Named& n : vit_block_names(c)) {
+  for (const TensorName& n : vit_block_names(c)) {
     const bool qkv_bias_name = n.kolos.find(".attn.o_proj.") == std::string::npos &&
                                n.kolos.find(".attn.") != std::string::npos &&
                                n.kolos.find(".bias") != std::string::npos;
