@@ -64,7 +64,11 @@ demo: configure
 # CI runs exactly this: the whole suite, then the sanitizer subset.
 test: test-suite test-asan
 
-test-suite: venv build
+# The `python` level of the environment (several GB to download) installs
+# while the build compiles: it adds packages beside the wheel and replaces
+# none of the files the build reads (scripts/install-venv.sh).
+test-suite: deps
+	@$(MAKE) --no-print-directory -j 2 venv build
 	@cd $(BUILD) && ctest -LE gpu --output-on-failure -j $(TEST_JOBS) --timeout 900
 
 # The sanitizer subset (docs/reliability.md, "Sanitizers"), built alone

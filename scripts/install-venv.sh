@@ -76,13 +76,21 @@ for r in m.requires("torch") or []:
         print(r)
 PY
 )
-  # libtorch_cpu.so's DT_NEEDED libcudart.so.13 and libcupti.so.13, from the
-  # CUDA release the wheel was built with (torch/version.py: cuda = '13.2').
-  cuda=$(sed -n "s/^cuda: Optional\[str\] = '\([0-9]*\.[0-9]*\)'$/\1/p" "$site/torch/version.py")
-  [[ -n $cuda ]] || { echo "kolos: cannot read the CUDA version of $site/torch/version.py" >&2; exit 1; }
-  # --no-warn-conflicts: torch's CUDA requirements are left out on purpose.
-  pip install --no-warn-conflicts "${pure[@]}" "nvidia-cuda-runtime==$cuda.*" \
-    "nvidia-cuda-cupti==$cuda.*"
+  # libtorch_cpu.so's DT_NEEDED libcudart.so.13 and libcupti.so.13, at the
+  # versions torch's own requirement (cuda-toolkit==X, Linux) pins: the
+  # `python` level then finds them installed and replaces nothing, so it can
+  # run while a build links against them (the Makefile's test-suite).
+  toolkit=$("$venv/bin/python" - <<'PY'
+import importlib.metadata as m, re
+for r in m.requires("torch") or []:
+    hit = re.match(r"cuda-toolkit\[[^\]]*\]\s*==\s*([0-9.]+)\s*;.*Linux", r)
+    if hit:
+        print(hit.group(1))
+PY
+)
+  [[ -n $toolkit ]] || { echo "kolos: torch $torch_version names no cuda-toolkit for Linux" >&2; exit 1; }
+  # --no-warn-conflicts: torch's other CUDA requirements are left out on purpose.
+  pip install --no-warn-conflicts "${pure[@]}" "cuda-toolkit[cudart,cupti]==$toolkit"
   touch "$venv/.kolos-build-torch-$torch_version"
 fi
 
