@@ -24,49 +24,52 @@ PY=${KOLOS_VENV:-}/bin/python
 
 TOKENS=$($PY -c "import random; r = random.Random(3); print(*[r.randrange(96) for _ in range(48)])")
 
-# make_model KIND DIR PYTHON: PYTHON runs on `model` before saving (`shard`:
-# save_pretrained's max_shard_size):
-# a random tiny transformers model (vocab 96), saved one-file, plus its
-# logits for TOKENS (2 rows) in DIR.logits.safetensors.
+# make_model KIND DIR PYTHON [KIND DIR PYTHON ...]: for each triple, a
+# random tiny transformers model (vocab 96) of KIND, PYTHON run on `model`
+# before saving (`shard`: save_pretrained's max_shard_size), saved to DIR,
+# plus its logits for TOKENS (2 rows) in DIR.logits.safetensors. One Python
+# process makes them all (importing torch and transformers costs seconds).
 make_model() {
-  "$PY" - "$@" "$TOKENS" <<'PYEOF' || fail "making the transformers model failed"
+  "$PY" - "$TOKENS" "$@" <<'PYEOF' || fail "making the transformers model failed"
 import sys, warnings
 warnings.filterwarnings("ignore")
 import torch, transformers
 from safetensors.torch import save_file
-kind, out, extra, tokens = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-torch.manual_seed(0)
-if kind == "gpt2":
-    cfg = transformers.GPT2Config(vocab_size=96, n_positions=24, n_embd=48, n_layer=2, n_head=4,
-                                  resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
-    model = transformers.GPT2LMHeadModel(cfg)
-elif kind == "mixtral":
-    cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=64, intermediate_size=48,
-                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                     num_local_experts=4, num_experts_per_tok=2,
-                                     max_position_embeddings=64, rope_theta=500000.0, rms_norm_eps=1e-6)
-    model = transformers.MixtralForCausalLM(cfg)
-else:
-    tied = kind == "llama_tied"
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=64, rope_theta=500000.0, rms_norm_eps=1e-6,
-                                   tie_word_embeddings=tied)
-    model = transformers.LlamaForCausalLM(cfg)
-# Random norms and biases too, so a layout mistake cannot hide behind ones and zeros.
-with torch.no_grad():
-    for name, p in model.named_parameters():
-        if p.dim() == 1:
-            p.add_(torch.randn_like(p) * 0.1)
-model.eval()
-shard = "5GB"
-exec(extra)
-model.save_pretrained(out, max_shard_size=shard)
-ids = torch.tensor([int(t) for t in tokens.split()]).view(2, -1)
-with torch.no_grad():
-    logits = model(ids).logits
-save_file({"tokens": ids, "logits": logits.contiguous()}, out + ".logits.safetensors")
-print(f"{kind}: transformers {transformers.__version__}, {sum(p.numel() for p in model.parameters())} parameters")
+tokens, specs = sys.argv[1], sys.argv[2:]
+assert len(specs) % 3 == 0, specs
+for kind, out, extra in zip(specs[0::3], specs[1::3], specs[2::3]):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=96, n_positions=24, n_embd=48, n_layer=2, n_head=4,
+                                      resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+        model = transformers.GPT2LMHeadModel(cfg)
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(vocab_size=96, hidden_size=64, intermediate_size=48,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         num_local_experts=4, num_experts_per_tok=2,
+                                         max_position_embeddings=64, rope_theta=500000.0, rms_norm_eps=1e-6)
+        model = transformers.MixtralForCausalLM(cfg)
+    else:
+        tied = kind == "llama_tied"
+        cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=64, rope_theta=500000.0, rms_norm_eps=1e-6,
+                                       tie_word_embeddings=tied)
+        model = transformers.LlamaForCausalLM(cfg)
+    # Random norms and biases too, so a layout mistake cannot hide behind ones and zeros.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.eval()
+    shard = "5GB"
+    exec(extra)
+    model.save_pretrained(out, max_shard_size=shard)
+    ids = torch.tensor([int(t) for t in tokens.split()]).view(2, -1)
+    with torch.no_grad():
+        logits = model(ids).logits
+    save_file({"tokens": ids, "logits": logits.contiguous()}, out + ".logits.safetensors")
+    print(f"{kind}: transformers {transformers.__version__}, {sum(p.numel() for p in model.parameters())} parameters")
 PYEOF
 }
 
@@ -78,15 +81,17 @@ same_logits() {
   # shellcheck disable=SC2086
   "$GPT_LOGITS" "$dir.ckpt" "$dir.kolos.safetensors" 2 $TOKENS >/dev/null ||
     fail "gpt_logits on the import of $dir failed"
+  # numpy, not torch: importing torch costs a Python process seconds.
   "$PY" - "$dir" <<'PYEOF' || fail "kolos's logits differ from transformers' for $1"
 import sys
-from safetensors.torch import load_file
+import numpy as np
+from safetensors.numpy import load_file
 d = sys.argv[1]
 hf, kolos = load_file(d + ".logits.safetensors"), load_file(d + ".kolos.safetensors")
 assert (hf["tokens"] == kolos["tokens"]).all()
-diff = (hf["logits"] - kolos["logits"]).abs().max().item()
+diff = float(np.abs(hf["logits"] - kolos["logits"]).max())
 print(f"{d}: max |kolos - transformers| = {diff:.3g} (logits span "
-      f"{hf['logits'].min().item():.2f}..{hf['logits'].max().item():.2f})")
+      f"{hf['logits'].min():.2f}..{hf['logits'].max():.2f})")
 assert diff < 1e-5, diff
 PYEOF
 }
@@ -143,13 +148,11 @@ PYEOF
 
 case "$case_name" in
   gpt2)
-    make_model gpt2 one ""
+    make_model gpt2 one "" gpt2 sharded "shard = '40KB'" gpt2 hub ""
     same_logits one
-    make_model gpt2 sharded "shard = '40KB'"
     [[ -f sharded/model.safetensors.index.json ]] || fail "transformers wrote no sharded model"
     same_logits sharded
     # The Hub's layout: no "transformer." prefix, causal-mask buffers kept.
-    make_model gpt2 hub ""
     "$PY" - <<'PYEOF' || fail "rewriting to the Hub layout failed"
 import torch
 from safetensors.torch import load_file, save_file
@@ -166,12 +169,10 @@ PYEOF
     export_matches run.ckpt
     ;;
   llama)
-    make_model llama one ""
+    make_model llama one "" llama sharded "shard = '40KB'" llama_tied tied ""
     same_logits one
-    make_model llama sharded "shard = '40KB'"
     [[ -f sharded/model.safetensors.index.json ]] || fail "transformers wrote no sharded model"
     same_logits sharded
-    make_model llama_tied tied ""
     same_logits tied
     grep -q "tie_word_embeddings" tied.import.txt || { cat tied.import.txt; fail "a tied head was imported without a note"; }
     sed -n '/^\[model\]/,$p' one.import.txt >train.toml
@@ -182,7 +183,7 @@ PYEOF
   mixtral)
     # Experts routed top-2 of 4 in both blocks: the same logits means the
     # same routing, weights and experts (and the same first-step loss).
-    make_model mixtral one ""
+    make_model mixtral one "" mixtral jitter "model.config.router_jitter_noise = 0.1"
     same_logits one
     grep -q '^name = "mixtral"' one.import.txt && grep -q '^experts = 4' one.import.txt ||
       { cat one.import.txt; fail "the import's [model] table is not a mixtral with 4 experts"; }
@@ -190,18 +191,18 @@ PYEOF
     cp -r one.ckpt run.ckpt
     train_from run.ckpt train.toml
     export_matches run.ckpt
-    make_model mixtral jitter "model.config.router_jitter_noise = 0.1"
     expect_failure "\`router_jitter_noise\` = 0.1" "$KOLOS" ckpt import jitter --format hf -o j.ckpt
     ;;
   bad)
-    make_model gpt2 good ""
+    make_model gpt2 good "" llama lgood "" gpt2 sharded "shard = '40KB'"
     # edit NAME PYTHON: a copy of $SRC (default good/) as NAME, changed by
-    # PYTHON (t: the tensors, cfg: config.json).
+    # PYTHON (t: the tensors as numpy arrays, np: numpy, cfg: config.json).
     edit() {
       rm -rf "$1" && cp -r "${SRC:-good}" "$1"
       "$PY" - "$1" "$2" <<'PYEOF' || fail "making $1 failed"
-import json, sys, torch
-from safetensors.torch import load_file, save_file
+import json, sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
 d, code = sys.argv[1], sys.argv[2]
 t = load_file(d + "/model.safetensors")
 cfg = json.load(open(d + "/config.json"))
@@ -212,15 +213,14 @@ PYEOF
     }
     edit missing 'del t["transformer.h.1.mlp.c_fc.weight"]'
     expect_failure "has no tensor \`h.1.mlp.c_fc.weight\`" "$KOLOS" ckpt import missing --format hf -o m.ckpt
-    edit extra 't["transformer.h.1.adapter.weight"] = torch.zeros(3)'
+    edit extra 't["transformer.h.1.adapter.weight"] = np.zeros(3, np.float32)'
     expect_failure "tensor \`h.1.adapter.weight\` has no kolos gpt counterpart" "$KOLOS" ckpt import extra --format hf -o e.ckpt
-    edit shape 't["transformer.wpe.weight"] = torch.zeros(25, 48)'
+    edit shape 't["transformer.wpe.weight"] = np.zeros((25, 48), np.float32)'
     expect_failure "tensor \`wpe.weight\` has shape \[25, 48\]" "$KOLOS" ckpt import shape --format hf -o s.ckpt
     edit act 'cfg["activation_function"] = "relu"'
     expect_failure "\`activation_function\` = \"relu\"" "$KOLOS" ckpt import act --format hf -o a.ckpt
     edit arch 'cfg["model_type"] = "bert"'
     expect_failure "\`model_type\` = \"bert\"" "$KOLOS" ckpt import arch --format hf -o b.ckpt
-    make_model llama lgood ""
     SRC=lgood edit rope 'cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}'
     expect_failure "\`rope_parameters.rope_type\` = \"llama3\"" "$KOLOS" ckpt import rope --format hf -o r.ckpt
     SRC=lgood edit bias 'cfg["attention_bias"] = True'
@@ -228,7 +228,6 @@ PYEOF
     # A truncated file, and an index that places a tensor in the wrong shard.
     rm -rf cut && cp -r good cut && truncate -s -100 cut/model.safetensors
     expect_failure "cut/model.safetensors" "$KOLOS" ckpt import cut --format hf -o c.ckpt
-    make_model gpt2 sharded "shard = '40KB'"
     "$PY" - <<'PYEOF' || fail "misplacing a tensor in the index failed"
 import json
 p = "sharded/model.safetensors.index.json"

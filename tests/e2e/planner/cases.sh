@@ -137,13 +137,12 @@ PY
 
   predict)
     "$KOLOS_SOURCE_DIR/bench/run_planner_check.sh" --build "$(dirname "$(dirname "$KOLOS")")" \
-      --plans small --steps 3 --warmup 1 --tune 2 --tune-seconds 10 --out results >check.txt 2>&1 ||
+      --plans small --steps 2 --warmup 1 --tune 0 --out results >check.txt 2>&1 ||
       { cat check.txt; fail "the prediction check failed to run"; }
     cat check.txt
     grep -q "^plans measured: 4" check.txt || fail "not every plan was measured"
     grep -q "^Spearman rank correlation: " check.txt || fail "no correlation printed"
     grep -q "^chosen plan: " check.txt || fail "the chosen plan was not measured"
-    grep -q "^tuning time: " check.txt || fail "the tuning time was not printed"
     echo "ok: four plans predicted and measured"
     ;;
 
