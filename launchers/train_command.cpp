@@ -114,8 +114,13 @@ int train_command(const std::vector<std::string>& args, int argc, char** argv) {
       // The estimate the engine checked (it refuses a run that exceeds the
       // budget); the summary's peak RSS is the measured counterpart.
       const MemoryEstimate memory = estimate_memory(config, runtime.size(), runtime_bytes);
-      std::fprintf(stderr, "kolos: memory estimate %s per rank (%.0f bytes; largest: %s %s)\n",
-                   detail::format_bytes(memory.peak()).c_str(), memory.peak(),
+      // The runtime, measured here before the model existed, is printed
+      // so that the estimate's model part can be held against the
+      // measured peak less the same runtime (tests/e2e/memory).
+      std::fprintf(stderr,
+                   "kolos: memory estimate %s per rank (%.0f bytes, of which runtime %.0f; "
+                   "largest: %s %s)\n",
+                   detail::format_bytes(memory.peak()).c_str(), memory.peak(), runtime_bytes,
                    memory.largest().name.c_str(),
                    detail::format_bytes(memory.largest().bytes).c_str());
     }

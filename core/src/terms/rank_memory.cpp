@@ -298,12 +298,13 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   // for the large collectives, dp/zero1's bucket rebuild after the first
   // backward. One allowance, fitted (docs/reliability.md); not derived.
   const double host = r.host(), tensors = r.training_peak() - host;
+  const std::string share = std::to_string(std::lround(100 * kAllocatorAllowance)) + "%";
   r.terms.push_back(MemoryTerm{"allocator, buffers", kAllocatorAllowance * tensors,
-                               "25% of the tensors: freed memory the allocator keeps, MPI "
-                               "buffers (fitted)"});
+                               share + " of the tensors: freed memory the allocator keeps, MPI "
+                                       "buffers (fitted)"});
   if (host > 0) {
     r.terms.push_back(MemoryTerm{"allocator, host", kAllocatorAllowance * host,
-                                 "25% of the host tier's tensors", /*host=*/true});
+                                 share + " of the host tier's tensors", /*host=*/true});
   }
   r.terms.push_back(
       MemoryTerm{"runtime", q.runtime_bytes, "LibTorch, MPI, plugins: " + q.runtime_source});

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Fits the memory estimate's one fitted constant, the allocator's allowance
+# (kAllocatorAllowance, kolos/core/plugin_terms.h), on this machine.
+#
+#   bench/run_memory_fit.sh [--heldout] [--build build]
+#
+# Builds nothing: it needs build/bin/kolos and its plugins (ninja -C build
+# runtime) and OpenMPI's mpirun. It trains the fifteen runs of the fit set
+# (tests/e2e/memory/measure.sh's states.toml and activations.toml under the
+# layouts below, 2 ranks, 5 steps each) and, for each, asks `kolos plan
+# --memory --json` for the estimate's terms. The runtime (each run's resident
+# memory before the model existed, as `kolos run` prints it) is taken out of
+# both sides: the model's measured part is the peak RSS less the runtime;
+# its estimated part is the tensors (every term but the allowance and the
+# runtime) times 1 + a. Printed: each run's tensors, measured part and
+# ratio, the allowance a that makes the geometric mean of the ratios 1 (the
+# least squares of their logarithms), and each run's error under the
+# allowance compiled in and under the fitted one. --heldout: then the same
+# for the held-out set (other shapes, and mixes the fit set lacks), with the
+# allowance fitted on the fit set alone.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=build heldout=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build) build=$2 ;;
+    --heldout) heldout=1; shift; continue ;;
+    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_memory_fit.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+[[ $build = /* ]] || build=$root/$build
+export KOLOS=$build/bin/kolos
+[[ -x $KOLOS ]] || { echo "run_memory_fit.sh: no $KOLOS (ninja -C $build runtime)" >&2; exit 2; }
+export KOLOS_PLUGIN_PATH=${KOLOS_PLUGIN_PATH:-$build/lib/kolos/plugins}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+set +e
+# shellcheck source=../tests/e2e/lib.sh
+source "$root/tests/e2e/lib.sh"
+# shellcheck source=../tests/e2e/memory/measure.sh
+source "$root/tests/e2e/memory/measure.sh"
+write_memory_configs
+
+: >fit.txt
+measure_set() {  # SET RUN...: measures each run into fit.txt, tagged SET
+  local set=$1 r name config extra line
+  shift
+  for r in "$@"; do
+    IFS='|' read -r name config extra <<<"$r"
+    # shellcheck disable=SC2086
+    line=$(measure_memory "$name" 2 "$config" $extra) || exit 1
+    # shellcheck disable=SC2086
+    "$KOLOS" plan --memory "$config" -n 2 $extra --json >"$name.plan.json" ||
+      [[ $? -eq 1 ]] || fail "$name: kolos plan --memory failed"
+    echo "$set $line $name.plan.json" >>fit.txt
+    echo "measured: $set $line" >&2
+  done
+}
+measure_set fit "${memory_fit_runs[@]}"
+((heldout)) && measure_set heldout "${memory_heldout_runs[@]}"
+python3 - fit.txt <<'PY'
+import json, math, sys
+M = 2**20
+rows = []
+for line in open(sys.argv[1]):
+    tag, name, est, rt, peak, plan = line.split()
+    terms = json.load(open(plan))["terms"]
+    tensors = sum(v for k, v in terms.items() if k not in ("allocator, buffers", "allocator, host", "runtime"))
+    compiled = terms["allocator, buffers"] / tensors
+    rows.append((tag, name, float(est), float(rt), float(peak), tensors, compiled))
+fit = [r for r in rows if r[0] == "fit"]
+logs = [math.log((p - r) / t) for _, _, _, r, p, t, _ in fit]
+fitted = math.exp(sum(logs) / len(logs)) - 1
+compiled = rows[0][6]
+spread = math.sqrt(sum((l - math.log(1 + fitted)) ** 2 for l in logs) / (len(logs) - 1))
+print(f"{'set':7s} {'run':22s} {'tensors':>11s} {'peak - rt':>11s} {'ratio':>7s} {'error now':>10s} {'fitted':>8s}")
+for tag, name, est, rt, peak, t, _ in rows:
+    now = (est - rt) / (peak - rt) - 1
+    fit_err = t * (1 + fitted) / (peak - rt) - 1
+    print(f"{tag:7s} {name:22s} {t / M:9.1f}Mi {(peak - rt) / M:9.1f}Mi {(peak - rt) / t:7.3f} "
+          f"{100 * now:+9.1f}% {100 * fit_err:+7.1f}%")
+print(f"allowance compiled in: {compiled:.3f}; fitted on the fit set: {fitted:.3f} "
+      f"(spread of its ratios: {100 * spread:.1f}%, {len(fit)} runs)")
+PY
