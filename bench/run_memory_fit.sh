@@ -6,9 +6,9 @@
 #
 # Builds nothing: it needs build/bin/kolos and its plugins (ninja -C build
 # runtime) and OpenMPI's mpirun. It trains the fifteen runs of the fit set
-# (tests/e2e/memory/measure.sh's states.toml and activations.toml under the
-# layouts below, 2 ranks, 5 steps each) and, for each, asks `kolos plan
-# --memory --json` for the estimate's terms. The runtime (each run's resident
+# (memory_fit_runs in tests/e2e/memory/measure.sh: its states.toml and
+# activations.toml under several layouts, 2 ranks, 5 steps each) and, for
+# each, asks `kolos plan --memory --json` for the estimate's terms. The runtime (each run's resident
 # memory before the model existed, as `kolos run` prints it) is taken out of
 # both sides: the model's measured part is the peak RSS less the runtime;
 # its estimated part is the tensors (every term but the allowance and the
