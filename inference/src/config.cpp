@@ -21,6 +21,7 @@ const SettingsTable<InferenceConfig>& table() {
           .integer("max_seqs", &InferenceConfig::max_seqs, 1, 1 << 20)
           .integer("max_step_tokens", &InferenceConfig::max_step_tokens, 1, 1 << 24)
           .choice("precision", &InferenceConfig::precision, {"fp32", "bf16"}, "inference precision")
+          .boolean("pack_weights", &InferenceConfig::pack_weights)
           .integer("pipeline_stages", &InferenceConfig::pipeline_stages, 1, 1 << 16)
           .integer("max_tokens", &InferenceConfig::max_tokens, 1)
           .number("temperature", &InferenceConfig::temperature, at_least_zero)

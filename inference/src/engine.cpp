@@ -118,6 +118,7 @@ struct InferenceEngine::Impl {
   std::unique_ptr<Scheduler> scheduler;
   at::ScalarType dtype = at::kFloat;
   int64_t num_blocks = 0, max_blocks = 0, capacity = 0;
+  int64_t packed_layers = 0;  // linear layers inference.pack_weights packed
   at::Tensor buffer;  // the step broadcast, int64 [capacity]
 
   void setup(const std::string& path, std::vector<std::string> plugin_path);
@@ -241,6 +242,7 @@ void InferenceEngine::Impl::setup(const std::string& path, std::vector<std::stri
     if (dtype != at::kFloat) cast_parameters(*model, dtype);
     for (auto& p : model->parameters()) p.set_requires_grad(false);
     model->eval();
+    if (config.pack_weights) packed_layers = pack_for_inference(*model);
   } catch (const AgreedError&) {
     throw;
   } catch (const std::exception& e) {
@@ -472,7 +474,13 @@ std::string InferenceEngine::describe() const {
   if (impl_->mesh->size(Axis::kPP) > 1) {
     out << " x " << impl_->mesh->size(Axis::kPP) << " pipeline stages";
   }
-  out << " | " << impl_->config.precision << " | KV cache " << impl_->num_blocks << " blocks of "
+  out << " | " << impl_->config.precision;
+  if (impl_->packed_layers > 0) {
+    out << ", " << impl_->packed_layers << " linear layers packed (oneDNN)";
+  } else if (impl_->config.pack_weights && impl_->dtype == at::kFloat) {
+    out << ", weights not packed (this LibTorch has no oneDNN linear operators)";
+  }
+  out << " | KV cache " << impl_->num_blocks << " blocks of "
       << impl_->config.block_size << " tokens";
   return out.str();
 }

@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kolos/core/error.h"
+#include "kolos/inference/paged_attention.h"
 
 namespace kolos::inference {
 
@@ -49,11 +51,15 @@ void PagedKvCache::begin_step(const StepBatch& batch) {
     }
     ChunkView view;
     view.row = row;
+    view.start = c.start;
     view.length = c.length;
-    view.context_rows = torch::tensor(rows, torch::kInt64);
-    // Query i (position start + i) sees keys at positions <= start + i.
-    view.mask = torch::arange(context, torch::kInt64).unsqueeze(0) >
-                torch::arange(c.start, context, torch::kInt64).unsqueeze(1);
+    if (c.length > kInPlaceTokens) {
+      view.context_rows = torch::tensor(rows, torch::kInt64);
+      // Query i (position start + i) sees keys at positions <= start + i.
+      view.mask = torch::arange(context, torch::kInt64).unsqueeze(0) >
+                  torch::arange(c.start, context, torch::kInt64).unsqueeze(1);
+    }
+    view.rows = std::move(rows);
     chunks_.push_back(std::move(view));
     row += c.length;
   }
@@ -74,9 +80,10 @@ at::Tensor PagedKvCache::attend(const at::Tensor& q, const at::Tensor& k, const 
   const int64_t heads = q.size(1), kv_heads = k.size(1), head_dim = q.size(3);
   const int64_t groups = heads / kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  std::vector<at::Tensor> outputs;
-  outputs.reserve(chunks_.size());
+  at::Tensor out = torch::empty({heads, q.size(2), head_dim}, q.options().dtype(at::kFloat));
+  attend_in_place(q, keys, values, out);
   for (const ChunkView& c : chunks_) {
+    if (c.length <= kInPlaceTokens) continue;
     at::Tensor query = q[0].narrow(1, c.row, c.length);                     // [h, n, d]
     at::Tensor key = keys.index_select(0, c.context_rows).transpose(0, 1);  // [kvh, ctx, d]
     at::Tensor value = values.index_select(0, c.context_rows).transpose(0, 1);
@@ -88,9 +95,35 @@ at::Tensor PagedKvCache::attend(const at::Tensor& q, const at::Tensor& k, const 
     scores = scores.masked_fill(c.mask, -std::numeric_limits<double>::infinity());
     // Softmax in fp32 (as transformers' eager attention does for bf16).
     at::Tensor probs = torch::softmax(scores.to(at::kFloat), -1).to(value.scalar_type());
-    outputs.push_back(torch::matmul(probs, value));  // [h, n, d]
+    out.narrow(1, c.row, c.length).copy_(torch::matmul(probs, value));  // [h, n, d]
   }
-  return torch::cat(outputs, 1).unsqueeze(0);  // [1, h, T, d]
+  return out.to(q.scalar_type()).unsqueeze(0);  // [1, h, T, d]
+}
+
+void PagedKvCache::attend_in_place(const at::Tensor& q, const at::Tensor& keys,
+                                   const at::Tensor& values, at::Tensor& out) const {
+  std::vector<PagedAttentionChunk> chunks;
+  for (const ChunkView& c : chunks_) {
+    if (c.length <= kInPlaceTokens) {
+      chunks.push_back(PagedAttentionChunk{c.row, c.start, c.length, c.rows.data()});
+    }
+  }
+  if (chunks.empty()) return;
+  const at::Tensor query = q[0].to(at::kFloat).contiguous();  // [h, T, d]
+  KOLOS_CHECK(keys.scalar_type() == at::kFloat || keys.scalar_type() == at::kBFloat16,
+              "the KV cache holds ", keys.scalar_type(), ", not fp32 or bf16");
+  PagedAttentionArgs args;
+  args.q = query.data_ptr<float>();
+  args.out = out.data_ptr<float>();
+  args.heads = query.size(0);
+  args.tokens = query.size(1);
+  args.head_dim = query.size(2);
+  args.keys = keys.data_ptr();
+  args.values = values.data_ptr();
+  args.kv_heads = keys.size(1);
+  args.dtype = keys.scalar_type() == at::kFloat ? CacheDType::kFloat32 : CacheDType::kBFloat16;
+  args.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(args.head_dim)));
+  paged_attention(args, chunks.data(), chunks.size(), at::get_num_threads());
 }
 
 }  // namespace kolos::inference

@@ -85,11 +85,13 @@ class Tp1dLinear : public Layer {
   at::Tensor forward(const at::Tensor& x) override {
     const bool split = split_now(megatron_);
     switch (role_) {
-      case LinearRole::kColumn:
-        return torch::nn::functional::linear(input_ready_ ? x : enter(x, *group_, split), weight_,
-                                             bias_);
+      case LinearRole::kColumn: {
+        const at::Tensor input = input_ready_ ? x : enter(x, *group_, split);
+        if (packed_.defined()) return packed_(input, bias_);
+        return torch::nn::functional::linear(input, weight_, bias_);
+      }
       case LinearRole::kRow: {
-        at::Tensor partial = torch::matmul(x, weight_.t());
+        at::Tensor partial = packed_.defined() ? packed_(x) : torch::matmul(x, weight_.t());
         at::Tensor y =
             split ? scatter_sum(partial, *group_, seq_dim(partial)) : reduce_out(partial, *group_);
         return bias_.defined() ? y + whole(bias_, *group_, split) : y;
@@ -102,6 +104,14 @@ class Tp1dLinear : public Layer {
     return torch::nn::functional::linear(x, whole(weight_, *group_, split),
                                          whole(bias_, *group_, split));
   }
+  // A column or row layer multiplies by its own slice: packed, it replaces
+  // the slice. A replicated one reads the whole weight through whole().
+  bool pack_for_inference() override {
+    if (role_ == LinearRole::kReplicated || !PackedLinear::packs(weight_)) return false;
+    packed_ = PackedLinear(weight_);
+    weight_.set_data(torch::empty({0}, weight_.options()));
+    return true;
+  }
 
  private:
   LinearRole role_;
@@ -109,6 +119,7 @@ class Tp1dLinear : public Layer {
   comm::ProcessGroup* group_;
   bool megatron_;
   at::Tensor weight_, bias_;
+  PackedLinear packed_;
 };
 
 class Tp1dEmbedding : public Layer {
@@ -130,10 +141,24 @@ class Tp1dEmbedding : public Layer {
   // The rows this rank holds, without padding: the LM head's vocabulary slice.
   at::Tensor rows() const { return weight_.narrow(0, 0, length_); }
   int64_t offset() const { return offset_; }
+  // The lookup keeps reading the dense slice. A tied head reads a packed
+  // copy of the rows, made when it first asks.
+  bool pack_for_inference() override {
+    // (A pipeline stage that does not hold the table has released it.)
+    pack_table_ = PackedLinear::packs(weight_) && length_ > 0;
+    return false;
+  }
+  const PackedLinear* packed_table() const override {
+    if (!pack_table_) return nullptr;
+    if (!packed_.defined()) packed_ = PackedLinear(rows());
+    return &packed_;
+  }
 
  private:
   comm::ProcessGroup* group_;
   bool megatron_;
+  bool pack_table_ = false;
+  mutable PackedLinear packed_;
   at::Tensor weight_;
   int64_t offset_ = 0, length_ = 0;
 };
@@ -218,7 +243,9 @@ class Tp1dFactory : public LayerFactory {
     vocab_offset_ = table->offset();
     // Under megatron the hidden state is gathered: every rank's vocabulary
     // slice of the logits covers every position, against whole targets.
-    return torch::matmul(enter(hidden, *group_, split_now(megatron_)), table->rows().t());
+    const at::Tensor input = enter(hidden, *group_, split_now(megatron_));
+    if (const PackedLinear* rows = table->packed_table()) return (*rows)(input);
+    return torch::matmul(input, table->rows().t());
   }
 
   at::Tensor whole_logits(const at::Tensor& logits, int64_t vocab) override {

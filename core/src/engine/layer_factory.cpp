@@ -22,6 +22,17 @@ at::Tensor Layer::register_placed(const std::string& name, at::Tensor tensor,
   return register_parameter(name, std::move(tensor));
 }
 
+int64_t pack_for_inference(torch::nn::Module& root) {
+  torch::NoGradGuard no_grad;
+  int64_t packed = 0;
+  for (const auto& module : root.modules(/*include_self=*/true)) {
+    if (auto* layer = dynamic_cast<Layer*>(module.get())) {
+      packed += layer->pack_for_inference() ? 1 : 0;
+    }
+  }
+  return packed;
+}
+
 namespace {
 
 class DenseLinear : public Layer {
@@ -35,11 +46,19 @@ class DenseLinear : public Layer {
     }
   }
   at::Tensor forward(const at::Tensor& x) override {
+    if (packed_.defined()) return packed_(x, bias_);
     return torch::nn::functional::linear(x, weight_, bias_);
+  }
+  bool pack_for_inference() override {
+    if (!PackedLinear::packs(weight_)) return false;
+    packed_ = PackedLinear(weight_);
+    weight_.set_data(torch::empty({0}, weight_.options()));  // the packed copy replaces it
+    return true;
   }
 
  private:
   at::Tensor weight_, bias_;
+  PackedLinear packed_;
 };
 
 class DenseEmbedding : public Layer {
@@ -49,9 +68,23 @@ class DenseEmbedding : public Layer {
                               Placement::replicated({num, dim}));
   }
   at::Tensor forward(const at::Tensor& ids) override { return torch::embedding(weight_, ids); }
+  // The lookup keeps reading the dense table. A tied head reads a packed
+  // copy, made when it first asks (a table no head reads, as GPT's
+  // positions, is not copied).
+  bool pack_for_inference() override {
+    pack_table_ = PackedLinear::packs(weight_);
+    return false;
+  }
+  const PackedLinear* packed_table() const override {
+    if (!pack_table_) return nullptr;
+    if (!packed_.defined()) packed_ = PackedLinear(weight_);
+    return &packed_;
+  }
 
  private:
   at::Tensor weight_;
+  bool pack_table_ = false;
+  mutable PackedLinear packed_;
 };
 
 class DenseLayerNorm : public Layer {
@@ -233,6 +266,11 @@ class UntiedLmHead : public Layer {
                     table_->placements().at("weight"));
   }
   at::Tensor forward(const at::Tensor& x) override { return factory_->tied_logits(x, *table_); }
+  // The table is held, not registered: no module walk reaches it.
+  bool pack_for_inference() override {
+    table_->pack_for_inference();
+    return false;
+  }
 
  private:
   LayerFactory* factory_;
@@ -318,6 +356,7 @@ LayerPtr LayerFactory::attention(const AttentionSpec& spec) {
 LayerPtr LayerFactory::mlp(const MlpSpec& spec) { return std::make_shared<GeluMlp>(*this, spec); }
 
 at::Tensor LayerFactory::tied_logits(const at::Tensor& hidden, Layer& embedding) {
+  if (const PackedLinear* table = embedding.packed_table()) return (*table)(hidden);
   return torch::matmul(hidden, embedding.named_parameters(false)["weight"].t());
 }
 

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "kolos/core/packed_linear.h"
 #include "kolos/core/placement.h"
 #include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
@@ -44,6 +45,18 @@ class Layer : public torch::nn::Module {
   void hold_apart_along(AxisSet axes) { held_apart_ = axes; }
   AxisSet held_apart() const { return held_apart_; }
 
+  // Inference on the CPU: packs this layer's own float32 matrix weights for
+  // repeated small products (PackedLinear), releasing a weight only the
+  // packed copy reads. forward() then gives the same results to rounding,
+  // without gradients. Returns whether it packed a linear layer's weight
+  // (by default it packs nothing); pack_for_inference(Module&) calls it on
+  // every layer of a model once its weights are loaded.
+  virtual bool pack_for_inference() { return false; }
+  // After pack_for_inference(): the packed table a tied LM head multiplies
+  // by (an embedding's weight, [rows, dim]), packed at the first call; null
+  // where there is none.
+  virtual const PackedLinear* packed_table() const { return nullptr; }
+
  protected:
   // register_parameter + its placement (local shape must match).
   at::Tensor register_placed(const std::string& name, at::Tensor tensor, Placement placement);
@@ -53,6 +66,11 @@ class Layer : public torch::nn::Module {
   AxisSet held_apart_;
 };
 using LayerPtr = std::shared_ptr<Layer>;
+
+// Layer::pack_for_inference() on every Layer in `root`, itself included.
+// Returns how many linear layers it packed (0 where PackedLinear is not
+// available).
+int64_t pack_for_inference(torch::nn::Module& root);
 
 // Column: output features split across tensor-parallel ranks; row: input
 // features split (its output reduced); replicated: whole on every rank.

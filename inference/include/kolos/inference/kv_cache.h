@@ -7,10 +7,12 @@
 // step's forward: the attention layers hand it q, k and v of the step's
 // tokens (every scheduled chunk of every sequence, concatenated); it writes
 // k and v into their rows and attends each chunk's queries over its
-// sequence's cached keys, causally. The attention is LibTorch ops: a gather
-// of the sequence's rows (index_select), one matmul for the scores, a masked
-// softmax in fp32, one matmul for the output, per chunk and layer (costs:
-// docs/inference.md).
+// sequence's cached keys, causally. A short chunk (a decoding step's one
+// token) is attended in place: a loop over its sequence's rows, scores and
+// softmax in fp32, in parallel over chunks and key/value heads. A longer
+// chunk (a prefill) gathers its sequence's rows (index_select) and runs a
+// matmul for the scores, a masked softmax in fp32 and a matmul for the
+// output (costs: docs/inference.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -54,11 +56,17 @@ class PagedKvCache : public AttentionCache {
   int64_t block_size() const { return block_size_; }
 
  private:
+  // A chunk of at most this many tokens is attended in place.
+  static constexpr int64_t kInPlaceTokens = 8;
   struct ChunkView {
-    int64_t row = 0, length = 0;
-    at::Tensor context_rows;  // [start + length] cache rows, position order
-    at::Tensor mask;          // [length, start + length], true where masked
+    int64_t row = 0, start = 0, length = 0;
+    std::vector<int64_t> rows;  // [start + length] cache rows, position order
+    at::Tensor context_rows;    // the same, for a gathered chunk
+    at::Tensor mask;            // [length, start + length], true where masked (gathered)
   };
+  // Attends the in-place chunks of out [heads, tokens, head_dim] (fp32).
+  void attend_in_place(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                       at::Tensor& out) const;
   int64_t num_blocks_, block_size_;
   std::vector<at::Tensor> keys_, values_;  // [layer]
   at::Tensor positions_;                   // [tokens]
