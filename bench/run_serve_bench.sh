@@ -21,6 +21,8 @@
 # bytes per token over a read bandwidth measured in the same run).
 # bench/serve/bench.py says what exactly is timed. The default model has
 # 110M parameters; the whole run takes minutes on a few cores.
+# KOLOS_BENCH_SET="inference.KEY=V ..." passes --set options to kolos serve
+# (e.g. inference.pack_weights=false).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -38,7 +40,7 @@ while [[ $# -gt 0 ]]; do
     --heads) heads=$2 ;;
     --vocab) vocab=$2 ;;
     --build) build=$2 ;;
-    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_serve_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2

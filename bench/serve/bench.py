@@ -86,7 +86,8 @@ def start_server(kolos, model_dir, max_seqs, kv_bytes, log):
     proc = subprocess.Popen(
         [kolos, "serve", model_dir, "--port", "0", "--max-queue", str(4 * max_seqs),
          "--set", f"inference.max_seqs={max_seqs}",
-         "--set", f"inference.kv_cache_memory={kv_bytes // (1 << 20) + 1}MiB"],
+         "--set", f"inference.kv_cache_memory={kv_bytes // (1 << 20) + 1}MiB"]
+        + [a for kv in os.environ.get("KOLOS_BENCH_SET", "").split() for a in ("--set", kv)],
         stdout=subprocess.DEVNULL, stderr=err)
     for _ in range(1200):
         with open(log) as f:

@@ -5,7 +5,8 @@
 #        attention / Mixtral (4 experts, top 2) made by transformers; its
 #        greedy generate (eager attention, 64 new tokens, two prompts)
 #        against kolos generate on the model imported with `kolos ckpt
-#        import --format hf`: serial, tp1d over 2 ranks, 2 pipeline stages;
+#        import --format hf`: serial (weights packed, and with
+#        inference.pack_weights = false), tp1d over 2 ranks, 2 pipeline stages;
 #        GPT-2 also straight from the Hugging Face directory, streamed, as
 #        text through a tokenizer, with a stop string; bf16 runs (LLaMA).
 # moe:   a mixtral trained by `kolos run` under expert parallelism (ep 2)
@@ -104,6 +105,11 @@ hf_case() {
   generate serial.txt "$kind.ckpt" "${PROMPT_ARGS[@]}" --max-tokens 64
   ids_of serial.txt >serial.ids
   same "$kind.expected" serial.ids "$kind: kolos generate (serial) = transformers generate (greedy, eager)"
+  grep -q "linear layers packed (oneDNN)" serial.txt.err || { cat serial.txt.err; fail "$kind: fp32 weights not packed"; }
+  generate plain.txt "$kind.ckpt" "${PROMPT_ARGS[@]}" --max-tokens 64 --set inference.pack_weights=false
+  ! grep -q "packed" plain.txt.err || { cat plain.txt.err; fail "$kind: inference.pack_weights = false still packed"; }
+  ids_of plain.txt >plain.ids
+  same "$kind.expected" plain.ids "$kind: LibTorch's plain products (inference.pack_weights = false) = transformers generate"
   generate tp2.txt "$kind.ckpt" "${PROMPT_ARGS[@]}" --max-tokens 64 -n 2 "${MPI[@]}"
   ids_of tp2.txt >tp2.ids
   same "$kind.expected" tp2.ids "$kind: kolos generate -n 2 (tp1d) = transformers generate"
