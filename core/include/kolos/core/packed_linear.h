@@ -3,12 +3,12 @@
 //
 // LibTorch's CPU linear (MKL's sgemm) copies the weight into its own layout
 // on every call. In a decoding step of a few tokens per sequence the product
-// is small and that copy is most of its time: for a 768x3072 weight and 16
-// rows, the packed product takes about 0.4x the time (docs/inference.md,
-// "Packed weights"). The packing goes through the oneDNN operators LibTorch
-// registers for its own CPU inference (mkldnn::_reorder_linear_weight and
-// mkldnn::_linear_pointwise); a LibTorch built without them packs nothing
-// and the layers keep the plain product.
+// is small and that copy is a large part of its time (docs/inference.md,
+// "Packed weights", has the profile). The packing goes through the oneDNN
+// operators LibTorch registers for its own CPU inference
+// (mkldnn::_reorder_linear_weight and mkldnn::_linear_pointwise); a
+// LibTorch built without them packs nothing and the layers keep the plain
+// product.
 //
 // Float32 weights only: on CPUs without bf16 instructions oneDNN emulates
 // bf16 products, slower than LibTorch's own.
