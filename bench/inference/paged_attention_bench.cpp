@@ -31,8 +31,8 @@ double median_ms(int repeats, F f) {
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                        .count());
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
@@ -89,14 +89,16 @@ int main(int argc, char** argv) {
   const double bandwidth = static_cast<double>(big.numel()) * 4 / (sum_ms * 1e-3);  // bytes/s
   const double step_bytes = 2.0 * static_cast<double>(layers * seqs * context * heads * d) * 4;
   const double bound = step_bytes / bandwidth * 1e3;
-  std::printf("decoding step: %ld sequences at context %ld, %ld layers, %ld heads of %ld, fp32, "
-              "%d threads (medians of %d)\n",
-              static_cast<long>(seqs), static_cast<long>(context), static_cast<long>(layers),
-              static_cast<long>(heads), static_cast<long>(d), at::get_num_threads(), repeats);
+  std::printf(
+      "decoding step: %ld sequences at context %ld, %ld layers, %ld heads of %ld, fp32, "
+      "%d threads (medians of %d)\n",
+      static_cast<long>(seqs), static_cast<long>(context), static_cast<long>(layers),
+      static_cast<long>(heads), static_cast<long>(d), at::get_num_threads(), repeats);
   std::printf("in place  %8.2f ms\ngathered  %8.2f ms  (in place / gathered = %.2f)\n", in_place,
               gathered, in_place / gathered);
-  std::printf("bound     %8.2f ms  (%.1f MB of keys and values at %.1f GB/s read; in place at "
-              "%.0f%% of it)\n",
-              bound, step_bytes / 1e6, bandwidth / 1e9, 100 * bound / in_place);
+  std::printf(
+      "bound     %8.2f ms  (%.1f MB of keys and values at %.1f GB/s read; in place at "
+      "%.0f%% of it)\n",
+      bound, step_bytes / 1e6, bandwidth / 1e9, 100 * bound / in_place);
   return 0;
 }

@@ -119,7 +119,7 @@ struct InferenceEngine::Impl {
   at::ScalarType dtype = at::kFloat;
   int64_t num_blocks = 0, max_blocks = 0, capacity = 0;
   int64_t packed_layers = 0;  // linear layers inference.pack_weights packed
-  at::Tensor buffer;  // the step broadcast, int64 [capacity]
+  at::Tensor buffer;          // the step broadcast, int64 [capacity]
 
   void setup(const std::string& path, std::vector<std::string> plugin_path);
   void load_weights();
@@ -480,8 +480,8 @@ std::string InferenceEngine::describe() const {
   } else if (impl_->config.pack_weights && impl_->dtype == at::kFloat) {
     out << ", weights not packed (this LibTorch has no oneDNN linear operators)";
   }
-  out << " | KV cache " << impl_->num_blocks << " blocks of "
-      << impl_->config.block_size << " tokens";
+  out << " | KV cache " << impl_->num_blocks << " blocks of " << impl_->config.block_size
+      << " tokens";
   return out.str();
 }
 
