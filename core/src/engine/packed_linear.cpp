@@ -62,11 +62,14 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x, const at::Tensor& bias)
   shape.back() = out_;
   // _linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr,
   //                   Scalar?[] scalars, str? algorithm)
+  // The constant arguments, made once: no post-op, no scalars.
+  static const c10::IValue no_post_op(std::string("none"));
+  static const c10::IValue no_scalars(c10::List<std::optional<at::Scalar>>{});
   std::vector<c10::IValue> stack{x.reshape({-1, in_}).contiguous(),
                                  packed_,
                                  bias.defined() ? c10::IValue(bias) : c10::IValue(),
-                                 c10::IValue(std::string("none")),
-                                 c10::IValue(c10::List<std::optional<at::Scalar>>()),
+                                 no_post_op,
+                                 no_scalars,
                                  c10::IValue()};
   product_op()->callBoxed(&stack);
   return stack.at(0).toTensor().view(shape);

@@ -25,7 +25,8 @@ double max_error(const at::Tensor& a, const at::Tensor& b) {
 }
 
 TEST(PackedLinear, EqualsLinear) {
-  if (!PackedLinear::available()) GTEST_SKIP() << "this LibTorch has no oneDNN linear operators";
+  // kolos builds against LibTorch wheels, which carry them: their absence is a failure.
+  ASSERT_TRUE(PackedLinear::available()) << "this LibTorch has no oneDNN linear operators";
   torch::manual_seed(0);
   for (const int64_t rows : {1, 3, 16, 70}) {
     const at::Tensor w = torch::randn({40, 24}), b = torch::randn({40});
@@ -57,7 +58,8 @@ ModelConfig tiny(const std::string& name) {
 // A model's logits are the same (to rounding) after pack_for_inference, and
 // the packed linear layers no longer hold their dense weights.
 TEST(PackedLinear, ModelPacksEveryLinearLayer) {
-  if (!PackedLinear::available()) GTEST_SKIP() << "this LibTorch has no oneDNN linear operators";
+  // kolos builds against LibTorch wheels, which carry them: their absence is a failure.
+  ASSERT_TRUE(PackedLinear::available()) << "this LibTorch has no oneDNN linear operators";
   for (const std::string name : {"gpt", "llama"}) {
     auto factory = make_serial_layer_factory();
     torch::manual_seed(1);
@@ -167,26 +169,31 @@ TEST(PagedKvCache, InPlaceAndGatheredChunksAgree) {
     torch::manual_seed(3);
     const int64_t heads = 4, kv_heads = 2, d = 8, block = 4;
     PagedKvCache cache(1, 16, block, kv_heads, d, dtype);
+    // q, k and v of a step's tokens, in the cache's dtype (q) as the model hands them over.
+    struct Step {
+      at::Tensor q, k, v, y;
+    };
+    auto run = [&](const StepBatch& batch) {
+      cache.begin_step(batch);
+      const auto tokens = static_cast<int64_t>(batch.tokens.size());
+      Step step{torch::randn({1, heads, tokens, d}).to(dtype),
+                torch::randn({1, kv_heads, tokens, d}), torch::randn({1, kv_heads, tokens, d})};
+      step.y = cache.attend(step.q, step.k, step.v);
+      return step;
+    };
     // Step 1: a prefill of 12 tokens (gathered) for sequence A in blocks 3, 9, 5.
     StepBatch prefill;
     prefill.tokens.assign(12, 0);
     prefill.chunks.push_back(StepChunk{0, 12, true, {3, 9, 5}});
-    cache.begin_step(prefill);
-    // q, k and v in the cache's dtype, as the model hands them over.
-    const at::Tensor q1 = torch::randn({1, heads, 12, d}).to(dtype),
-                     k1 = torch::randn({1, kv_heads, 12, d}),
-                     v1 = torch::randn({1, kv_heads, 12, d});
-    const at::Tensor y1 = cache.attend(q1, k1, v1);
+    const Step first = run(prefill);
+    const at::Tensor &q1 = first.q, &k1 = first.k, &v1 = first.v, &y1 = first.y;
     // Step 2: A decodes one token (in place), B prefills 10 (gathered).
     StepBatch mixed;
     mixed.tokens.assign(11, 0);
     mixed.chunks.push_back(StepChunk{12, 1, true, {3, 9, 5, 7}});
     mixed.chunks.push_back(StepChunk{0, 10, true, {0, 1, 2}});
-    cache.begin_step(mixed);
-    const at::Tensor q2 = torch::randn({1, heads, 11, d}).to(dtype),
-                     k2 = torch::randn({1, kv_heads, 11, d}),
-                     v2 = torch::randn({1, kv_heads, 11, d});
-    const at::Tensor y2 = cache.attend(q2, k2, v2);
+    const Step second = run(mixed);
+    const at::Tensor &q2 = second.q, &k2 = second.k, &v2 = second.v, &y2 = second.y;
     // The reference: each sequence's keys and values in position order.
     const at::Tensor ka = torch::cat({k1[0], k2[0].narrow(1, 0, 1)}, 1).transpose(0, 1);
     const at::Tensor va = torch::cat({v1[0], v2[0].narrow(1, 0, 1)}, 1).transpose(0, 1);
