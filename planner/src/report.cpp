@@ -109,6 +109,12 @@ std::string Candidate::describe() const {
   return out.str();
 }
 
+std::string Candidate::layout() const {
+  std::ostringstream out;
+  out << "pp " << pp << " dp " << dp << " sp " << sp_text(*this) << " tp " << tp_text(*this);
+  return out.str();
+}
+
 std::string format_plans(const SearchResult& r, const Workload& w, const Machine& m) {
   std::ostringstream out;
   const double gib = 1024.0 * 1024 * 1024;
@@ -139,6 +145,10 @@ std::string format_plans(const SearchResult& r, const Workload& w, const Machine
           << (small ? fixed(q.model_flops_per_gpu / 1e9, 1)
                     : fixed(q.model_flops_per_gpu / 1e12, 1))
           << " |\n";
+    }
+    if (r.top < r.plans.size()) {
+      out << "\nRows " << r.top + 1 << "-" << r.plans.size()
+          << ": the best plan of each other layout (pp, dp, sp and tp with their modes).\n";
     }
     out << "\n";
   }

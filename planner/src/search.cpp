@@ -9,6 +9,8 @@
 #include <cmath>
 #include <numeric>
 #include <queue>
+#include <set>
+#include <string>
 
 #include "kolos/core/error.h"
 #include "kolos/core/plugin_terms.h"
@@ -314,11 +316,22 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
   if (opt.accept) {
     // The caller's last word (kolos's own checks of the run each plan
     // makes), fastest first, until `top` plans are accepted.
+    // Past the top (and room for the tie-break below), only the first
+    // accepted plan of each layout not yet seen is asked about.
     std::vector<RankedPlan> accepted;
+    std::set<std::string> seen;
+    size_t others = 0;
     for (RankedPlan& plan : ranked) {
-      if (accepted.size() >= opt.top + 8) break;  // room for the tie-break below
+      const bool top = accepted.size() < opt.top + 8;
+      std::string layout = plan.candidate.layout();
+      if (!top && (others >= opt.layouts || seen.count(layout))) {
+        if (others >= opt.layouts) break;
+        continue;
+      }
       const std::string refusal = opt.accept(plan.candidate, plan.prediction);
       if (refusal.empty()) {
+        others += top ? 0 : 1;
+        seen.insert(std::move(layout));
         accepted.push_back(std::move(plan));
       } else {
         --result.survived;
@@ -338,8 +351,18 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
     }
     return a.prediction.step < b.prediction.step;
   });
-  if (ranked.size() > opt.top) ranked.resize(opt.top);
-  result.plans = std::move(ranked);
+  // Kept: the top, then the best of each layout that has no plan among them.
+  std::set<std::string> seen;
+  for (RankedPlan& plan : ranked) {
+    std::string layout = plan.candidate.layout();
+    if (result.plans.size() < opt.top) {
+      ++result.top;
+    } else if (seen.count(layout) || result.plans.size() >= opt.top + opt.layouts) {
+      continue;
+    }
+    seen.insert(std::move(layout));
+    result.plans.push_back(std::move(plan));
+  }
 
   if (result.plans.empty()) {
     int last = -1;

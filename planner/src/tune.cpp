@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "kolos/core/error.h"
@@ -116,11 +117,27 @@ std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_
   for (size_t i = 1; i < plans.size(); ++i) {
     if (plans[i].step < plans[best].step) best = i;
   }
+  std::vector<size_t> chosen;
   for (size_t i = 0; i < plans.size(); ++i) {
     const bool top = static_cast<int64_t>(i) < k;
     const bool within =
         plans[i].step <= plans[best].step * (1 + margin_of(plans[best], plans[i], sigmas));
-    if (top || within) out.push_back(i);
+    if (top || within) chosen.push_back(i);
+  }
+  // The order of the trials: the best, the first of each other layout, the rest.
+  std::vector<bool> placed(plans.size(), false);
+  std::set<std::string> layouts;
+  const auto place = [&](size_t i) {
+    out.push_back(i);
+    placed[i] = true;
+    layouts.insert(plans[i].layout);
+  };
+  place(best);
+  for (const size_t i : chosen) {
+    if (!placed[i] && !layouts.count(plans[i].layout)) place(i);
+  }
+  for (const size_t i : chosen) {
+    if (!placed[i]) place(i);
   }
   return out;
 }

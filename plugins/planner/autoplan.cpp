@@ -511,7 +511,8 @@ class Autoplan final : public Planner {
     std::ostringstream json;
     json.precision(9);
     json << "{\"machine\":" << json_string(report.machine) << ",\"evaluated\":" << result.evaluated
-         << ",\"survived\":" << result.survived << ",\"plans\":[";
+         << ",\"survived\":" << result.survived << ",\"top\":" << result.top
+         << ",\"plans\":[";
     for (size_t i = 0; i < result.plans.size(); ++i) {
       const pl::RankedPlan& rp = result.plans[i];
       PlannedRun pr;
@@ -529,7 +530,8 @@ class Autoplan final : public Planner {
            << ",\"optimizer_s\":" << rp.prediction.optimizer
            << ",\"memory_bytes\":" << pr.memory_bytes << ",\"bytes_per_step\":" << pr.bytes_per_step
            << ",\"uncertainty\":" << pr.uncertainty << ",\"model_step_s\":" << pr.model_step_s
-           << ",\"family\":" << json_string(pr.family) << ",\"overrides\":[";
+           << ",\"family\":" << json_string(pr.family)
+           << ",\"layout\":" << json_string(rp.candidate.layout()) << ",\"overrides\":[";
       for (size_t k = 0; k < pr.overrides.size(); ++k) {
         json << (k ? "," : "") << json_string(pr.overrides[k]);
       }
@@ -541,7 +543,7 @@ class Autoplan final : public Planner {
     if (search && settings_.tune > 0 && !result.plans.empty()) {
       std::vector<pl::Predicted> predicted;
       for (const pl::RankedPlan& rp : result.plans)
-        predicted.push_back({rp.prediction.step, rp.prediction.uncertainty});
+        predicted.push_back({rp.prediction.step, rp.prediction.uncertainty, rp.candidate.layout()});
       report.finalists = pl::select_finalists(predicted, settings_.tune);
       const pl::Predicted best = *std::min_element(
           predicted.begin(), predicted.end(),
@@ -562,7 +564,8 @@ class Autoplan final : public Planner {
                         : "");
       report.finalist_rule = rule;
       std::ostringstream line;
-      line << "\nFinalists (parallel.auto and kolos plan --tune try them):";
+      line << "\nFinalists (parallel.auto and kolos plan --tune try them, in this order: the "
+              "best prediction, the best of each other layout, the rest):";
       for (const size_t i : report.finalists) line << " #" << i + 1;
       line << ": " << report.finalist_rule << ".\n";
       report.text += line.str();

@@ -54,7 +54,13 @@ case "$case_name" in
 import json, sys
 r = json.load(open(sys.argv[1]))
 plans = r["plans"]
-assert 3 <= len(plans) <= 10, len(plans)
+top = r["top"]
+assert 3 <= top <= 10 and top <= len(plans) <= top + 8, (top, len(plans))
+# After the top, the best plan of each layout the top lacks, once each.
+layouts = {p["layout"] for p in plans[:top]}
+for p in plans[top:]:
+    assert p["layout"] not in layouts, p
+    layouts.add(p["layout"])
 steps = [p["step_s"] for p in plans]
 assert all(s > 0 for s in steps) and all(p["memory_bytes"] > 0 for p in plans), plans
 assert steps[0] <= min(steps) * 1.011, steps   # best first, within the 1% tie

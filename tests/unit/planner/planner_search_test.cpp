@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <set>
+#include <string>
 
 #include "kolos/core/error.h"
 #include "kolos/planner/search.h"
@@ -71,7 +73,8 @@ TEST(PlannerSearch, Gpt3On1024A100sKeepsTensorParallelismInsideANode) {
   EXPECT_GT(r.evaluated, 0);
   EXPECT_LT(r.evaluated, 100000000);
   EXPECT_EQ(accounted(r), r.evaluated);
-  EXPECT_LE(r.plans.size(), 10u);
+  EXPECT_EQ(r.top, 10u);
+  EXPECT_LE(r.plans.size(), r.top + opt.layouts);
   for (size_t i = 0; i < 3 && i < r.plans.size(); ++i) {
     const Candidate& c = r.plans[i].candidate;
     EXPECT_LE(c.tp, 8) << c.describe();
@@ -82,6 +85,39 @@ TEST(PlannerSearch, Gpt3On1024A100sKeepsTensorParallelismInsideANode) {
     // Best first, up to the 1% tie band.
     EXPECT_LE(r.plans[i - 1].prediction.step, r.plans[i].prediction.step * 1.0101);
   }
+}
+
+TEST(PlannerSearch, AfterTheTopComesTheBestPlanOfEachOtherLayout) {
+  SearchOptions opt;
+  opt.ranks = 16;
+  opt.top = 3;
+  const SearchResult r = search(small(), a100(), opt);
+  ASSERT_EQ(r.top, 3u);
+  ASSERT_GT(r.plans.size(), r.top) << format_plans(r, small(), a100());
+  EXPECT_LE(r.plans.size(), r.top + opt.layouts);
+  std::set<std::string> layouts;
+  for (size_t i = 0; i < r.top; ++i) layouts.insert(r.plans[i].candidate.layout());
+  for (size_t i = r.top; i < r.plans.size(); ++i) {
+    // A layout the top lacks, once, after every plan before it.
+    EXPECT_TRUE(layouts.insert(r.plans[i].candidate.layout()).second)
+        << r.plans[i].candidate.describe();
+    EXPECT_LE(r.plans[i - 1].prediction.step, r.plans[i].prediction.step * 1.0101);
+  }
+  // Each is its layout's best: no plan of the whole search with that
+  // layout predicts a faster step.
+  opt.top = 100000;
+  opt.layouts = 0;
+  const SearchResult all = search(small(), a100(), opt);
+  for (size_t i = r.top; i < r.plans.size(); ++i) {
+    for (const RankedPlan& q : all.plans) {
+      if (q.candidate.layout() != r.plans[i].candidate.layout()) continue;
+      EXPECT_GE(q.prediction.step, r.plans[i].prediction.step / 1.0101)
+          << q.candidate.describe() << " beats " << r.plans[i].candidate.describe();
+    }
+  }
+  const std::string table = format_plans(r, small(), a100());
+  EXPECT_NE(table.find("Rows 4-"), std::string::npos) << table;
+  EXPECT_NE(r.plans.front().candidate.layout().find("pp "), std::string::npos);
 }
 
 TEST(PlannerSearch, DropReasonsCoverEveryCandidate) {

@@ -100,10 +100,29 @@ TEST(PlannerTune, TheBestKAreFinalistsAndSoIsEveryPlanWithinTheMargin) {
   one[5].uncertainty = 0.15;
   EXPECT_EQ(select_finalists(one, 1), (std::vector<size_t>{0, 1, 2, 3, 5}));
   // The margin is measured from the best prediction wherever it stands.
+  // and is tried first.
   const std::vector<Predicted> q = {{1.005, 0.02}, {1.00, 0.02}, {1.2, 0.02}};
-  EXPECT_EQ(select_finalists(q, 1), (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(select_finalists(q, 1), (std::vector<size_t>{1, 0}));
   EXPECT_TRUE(select_finalists({}, 3).empty());
   EXPECT_THROW(select_finalists(p, 0), kolos::Error);
+}
+
+TEST(PlannerTune, FinalistsAreTriedOneOfEachLayoutFirst) {
+  // Three variants of layout A ahead of B's best and C's: the same set as
+  // without layouts, tried as A's best, B's, C's, then A's other variants.
+  const std::vector<Predicted> p = {{1.00, 0.02, "A"}, {1.01, 0.02, "A"}, {1.02, 0.02, "A"},
+                                    {1.03, 0.02, "B"}, {1.04, 0.02, "B"}, {1.05, 0.02, "C"},
+                                    {1.30, 0.02, "D"}};
+  EXPECT_EQ(select_finalists(p, 3), (std::vector<size_t>{0, 3, 5, 1, 2, 4}));
+  std::vector<Predicted> one = p;
+  for (auto& x : one) x.layout.clear();
+  EXPECT_EQ(select_finalists(one, 3), (std::vector<size_t>{0, 1, 2, 3, 4, 5}));
+  // A layout outside the margin is not a finalist for being another layout.
+  EXPECT_EQ(select_finalists({{1.00, 0.02, "A"}, {1.01, 0.02, "A"}, {1.5, 0.02, "B"}}, 2),
+            (std::vector<size_t>{0, 1}));
+  // Within the first k it is, and it comes second.
+  EXPECT_EQ(select_finalists({{1.00, 0.02, "A"}, {1.01, 0.02, "A"}, {1.5, 0.02, "B"}}, 3),
+            (std::vector<size_t>{0, 2, 1}));
 }
 
 TEST(PlannerTune, FeedbackIsTheGeometricMeanOfTheLastRatiosOfItsFamily) {

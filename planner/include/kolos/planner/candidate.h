@@ -38,6 +38,10 @@ struct Candidate {
   int64_t ranks() const { return pp * dp * sp * tp; }
   // "pp 8 dp 16 tp 8(1d) 1f1b M=96 mb 1 zero1 full"
   std::string describe() const;
+  // The mesh and its modes, without the schedule, micro-batching, ZeRO
+  // stage, recomputation or offload: "pp 8 dp 16 sp 1 tp 8(1d)". Plans of
+  // one layout share most of their work and most of a prediction's error.
+  std::string layout() const;
 };
 
 struct MemoryPart {

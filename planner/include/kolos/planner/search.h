@@ -38,6 +38,10 @@ struct SearchOptions {
   std::vector<double> offload_fractions = {0.0, 0.5, 1.0};
   int64_t max_chunks = 4;  // interleaved: V = 2, 4, ... up to this
   size_t top = 10;         // plans kept
+  // Besides the top: the best plan of each layout (Candidate::layout) that
+  // has none among them, at most this many, so that the finalists can reach
+  // a layout whose variants the cost model ranks just below another's.
+  size_t layouts = 8;
   size_t refine = 200;     // survivors re-ranked by simulating their schedule
   Fixed fixed;
   // Optional: the caller's check of a surviving plan, called fastest first
@@ -53,7 +57,10 @@ struct RankedPlan {
 };
 
 struct SearchResult {
-  std::vector<RankedPlan> plans;           // best first, at most options.top
+  // Best first: the `top` best, then the best of each other layout (at most
+  // options.layouts), each after the plans before it.
+  std::vector<RankedPlan> plans;
+  size_t top = 0;                          // how many of plans are the top
   int64_t evaluated = 0;                   // candidates enumerated
   int64_t survived = 0;                    // candidates that fit
   std::map<std::string, int64_t> dropped;  // reason -> count

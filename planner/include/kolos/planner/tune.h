@@ -67,10 +67,16 @@ void add_feedback(MachineRates& rates, const std::string& family, double ratio);
 struct Predicted {
   double step = 0;         // predicted seconds per step
   double uncertainty = 0;  // relative, one standard deviation
+  std::string layout;      // Candidate::layout(); plans of one layout share their errors
 };
 // The finalists among `plans` (best predictions first, as the search ranks
 // them): the first `k` and every other whose prediction lies within the
-// margin of the best one (above), in the order of `plans`. k >= 1.
+// margin of the best one (above). In the order they are tried (a time bound
+// may stop the tuning before the last): the best prediction, then the best
+// finalist of each other layout, then the rest in the order of `plans`. A
+// layout's variants (schedule, micro-batching, ZeRO stage) share most of a
+// prediction's error, so one of each is worth more than a second of one.
+// k >= 1.
 std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_t k,
                                      double sigmas = kMarginSigmas);
 // The margin of plan i over the best: kMarginSigmas * the combined sigma,
