@@ -7,7 +7,7 @@ Spack and, where one is given, with a real Spack.
 
 Run with Debian's /usr/bin/python3 (python3-yaml, python3-jsonschema). Spack
 is not in Debian, so the first part uses a small stand-in for `spack.package`
-that records the directives the recipe calls (version, variant, depends_on,
+(spack_stub.py) that records the directives the recipe calls (version, variant, depends_on,
 conflicts, when, ...) and runs its methods. The stand-in is only that: it
 mimics the parts of Spack's package API the recipe uses (no `build_directory`
 on the package, `self.builder.build_directory`, as in Spack 0.21), and a
@@ -65,20 +65,19 @@ Checks of the first part:
     this checkout; repo.yaml has a namespace.
 Prints each problem; exits 1 when there is any.
 """
-import atexit
-import contextlib
 import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
-import types
 
 import jsonschema
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spack_stub import TORCH_PACKAGE, Calls, FakeDependency, FakeSpec, make_stub_module  # noqa: E402
 
 # Spack packages the recipe may depend on, and the variants of theirs it may
 # ask for (from spack/var/spack/repos/builtin/packages/*/package.py).
@@ -178,192 +177,6 @@ DEVELOP_SCHEMA = {
 }
 
 
-class Recorder:
-    pending = []
-    conditions = []  # the `with when(...)` blocks the directives are inside
-
-    @classmethod
-    def directive(cls, kind):
-        def record(*args, **kwargs):
-            if cls.conditions:
-                kwargs = dict(kwargs)
-                kwargs["when"] = " ".join(cls.conditions + ([kwargs["when"]] if kwargs.get("when") else []))
-            cls.pending.append((kind, args, kwargs))
-
-        return record
-
-    @classmethod
-    @contextlib.contextmanager
-    def when(cls, condition):
-        cls.conditions.append(condition)
-        try:
-            yield
-        finally:
-            cls.conditions.pop()
-
-
-class PackageMeta(type):
-    def __new__(mcs, name, bases, namespace):
-        cls = super().__new__(mcs, name, bases, namespace)
-        inherited = []
-        for base in bases:
-            inherited += getattr(base, "directives", [])
-        cls.directives = inherited + Recorder.pending
-        Recorder.pending = []
-        return cls
-
-
-class Variant:
-    def __init__(self, value):
-        self.value = value
-
-
-class Prefix(str):
-    """Spack's Prefix: attribute access joins path components."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return Prefix(os.path.join(self, name))
-
-
-# Fake installation prefixes (py-torch's has the torch package folder the
-# recipe looks for) and build folders, removed at exit.
-SCRATCH = tempfile.mkdtemp(prefix="check_recipe.")
-atexit.register(shutil.rmtree, SCRATCH, True)
-TORCH_PACKAGE = os.path.join(SCRATCH, "opt", "py-torch", "lib", "python3.11", "site-packages", "torch")
-os.makedirs(TORCH_PACKAGE)
-
-
-class FakeCommand:
-    def __init__(self, path):
-        self.path = path
-
-
-class FakeDependency:
-    def __init__(self, name):
-        self.name = name
-        self.prefix = Prefix(os.path.join(SCRATCH, "opt", name))
-        self.libs = [os.path.join(self.prefix, "lib", f"lib{name}.so")]
-        self.command = FakeCommand(os.path.join(self.prefix, "bin", "python3"))
-
-
-class FakeSpec:
-    """Enough of a Spack spec for the recipe's methods: variants,
-    satisfies() on +x/~x, and spec["dep"].prefix / .libs."""
-
-    def __init__(self, variants):
-        self._variants = variants
-        self.variants = {k: Variant(v) for k, v in variants.items()}
-
-    def satisfies(self, condition):
-        for token in condition.split():
-            match = re.fullmatch(r"([+~])(\w[\w-]*)", token)
-            if not match:
-                raise ValueError(f"satisfies({condition!r}): the stand-in only knows +x/~x")
-            sign, name = match.groups()
-            if name not in self._variants:
-                raise KeyError(f"satisfies({condition!r}): variant {name!r} is not declared")
-            if bool(self._variants[name]) != (sign == "+"):
-                return False
-        return True
-
-    def __getitem__(self, name):
-        return FakeDependency(name)
-
-    def __contains__(self, name):
-        return False
-
-
-class Calls:
-    """What the recipe's methods ran: Executable calls and working_dir()."""
-
-    log = []
-
-
-def make_stub_module():
-    package = types.ModuleType("spack.package")
-
-    class Builder:
-        """Spack 0.21's CMakeBuilder, as far as the recipe uses it. The
-        package itself has no build_directory (Spack 0.21: only its builder
-        has)."""
-
-        def __init__(self, build_directory):
-            self.build_directory = build_directory
-
-    class PackageBase(metaclass=PackageMeta):
-        def __init__(self, spec, run_tests=False):
-            self.spec = spec
-            self.run_tests = run_tests
-            self._builder = Builder(tempfile.mkdtemp(prefix="spack-build-", dir=SCRATCH))
-
-        @property
-        def builder(self):
-            return self._builder
-
-        def define(self, name, value):
-            if isinstance(value, bool):
-                value = "ON" if value else "OFF"
-            elif isinstance(value, (list, tuple)):
-                value = ";".join(value)
-            return f"-D{name}={value}"
-
-        def define_from_variant(self, name, variant=None):
-            variant = variant or name
-            if variant not in self.spec._variants:
-                raise KeyError(f"define_from_variant({name!r}, {variant!r}): variant not declared")
-            return self.define(name, self.spec._variants[variant])
-
-    class CMakePackage(PackageBase):
-        pass
-
-    Recorder.pending.append(("variant", ("cuda",), {"default": False}))
-    Recorder.pending.append(("variant", ("cuda_arch",), {"multi": True, "when": "+cuda"}))
-
-    class CudaPackage(PackageBase):
-        cuda_arch_values = CUDA_ARCH_VALUES
-
-    class Executable:
-        def __init__(self, path):
-            self.path = str(path)
-            self.returncode = None
-
-        def __call__(self, *args, **kwargs):
-            Calls.log.append(("run", self.path, [str(a) for a in args]))
-            self.returncode = 0
-
-    class InstallError(Exception):
-        pass
-
-    @contextlib.contextmanager
-    def working_dir(path):
-        Calls.log.append(("cd", str(path), []))
-        yield
-
-    package.CMakePackage = CMakePackage
-    package.CudaPackage = CudaPackage
-    package.Executable = Executable
-    package.working_dir = working_dir
-    package.InstallError = InstallError
-    package.mkdirp = lambda *paths: [os.makedirs(p, exist_ok=True) for p in paths]
-    package.when = Recorder.when
-    package.make_jobs = 2
-    for kind in ("version", "variant", "depends_on", "conflicts", "maintainers", "generator",
-                 "license", "patch", "provides", "requires", "resource", "extends"):
-        setattr(package, kind, Recorder.directive(kind))
-    package.join_path = os.path.join
-    package.__all__ = [n for n in dir(package) if not n.startswith("_")]
-    spack = types.ModuleType("spack")
-    spack.package = package
-    sys.modules["spack"] = spack
-    sys.modules["spack.package"] = package
-    # llnl.util.tty: Spack's messages (check() says what it leaves out).
-    llnl, util, tty = (types.ModuleType(n) for n in ("llnl", "llnl.util", "llnl.util.tty"))
-    tty.msg = tty.warn = tty.info = lambda *a, **k: Calls.log.append(("msg", " ".join(map(str, a)), []))
-    llnl.util, util.tty = util, tty
-    sys.modules.update({"llnl": llnl, "llnl.util": util, "llnl.util.tty": tty})
-    return package
 
 
 def root_part(spec):
@@ -562,7 +375,7 @@ def main():
     except SyntaxError as e:
         print(f"FAIL: {recipe} does not compile: {e}")
         return 1
-    make_stub_module()
+    make_stub_module(CUDA_ARCH_VALUES)
     namespace = {"__name__": "kolos_recipe", "__file__": recipe}
     exec(code, namespace)
     cls = namespace.get("Kolos")
