@@ -38,6 +38,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/sequence.h"
+#include "mode_checks.h"
 #include "ring_attention.h"
 
 namespace kolos {
@@ -89,15 +90,7 @@ class Hybrid : public SequenceStrategy {
                                           common_divisors(sp, sp) + ".");
     }
     const int64_t r = sp / a;
-    // As ulysses and ring: the 2d, 2.5d and 3d layers hand attention blocks
-    // of other shapes than this rank's tokens; 1d keeps them whole.
-    if (tp > 1 && config.parallel.tensor.mode != "1d") {
-      root.fail_at_any({"parallel.tensor.mode", "parallel.tensor"},
-                       "sequence mode \"hybrid\" composes with tensor mode \"1d\" only; found "
-                       "parallel.tensor.mode = " +
-                           quote_toml(config.parallel.tensor.mode) + " with " + at_sp +
-                           ". Use tensor mode \"1d\", or sequence size 1.");
-    }
+    sequence::require_tensor_1d(config, tp, sp, "hybrid");
     const int64_t heads = config.model.heads;
     if (heads % tp == 0 && (heads / tp) % a != 0) {
       const int64_t local = heads / tp;

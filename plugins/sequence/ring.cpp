@@ -29,6 +29,7 @@
 #include "kolos/core/error.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/sequence.h"
+#include "mode_checks.h"
 #include "ring_attention.h"
 
 namespace kolos {
@@ -45,15 +46,7 @@ class Ring : public SequenceStrategy {
     const int64_t sp = context.shape.sp;
     const int64_t tp = context.shape.tp;
     const std::string at_sp = "parallel.sequence.size = " + std::to_string(sp);
-    // The 2d, 2.5d and 3d layers hand attention blocks of other shapes than
-    // this rank's tokens (kolos/core/layer_factory.h); 1d keeps them whole.
-    if (tp > 1 && config.parallel.tensor.mode != "1d") {
-      root.fail_at_any({"parallel.tensor.mode", "parallel.tensor"},
-                       "sequence mode \"ring\" composes with tensor mode \"1d\" only; found "
-                       "parallel.tensor.mode = " +
-                           quote_toml(config.parallel.tensor.mode) + " with " + at_sp +
-                           ". Use tensor mode \"1d\", or sequence size 1.");
-    }
+    sequence::require_tensor_1d(config, tp, sp, "ring");
     // Zigzag placement: 2*sp equal chunks, two per rank. Checked here, where
     // the message can point at the key, before the mesh communicates.
     const int64_t seq = config.model.seq_len;

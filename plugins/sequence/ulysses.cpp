@@ -22,6 +22,7 @@
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/recompute.h"
 #include "kolos/core/sequence.h"
+#include "mode_checks.h"
 
 namespace kolos {
 namespace {
@@ -46,13 +47,7 @@ class Ulysses : public SequenceStrategy {
     const int64_t sp = context.shape.sp;
     const int64_t tp = context.shape.tp;
     const std::string at_sp = "parallel.sequence.size = " + std::to_string(sp);
-    if (tp > 1 && config.parallel.tensor.mode != "1d") {
-      root.fail_at_any({"parallel.tensor.mode", "parallel.tensor"},
-                       "sequence mode \"ulysses\" composes with tensor mode \"1d\" only; found "
-                       "parallel.tensor.mode = " +
-                           quote_toml(config.parallel.tensor.mode) + " with " + at_sp +
-                           ". Use tensor mode \"1d\", or sequence size 1.");
-    }
+    sequence::require_tensor_1d(config, tp, sp, "ulysses");
     const int64_t heads = config.model.heads;
     if (heads % tp == 0 && (heads / tp) % sp != 0) {
       const int64_t local = heads / tp;
