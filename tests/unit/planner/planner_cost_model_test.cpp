@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kolos/planner/cost_model.h"
+#include "planner_fixtures.h"
 
 using namespace kolos::planner;
 
@@ -13,17 +14,7 @@ ModelShape small_gpt() {
   return m;
 }
 
-Machine test_machine() {
-  Cluster c;
-  c.name = "test";
-  c.nodes = 4, c.devices_per_node = 8, c.nvlink_domain = 8;
-  c.device_memory = 80.0 * (1 << 30);
-  c.peak_flops = 100e12, c.memory_bandwidth = 1e12;
-  c.intra_bandwidth = 100e9, c.intra_latency = 1e-6;
-  c.inter_bandwidth = 10e9, c.inter_latency = 1e-5;
-  c.host_bandwidth = 10e9, c.host_memory = 1e12;
-  return Machine{c, MachineRates::assumed(c)};
-}
+Machine test_machine() { return fixtures::test_machine(4); }
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/planner/search.h"
+#include "planner_fixtures.h"
 
 using namespace kolos::planner;
 
@@ -28,13 +29,7 @@ Workload gpt3_175b() {
   return w;
 }
 
-Workload small() {
-  Workload w;
-  w.model.layers = 8, w.model.hidden = 1024, w.model.heads = 8;
-  w.model.seq_len = 1024, w.model.vocab = 32000;
-  w.global_batch = 64;
-  return w;
-}
+Workload small() { return fixtures::small_workload(); }
 
 int64_t accounted(const SearchResult& r) {
   int64_t n = r.survived;

@@ -13,30 +13,15 @@
 #include "kolos/core/error.h"
 #include "kolos/planner/search.h"
 #include "kolos/planner/tune.h"
+#include "planner_fixtures.h"
 
 using namespace kolos::planner;
 
 namespace {
 
-Machine test_machine() {
-  Cluster c;
-  c.name = "test";
-  c.nodes = 1, c.devices_per_node = 8, c.nvlink_domain = 8;
-  c.device_memory = 80.0 * (1 << 30);
-  c.peak_flops = 100e12, c.memory_bandwidth = 1e12;
-  c.intra_bandwidth = 100e9, c.intra_latency = 1e-6;
-  c.inter_bandwidth = 10e9, c.inter_latency = 1e-5;
-  c.host_bandwidth = 10e9, c.host_memory = 1e12;
-  return Machine{c, MachineRates::assumed(c)};
-}
+Machine test_machine() { return fixtures::test_machine(1); }
 
-Workload small() {
-  Workload w;
-  w.model.layers = 8, w.model.hidden = 1024, w.model.heads = 8;
-  w.model.seq_len = 1024, w.model.vocab = 32000;
-  w.global_batch = 64;
-  return w;
-}
+Workload small() { return fixtures::small_workload(); }
 
 std::string error_of(const std::string& text) {
   try {
