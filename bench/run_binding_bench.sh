@@ -23,20 +23,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 config=examples/gpt-demo.toml ranks=2 steps=60 warmup=10 reps=3 build=build
 sets=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --config) config=$2 ;;
-    --ranks) ranks=$2 ;;
-    --steps) steps=$2 ;;
-    --warmup) warmup=$2 ;;
-    --reps) reps=$2 ;;
-    --build) build=$2 ;;
-    --set) sets+=(--set "$2") ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_binding_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "config ranks steps warmup reps build sets:set+" "$@"
 if ((warmup >= steps)); then
   echo "run_binding_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
 fi

@@ -23,23 +23,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 dir=/tmp layers=8 hidden=384 vocab=2048 seq=128 micro=4 steps=4 chunk_mib=3 overs="2 4 8"
 tiers="host nvme" build=build
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --dir) dir=$2 ;;
-    --layers) layers=$2 ;;
-    --hidden) hidden=$2 ;;
-    --vocab) vocab=$2 ;;
-    --seq) seq=$2 ;;
-    --micro) micro=$2 ;;
-    --steps) steps=$2 ;;
-    --chunk-mib) chunk_mib=$2 ;;
-    --overs) overs=$2 ;;
-    --tiers) tiers=$2 ;;
-    --build) build=$2 ;;
-    *) echo "unknown option $1" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "dir layers hidden vocab seq micro steps chunk_mib overs tiers build" "$@"
 kolos=$root/$build/bin/kolos
 [[ -x $kolos ]] || { echo "no $kolos: ninja -C $build runtime" >&2; exit 2; }
 work=$(mktemp -d)

@@ -41,27 +41,9 @@ layers=4 hidden=256 heads=8 seq_len=64 vocab=2048
 global_batch=8 micro_batch=4 steps=30 warmup=5
 threads1=1 threads2=1 bucket_mb=25 build=build
 
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --layers) layers=$2 ;;
-    --hidden) hidden=$2 ;;
-    --heads) heads=$2 ;;
-    --seq-len) seq_len=$2 ;;
-    --vocab) vocab=$2 ;;
-    --global-batch) global_batch=$2 ;;
-    --micro-batch) micro_batch=$2 ;;
-    --steps) steps=$2 ;;
-    --warmup) warmup=$2 ;;
-    --threads-1rank) threads1=$2 ;;
-    --threads-2rank) threads2=$2 ;;
-    --bucket-mb) bucket_mb=$2 ;;
-    --build) build=$2 ;;
-    --peer) peer=$2 ;;
-    -h|--help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_dp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab global_batch micro_batch steps warmup threads1:threads-1rank threads2:threads-2rank bucket_mb build peer" "$@"
 if (( warmup >= steps )); then
   echo "run_dp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
 fi

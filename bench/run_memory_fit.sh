@@ -23,15 +23,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=build heldout=0
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --build) build=$2 ;;
-    --heldout) heldout=1; shift; continue ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_memory_fit.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "build heldout:heldout=1" "$@"
 [[ $build = /* ]] || build=$root/$build
 export KOLOS=$build/bin/kolos
 [[ -x $KOLOS ]] || { echo "run_memory_fit.sh: no $KOLOS (ninja -C $build runtime)" >&2; exit 2; }

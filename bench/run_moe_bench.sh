@@ -31,28 +31,9 @@ layers=4 hidden=256 heads=8 kv_heads=2 ffn_hidden=512 experts=8 top_k=2
 seq_len=64 vocab=2048 global_batch=16 micro_batch=4 steps=20 warmup=5
 threads=1 build=build
 
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --layers) layers=$2 ;;
-    --hidden) hidden=$2 ;;
-    --heads) heads=$2 ;;
-    --kv-heads) kv_heads=$2 ;;
-    --ffn-hidden) ffn_hidden=$2 ;;
-    --experts) experts=$2 ;;
-    --top-k) top_k=$2 ;;
-    --seq-len) seq_len=$2 ;;
-    --vocab) vocab=$2 ;;
-    --global-batch) global_batch=$2 ;;
-    --micro-batch) micro_batch=$2 ;;
-    --steps) steps=$2 ;;
-    --warmup) warmup=$2 ;;
-    --threads) threads=$2 ;;
-    --build) build=$2 ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_moe_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "layers hidden heads kv_heads ffn_hidden experts top_k seq_len vocab global_batch micro_batch steps warmup threads build" "$@"
 if (( warmup >= steps )); then
   echo "run_moe_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
 fi

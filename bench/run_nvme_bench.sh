@@ -23,16 +23,9 @@ export LC_ALL=C
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 dir=${TMPDIR:-/tmp} mib=1024 slot_mib=16 threads=4 build=$root/build
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --dir) dir=$2; shift 2 ;;
-    --mib) mib=$2; shift 2 ;;
-    --slot-mib) slot_mib=$2; shift 2 ;;
-    --threads) threads=$2; shift 2 ;;
-    --build) build=$2; shift 2 ;;
-    *) echo "run_nvme_bench.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "dir mib slot_mib threads build" "$@"
 bench=$build/bin/nvme_bench
 [[ -x $bench ]] || { echo "run_nvme_bench.sh: $bench missing; ninja -C $build nvme_bench" >&2; exit 2; }
 (( mib % slot_mib == 0 )) || { echo "run_nvme_bench.sh: --mib must be a multiple of --slot-mib" >&2; exit 2; }

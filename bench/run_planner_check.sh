@@ -25,23 +25,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=build plans=all steps=8 warmup=3 rounds=1 out="" recalibrate=0 tune=3 tune_seconds=0
 sets=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --build) build=$2 ;;
-    --plans) plans=$2 ;;
-    --steps) steps=$2 ;;
-    --warmup) warmup=$2 ;;
-    --rounds) rounds=$2 ;;
-    --tune) tune=$2 ;;
-    --tune-seconds) tune_seconds=$2 ;;
-    --out) out=$2 ;;
-    --recalibrate) recalibrate=1; shift; continue ;;
-    --set) sets+=(--set "$2") ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_planner_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "build plans steps warmup rounds tune tune_seconds out recalibrate:recalibrate=1 sets:set+" "$@"
 [[ $build == /* ]] || build=$root/$build
 kolos=$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_planner_check.sh: no $kolos; build it: ninja -C $build runtime" >&2; exit 2; }

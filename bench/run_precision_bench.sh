@@ -22,23 +22,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 layers=8 hidden=256 heads=8 seq_len=512 vocab=2048 micro=8 steps=8 warmup=2 ranks=2 build=build
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --layers) layers=$2 ;;
-    --hidden) hidden=$2 ;;
-    --heads) heads=$2 ;;
-    --seq-len) seq_len=$2 ;;
-    --vocab) vocab=$2 ;;
-    --micro-batch) micro=$2 ;;
-    --steps) steps=$2 ;;
-    --warmup) warmup=$2 ;;
-    --ranks) ranks=$2 ;;
-    --build) build=$2 ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_precision_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab micro:micro-batch steps warmup ranks build" "$@"
 kolos=$root/$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_precision_bench.sh: $kolos missing (ninja -C $build runtime)" >&2; exit 1; }
 tmp=$(mktemp -d)

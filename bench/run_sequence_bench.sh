@@ -41,25 +41,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 modes="ulysses ring hybrid megatron tp1d" sizes="2 4" limit_mib=1024 at=4096 base=512 step=1024 max=8192
 layers=2 hidden=128 heads=4 vocab=1024 build=build
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --modes) modes=$2 ;;
-    --sizes) sizes=$2 ;;
-    --limit-mib) limit_mib=$2 ;;
-    --at) at=$2 ;;
-    --base) base=$2 ;;
-    --step) step=$2 ;;
-    --max) max=$2 ;;
-    --layers) layers=$2 ;;
-    --hidden) hidden=$2 ;;
-    --heads) heads=$2 ;;
-    --vocab) vocab=$2 ;;
-    --build) build=$2 ;;
-    -h|--help) sed -n '2,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_sequence_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "modes sizes limit_mib at base step max layers hidden heads vocab build" "$@"
 kolos=$root/$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_sequence_bench.sh: $kolos missing (ninja -C $build runtime)" >&2; exit 1; }
 tmp=$(mktemp -d)

@@ -29,22 +29,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 concurrency=1,4,16,64 prompt_len=128 output_len=64 requests=8
 hidden=768 layers=12 heads=12 vocab=32000 build=build
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --concurrency) concurrency=$2 ;;
-    --prompt-len) prompt_len=$2 ;;
-    --output-len) output_len=$2 ;;
-    --requests) requests=$2 ;;
-    --hidden) hidden=$2 ;;
-    --layers) layers=$2 ;;
-    --heads) heads=$2 ;;
-    --vocab) vocab=$2 ;;
-    --build) build=$2 ;;
-    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_serve_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "concurrency prompt_len output_len requests hidden layers heads vocab build" "$@"
 cd "$root"
 kolos=$root/$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_serve_bench.sh: $kolos missing (ninja -C $build kolos)" >&2; exit 1; }

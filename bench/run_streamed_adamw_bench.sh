@@ -24,17 +24,9 @@ export LC_ALL=C
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 dir=${TMPDIR:-/tmp} mib=256 chunk_mib=16 prefetch=1 steps=3 build=$root/build
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --dir) dir=$2; shift 2 ;;
-    --mib) mib=$2; shift 2 ;;
-    --chunk-mib) chunk_mib=$2; shift 2 ;;
-    --prefetch) prefetch=$2; shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
-    --build) build=$2; shift 2 ;;
-    *) echo "run_streamed_adamw_bench.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "dir mib chunk_mib prefetch steps build" "$@"
 bench=$build/bin/streamed_adamw_bench
 [[ -x $bench ]] || { echo "run_streamed_adamw_bench.sh: $bench missing; ninja -C $build streamed_adamw_bench" >&2; exit 2; }
 

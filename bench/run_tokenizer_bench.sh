@@ -20,17 +20,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 megabytes=20 documents=8 reps=3 build=build
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --megabytes) megabytes=$2 ;;
-    --documents) documents=$2 ;;
-    --reps) reps=$2 ;;
-    --build) build=$2 ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_tokenizer_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "megabytes documents reps build" "$@"
 cd "$root"
 kolos=$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_tokenizer_bench.sh: $kolos missing (ninja -C $build kolos)" >&2; exit 1; }

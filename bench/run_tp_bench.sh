@@ -42,29 +42,9 @@ layers=4 hidden=256 heads=8 seq_len=64 vocab=4096
 global_batch=8 micro_batch=8 steps=10 warmup=3 threads=1 threads_serial=1 with_1d8=1
 build=build peer=none peer_ranks=2 peer_only=0
 
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --layers) layers=$2 ;;
-    --hidden) hidden=$2 ;;
-    --heads) heads=$2 ;;
-    --seq-len) seq_len=$2 ;;
-    --vocab) vocab=$2 ;;
-    --global-batch) global_batch=$2 ;;
-    --micro-batch) micro_batch=$2 ;;
-    --steps) steps=$2 ;;
-    --warmup) warmup=$2 ;;
-    --threads) threads=$2 ;;
-    --threads-serial) threads_serial=$2 ;;
-    --build) build=$2 ;;
-    --no-1d8) with_1d8=0; shift; continue ;;
-    --peer) peer=$2 ;;
-    --peer-ranks) peer_ranks=$2 ;;
-    --peer-only) peer_only=1; shift; continue ;;
-    -h|--help) sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_tp_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab global_batch micro_batch steps warmup threads threads_serial build with_1d8:no-1d8=0 peer peer_ranks peer_only:peer-only=1" "$@"
 if (( warmup >= steps )); then
   echo "run_tp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
 fi

@@ -22,17 +22,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 
 steps=300 warmup=20 threads=1 build=build
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --steps) steps=$2 ;;
-    --warmup) warmup=$2 ;;
-    --threads) threads=$2 ;;
-    --build) build=$2 ;;
-    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_vit_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+bench_options "${BASH_SOURCE[0]}" "steps warmup threads build" "$@"
 if (( warmup >= steps )); then
   echo "run_vit_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
 fi

@@ -36,18 +36,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 layers=8 hidden=512 heads=8 seq_len=64 vocab=2048 global_batch=8 micro_batch=2
 steps=8 warmup=3 bucket_mb=4 ranks_time=2 build=build peer=torch2 sizes="2 4"
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --layers) layers=$2 ;; --hidden) hidden=$2 ;; --heads) heads=$2 ;;
-    --seq-len) seq_len=$2 ;; --vocab) vocab=$2 ;; --global-batch) global_batch=$2 ;;
-    --micro-batch) micro_batch=$2 ;; --steps) steps=$2 ;; --warmup) warmup=$2 ;;
-    --bucket-mb) bucket_mb=$2 ;; --ranks-time) ranks_time=$2 ;; --build) build=$2 ;;
-    --peer) peer=$2 ;; --sizes) sizes=$2 ;;
-    -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_zero_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-  shift 2
-done
+# shellcheck source=../options.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../options.sh"
+bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab global_batch micro_batch steps warmup bucket_mb ranks_time build peer sizes" "$@"
 
 case "$peer" in
   torch2) python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
