@@ -23,8 +23,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 config=examples/gpt-demo.toml ranks=2 steps=60 warmup=10 reps=3 build=build
 sets=()
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "config ranks steps warmup reps build sets:set+" "$@"
 if ((warmup >= steps)); then
   echo "run_binding_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
@@ -40,7 +40,7 @@ trap 'rm -rf "$tmp"' EXIT
 common=(--set "train.steps=$steps" --set log.progress=off "${sets[@]}")
 
 echo "config: $config, $ranks ranks, $steps steps (median of the last $((steps - warmup))), $reps repetitions per policy"
-echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+bench_machine
 "$kolos" topo | sed 's/^/  /'
 for bind in cores none; do
   "$kolos" run -n "$ranks" "$config" "${common[@]}" --bind "$bind" --dry-run >"$tmp/cmd-$bind.txt" 2>"$tmp/desc-$bind.txt" ||

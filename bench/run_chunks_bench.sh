@@ -23,8 +23,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 dir=/tmp layers=8 hidden=384 vocab=2048 seq=128 micro=4 steps=4 chunk_mib=3 overs="2 4 8"
 tiers="host nvme" build=build
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "dir layers hidden vocab seq micro steps chunk_mib overs tiers build" "$@"
 kolos=$root/$build/bin/kolos
 [[ -x $kolos ]] || { echo "no $kolos: ninja -C $build runtime" >&2; exit 2; }

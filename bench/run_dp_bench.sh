@@ -41,20 +41,14 @@ layers=4 hidden=256 heads=8 seq_len=64 vocab=2048
 global_batch=8 micro_batch=4 steps=30 warmup=5
 threads1=1 threads2=1 bucket_mb=25 build=build
 
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab global_batch micro_batch steps warmup threads1:threads-1rank threads2:threads-2rank bucket_mb build peer" "$@"
 if (( warmup >= steps )); then
   echo "run_dp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
 fi
 
-case "$peer" in
-  torch2) python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
-    install="scripts/install-venv.sh"
-    [[ -x $python ]] || { echo "run_dp_bench.sh: $python missing ($install)" >&2; exit 1; } ;;
-  system) python=${PYTHON:-/usr/bin/python3} install="apt-get install python3-torch" ;;
-  *) echo "run_dp_bench.sh: --peer is torch2 or system, not '$peer'" >&2; exit 2 ;;
-esac
+bench_peer run_dp_bench.sh "$peer" torch.distributed
 
 cd "$root"
 kolos=$build/bin/kolos
@@ -62,48 +56,16 @@ plain=$build/bin/bench_plain_loop
 for f in "$kolos" "$plain"; do
   [[ -x $f ]] || { echo "run_dp_bench.sh: $f not built (ninja -C $build kolos bench_plain_loop)" >&2; exit 1; }
 done
-"$python" -c 'import torch.distributed' 2>/dev/null ||
-  { echo "run_dp_bench.sh: $python has no working torch ($install)" >&2; exit 1; }
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-dp-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cfg=$tmp/gpt.toml
-cat > "$cfg" <<TOML
-# written by bench/run_dp_bench.sh
-[model]
-name = "gpt"
-layers = $layers
-hidden = $hidden
-heads = $heads
-seq_len = $seq_len
-vocab = $vocab
-
-[data]
-kind = "synthetic"
-
-[optim]
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 10
-grad_clip = 1.0
-
-[train]
-global_batch = $global_batch
-micro_batch = $micro_batch
-steps = $steps
-seed = 1234
-
-[parallel]
-bucket_mb = $bucket_mb
-
-[log]
-progress = "off"
-TOML
+bench_train_toml "$cfg" "$(bench_gpt_model)" "bucket_mb = $bucket_mb"
 
 shape="layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab, global_batch $global_batch, micro_batch $micro_batch, buckets $bucket_mb MB, $steps steps (median of the last $((steps - warmup)))"
 echo "shape: $shape"
-echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+bench_machine
 echo "BLAS: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
 echo "peer: $python, torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); kolos: $("$kolos" version 2>/dev/null | tr -s ' \n' ' ')"
 

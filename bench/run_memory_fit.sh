@@ -23,8 +23,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=build heldout=0
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "build heldout:heldout=1" "$@"
 [[ $build = /* ]] || build=$root/$build
 export KOLOS=$build/bin/kolos

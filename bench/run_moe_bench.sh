@@ -31,8 +31,8 @@ layers=4 hidden=256 heads=8 kv_heads=2 ffn_hidden=512 experts=8 top_k=2
 seq_len=64 vocab=2048 global_batch=16 micro_batch=4 steps=20 warmup=5
 threads=1 build=build
 
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads kv_heads ffn_hidden experts top_k seq_len vocab global_batch micro_batch steps warmup threads build" "$@"
 if (( warmup >= steps )); then
   echo "run_moe_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
@@ -48,45 +48,16 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-moe-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cfg=$tmp/mixtral.toml
-cat > "$cfg" <<TOML
-# written by bench/run_moe_bench.sh
-[model]
-name = "mixtral"
-layers = $layers
-hidden = $hidden
-heads = $heads
+model=$(bench_gpt_model | sed 's/^name = "gpt"/name = "mixtral"/')
+bench_train_toml "$cfg" "$model
 kv_heads = $kv_heads
 ffn_hidden = $ffn_hidden
 experts = $experts
 top_k = $top_k
-aux_loss_coef = 0.01
-seq_len = $seq_len
-vocab = $vocab
-
-[data]
-kind = "synthetic"
-
-[optim]
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 10
-grad_clip = 1.0
-
-[train]
-global_batch = $global_batch
-micro_batch = $micro_batch
-steps = $steps
-seed = 1234
-
-[parallel]
-data = 2
-
-[log]
-progress = "off"
-TOML
+aux_loss_coef = 0.01" "data = 2"
 
 echo "shape: mixtral layers $layers, hidden $hidden, heads $heads/$kv_heads kv, ffn_hidden $ffn_hidden, experts $experts top_k $top_k, seq_len $seq_len, vocab $vocab, global_batch $global_batch, micro_batch $micro_batch, $steps steps (median of the last $((steps - warmup)))"
-echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+bench_machine
 echo "peer: $python, torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); kolos: $("$kolos" version 2>/dev/null | tr -s ' \n' ' ')"
 
 run_kolos() {  # name, extra --set arguments...

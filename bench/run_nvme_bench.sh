@@ -23,8 +23,8 @@ export LC_ALL=C
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 dir=${TMPDIR:-/tmp} mib=1024 slot_mib=16 threads=4 build=$root/build
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "dir mib slot_mib threads build" "$@"
 bench=$build/bin/nvme_bench
 [[ -x $bench ]] || { echo "run_nvme_bench.sh: $bench missing; ninja -C $build nvme_bench" >&2; exit 2; }

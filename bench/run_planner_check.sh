@@ -25,8 +25,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=build plans=all steps=8 warmup=3 rounds=1 out="" recalibrate=0 tune=3 tune_seconds=0
 sets=()
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "build plans steps warmup rounds tune tune_seconds out recalibrate:recalibrate=1 sets:set+" "$@"
 [[ $build == /* ]] || build=$root/$build
 kolos=$build/bin/kolos

@@ -22,8 +22,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 layers=8 hidden=256 heads=8 seq_len=512 vocab=2048 micro=8 steps=8 warmup=2 ranks=2 build=build
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab micro:micro-batch steps warmup ranks build" "$@"
 kolos=$root/$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_precision_bench.sh: $kolos missing (ninja -C $build runtime)" >&2; exit 1; }

@@ -41,8 +41,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 modes="ulysses ring hybrid megatron tp1d" sizes="2 4" limit_mib=1024 at=4096 base=512 step=1024 max=8192
 layers=2 hidden=128 heads=4 vocab=1024 build=build
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "modes sizes limit_mib at base step max layers hidden heads vocab build" "$@"
 kolos=$root/$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_sequence_bench.sh: $kolos missing (ninja -C $build runtime)" >&2; exit 1; }

@@ -29,8 +29,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 concurrency=1,4,16,64 prompt_len=128 output_len=64 requests=8
 hidden=768 layers=12 heads=12 vocab=32000 build=build
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "concurrency prompt_len output_len requests hidden layers heads vocab build" "$@"
 cd "$root"
 kolos=$root/$build/bin/kolos
@@ -41,6 +41,6 @@ venv=${KOLOS_VENV:-$root/.cache/torch-venv}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-serve-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 export NO_PROXY=127.0.0.1 no_proxy=127.0.0.1
-echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+bench_machine
 "$venv/bin/python" -W ignore "$here/serve/bench.py" "$kolos" "$tmp" "$concurrency" "$prompt_len" "$output_len" \
   "$requests" "$hidden" "$layers" "$heads" "$vocab"

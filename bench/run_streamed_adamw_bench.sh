@@ -24,8 +24,8 @@ export LC_ALL=C
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 dir=${TMPDIR:-/tmp} mib=256 chunk_mib=16 prefetch=1 steps=3 build=$root/build
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "dir mib chunk_mib prefetch steps build" "$@"
 bench=$build/bin/streamed_adamw_bench
 [[ -x $bench ]] || { echo "run_streamed_adamw_bench.sh: $bench missing; ninja -C $build streamed_adamw_bench" >&2; exit 2; }

@@ -20,8 +20,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 megabytes=20 documents=8 reps=3 build=build
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "megabytes documents reps build" "$@"
 cd "$root"
 kolos=$build/bin/kolos
@@ -31,5 +31,5 @@ venv=${KOLOS_VENV:-$root/.cache/torch-venv}
   { echo "run_tokenizer_bench.sh: $venv/bin/python has no tokenizers (scripts/install-venv.sh)" >&2; exit 1; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-tokenizer-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+bench_machine
 "$venv/bin/python" "$here/tokenizer/bench.py" "$kolos" "$tmp" "$megabytes" "$documents" "$reps"

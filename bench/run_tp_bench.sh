@@ -42,8 +42,8 @@ layers=4 hidden=256 heads=8 seq_len=64 vocab=4096
 global_batch=8 micro_batch=8 steps=10 warmup=3 threads=1 threads_serial=1 with_1d8=1
 build=build peer=none peer_ranks=2 peer_only=0
 
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab global_batch micro_batch steps warmup threads threads_serial build with_1d8:no-1d8=0 peer peer_ranks peer_only:peer-only=1" "$@"
 if (( warmup >= steps )); then
   echo "run_tp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2

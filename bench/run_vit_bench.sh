@@ -22,8 +22,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 
 steps=300 warmup=20 threads=1 build=build
-# shellcheck source=options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "steps warmup threads build" "$@"
 if (( warmup >= steps )); then
   echo "run_vit_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
@@ -59,7 +59,7 @@ PY
 )
 
 echo "shape: vit layers $layers, hidden $hidden, heads $heads, ${image}x${image}x$channels images in ${patch}x$patch patches, $classes classes, global_batch $gb, micro_batch $mb, $steps steps (median of the last $((steps - warmup)))"
-echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+bench_machine
 echo "peer: $python, torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); kolos: $("$kolos" version 2>/dev/null | tr -s ' \n' ' ')"
 
 echo "[1/2] kolos: $kolos run -n 2 $cfg ($threads thread per rank)" >&2

@@ -36,56 +36,24 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 layers=8 hidden=512 heads=8 seq_len=64 vocab=2048 global_batch=8 micro_batch=2
 steps=8 warmup=3 bucket_mb=4 ranks_time=2 build=build peer=torch2 sizes="2 4"
-# shellcheck source=../options.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../options.sh"
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab global_batch micro_batch steps warmup bucket_mb ranks_time build peer sizes" "$@"
 
-case "$peer" in
-  torch2) python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
-    install="scripts/install-venv.sh"
-    [[ -x $python ]] || { echo "run_zero_bench.sh: $python missing ($install)" >&2; exit 1; } ;;
-  system) python=${PYTHON:-/usr/bin/python3} install="apt-get install python3-torch" ;;
-  *) echo "run_zero_bench.sh: --peer is torch2 or system, not '$peer'" >&2; exit 2 ;;
-esac
+bench_peer run_zero_bench.sh "$peer" torch.distributed.optim
 [[ " $sizes " == *" $ranks_time "* ]] ||
   { echo "run_zero_bench.sh: --sizes '$sizes' must hold --ranks-time $ranks_time" >&2; exit 2; }
 
 cd "$root"
 kolos=$build/bin/kolos
 [[ -x $kolos ]] || { echo "run_zero_bench.sh: $kolos not built" >&2; exit 1; }
-"$python" -c 'import torch.distributed.optim' 2>/dev/null ||
-  { echo "run_zero_bench.sh: $python has no working torch ($install)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KOLOS_THREADS=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-zero-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cfg=$tmp/gpt.toml
-cat > "$cfg" <<TOML
-[model]
-name = "gpt"
-layers = $layers
-hidden = $hidden
-heads = $heads
-seq_len = $seq_len
-vocab = $vocab
-[data]
-kind = "synthetic"
-[optim]
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 10
-grad_clip = 1.0
-[train]
-global_batch = $global_batch
-micro_batch = $micro_batch
-steps = $steps
-seed = 1234
-[parallel]
-bucket_mb = $bucket_mb
-[log]
-progress = "off"
-TOML
+bench_train_toml "$cfg" "$(bench_gpt_model)" "bucket_mb = $bucket_mb"
 echo "shape: layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab, global_batch $global_batch, micro_batch $micro_batch, bucket_mb $bucket_mb, $steps steps (median of the last $((steps - warmup)))"
-echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load $(cut -d' ' -f1-3 /proc/loadavg) at start"
+bench_machine
 echo "peer: $python, torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); kolos: $("$kolos" version 2>/dev/null | tr -s ' \n' ' ')"
 
 for n in $sizes; do
