@@ -30,3 +30,16 @@ function(kolos_plugin_terms)
     target_sources(kolos_plugin_terms PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/${file})
   endforeach()
 endfunction()
+
+# kolos_plugin_library(<name> <source>...): code that several plugins of a
+# folder share (and its tests link), a static library compiled as the
+# plugins are (position-independent, hidden visibility, the shared
+# LibTorch precompiled header), its headers in the folder, on kolos_core.
+function(kolos_plugin_library name)
+  add_library(${name} STATIC ${ARGN})
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON
+    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+  target_include_directories(${name} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC kolos_core)
+  kolos_reuse_torch_pch(${name})
+endfunction()
