@@ -24,11 +24,6 @@
 namespace kolos {
 namespace {
 
-using testing::world_size;
-using testing::sequence::base;
-using testing::sequence::llama;
-using testing::sequence::serial;
-
 // sp = a x r ranks of mode hybrid, Ulysses degree a (x whatever else
 // `overrides` sets).
 RunConfig hybrid(int a, int r, std::vector<std::string> overrides = {}) {

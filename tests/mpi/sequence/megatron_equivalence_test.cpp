@@ -29,11 +29,6 @@
 namespace kolos {
 namespace {
 
-using testing::world_size;
-using testing::sequence::base;
-using testing::sequence::llama;
-using testing::sequence::serial;
-
 // tp1d over `tp` ranks with sequence mode megatron (size left out: the
 // sequence group is the tensor group), x whatever else `overrides` sets.
 RunConfig megatron(int tp, std::vector<std::string> overrides = {}) {

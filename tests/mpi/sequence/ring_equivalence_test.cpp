@@ -23,11 +23,6 @@
 namespace kolos {
 namespace {
 
-using testing::world_size;
-using testing::sequence::base;
-using testing::sequence::llama;
-using testing::sequence::serial;
-
 // sp ranks of mode ring (x whatever else `overrides` sets).
 RunConfig ring(int sp, std::vector<std::string> overrides = {}) {
   return testing::sequence::mode("ring", sp, std::move(overrides));

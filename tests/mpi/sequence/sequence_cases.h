@@ -51,3 +51,11 @@ inline std::vector<std::string> llama(std::vector<std::string> overrides) {
 }
 
 }  // namespace kolos::testing::sequence
+
+namespace kolos {
+// What the sequence equivalence tests call unqualified.
+using testing::world_size;
+using testing::sequence::base;
+using testing::sequence::llama;
+using testing::sequence::serial;
+}  // namespace kolos

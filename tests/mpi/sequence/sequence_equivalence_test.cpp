@@ -21,11 +21,6 @@
 namespace kolos {
 namespace {
 
-using testing::world_size;
-using testing::sequence::base;
-using testing::sequence::llama;
-using testing::sequence::serial;
-
 // sp ranks of mode ulysses (x whatever else `overrides` sets).
 RunConfig sequence(int sp, std::vector<std::string> overrides = {}) {
   return testing::sequence::mode("ulysses", sp, std::move(overrides));
