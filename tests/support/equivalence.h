@@ -10,7 +10,10 @@
 // A new strategy is checked by writing its config, nothing else.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <mpi.h>
+
+#include <algorithm>
 
 #include <string>
 #include <utility>
@@ -88,3 +91,13 @@ void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
                        const Tolerance& tolerance = {});
 
 }  // namespace kolos::testing
+
+// Skips the test unless the world has one of the listed rank counts (a
+// binary that runs at several counts holds tests for each).
+#define REQUIRE_RANKS(...)                                                           \
+  do {                                                                               \
+    const std::vector<int> allowed{__VA_ARGS__};                                     \
+    if (std::find(allowed.begin(), allowed.end(), ::kolos::testing::world_size()) == \
+        allowed.end())                                                               \
+      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                              \
+  } while (0)

@@ -45,13 +45,6 @@ std::vector<std::string> tensor(const std::string& mode, int size,
   return overrides;
 }
 
-#define REQUIRE_RANKS(...)                                                        \
-  do {                                                                            \
-    const std::vector<int> allowed{__VA_ARGS__};                                  \
-    if (std::find(allowed.begin(), allowed.end(), world_size()) == allowed.end()) \
-      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                           \
-  } while (0)
-
 TEST(LlamaSerial, ResolvesItsDefaults) {
   const RunConfig c = serial();
   EXPECT_EQ(c.model.kv_heads, c.model.heads);

@@ -82,9 +82,6 @@ void expect_left_empty_and_remove(const std::string& dir) {
 
 // The 1-rank cases (bit-equal to the in-memory run on this rank) and the
 // 2-rank ones (with dp) share the binary: each skips at the other count.
-#define REQUIRE_RANKS(n) \
-  if (world_size() != (n)) GTEST_SKIP() << "runs at " << (n) << " rank(s)"
-
 class Chunks : public ::testing::Test {
  protected:
   void SetUp() override {

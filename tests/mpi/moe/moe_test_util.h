@@ -21,14 +21,6 @@
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 
-// Skips the test unless the world has one of the given sizes.
-#define REQUIRE_RANKS(...)                                                        \
-  do {                                                                            \
-    const std::vector<int> allowed{__VA_ARGS__};                                  \
-    if (std::find(allowed.begin(), allowed.end(), world_size()) == allowed.end()) \
-      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                           \
-  } while (0)
-
 namespace kolos::moe_test {
 
 using testing::world_size;

@@ -13,15 +13,6 @@
 
 #include "equivalence.h"
 
-// Skips the test unless the world has one of the listed rank counts.
-#define REQUIRE_RANKS(...)                                                           \
-  do {                                                                               \
-    const std::vector<int> allowed{__VA_ARGS__};                                     \
-    if (std::find(allowed.begin(), allowed.end(), ::kolos::testing::world_size()) == \
-        allowed.end())                                                               \
-      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                              \
-  } while (0)
-
 namespace kolos::testing::sequence {
 
 // 8 steps, clipping at 0.05, then `overrides`.

@@ -37,13 +37,6 @@ RunConfig tensor(const std::string& mode, int size, std::vector<std::string> ove
   return testing::tiny_gpt_config(with(std::move(overrides)));
 }
 
-#define REQUIRE_RANKS(...)                                                       \
-  do {                                                                           \
-    const std::vector<int> allowed{__VA_ARGS__};                                 \
-    if (std::find(allowed.begin(), allowed.end(), world_size()) == allowed.end()) \
-      GTEST_SKIP() << "runs at " #__VA_ARGS__ " ranks";                          \
-  } while (0)
-
 TEST(Tp1d, MatchesSerial) {
   REQUIRE_RANKS(2, 4);
   testing::expect_equivalent(serial(), tensor("1d", world_size()));
