@@ -23,3 +23,17 @@ expect_failure() {
   tr '\n' ' ' <err.txt | grep -Eq -- "$regex" || fail "stderr does not match /$regex/: $*"
   echo "ok: exit $rc, message matches /$regex/"
 }
+
+# tiny_gpt_model: the [model] table of the 2-layer GPT the e2e cases train,
+# the shape of the harness's tiny_gpt_config (tests/support/equivalence.cpp).
+tiny_gpt_model() {
+  cat <<'TOML'
+[model]
+name = "gpt"
+layers = 2
+hidden = 32
+heads = 4
+seq_len = 16
+vocab = 64
+TOML
+}

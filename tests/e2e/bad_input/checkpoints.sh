@@ -48,14 +48,9 @@ declare -A refused=(
 )
 accepted=(global_shape_attr_wrong shard_data_float64 index_tensor_float64)
 
-cat >run.toml <<'TOML'
-[model]
-name = "gpt"
-layers = 2
-hidden = 32
-heads = 4
-seq_len = 16
-vocab = 64
+{
+  tiny_gpt_model
+  cat <<'TOML'
 [train]
 global_batch = 8
 micro_batch = 4
@@ -66,6 +61,7 @@ progress = "off"
 [checkpoint]
 dir = "ckpt"
 TOML
+} >run.toml
 # One rank as an MPI singleton: no mpirun start-up per case.
 timeout 120 "$KOLOS" train run.toml </dev/null >train.txt 2>&1 || { cat train.txt; fail "training failed"; }
 mkdir damaged

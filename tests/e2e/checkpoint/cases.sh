@@ -15,14 +15,9 @@ if [[ $case_name == interop_pip || $case_name == hf_gpt2 ]]; then
     fail "no usable Python environment at '${KOLOS_VENV:-}' (h5py, safetensors, transformers, torch): run scripts/install-venv.sh (make test does)"
 fi
 
-cat >run.toml <<'TOML'
-[model]
-name = "gpt"
-layers = 2
-hidden = 32
-heads = 4
-seq_len = 16
-vocab = 64
+{
+  tiny_gpt_model
+  cat <<'TOML'
 [data]
 kind = "synthetic"
 [optim]
@@ -39,6 +34,7 @@ progress = "off"
 dir = "ckpt"
 every = 4
 TOML
+} >run.toml
 
 # train NP [kolos train args...]
 train() {
