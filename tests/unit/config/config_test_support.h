@@ -104,3 +104,12 @@ gradients = "zero2"
 )";
 
 }  // namespace kolos::config_test
+
+namespace kolos {
+// What the config tests call unqualified.
+using config_test::error_of;
+using config_test::has_all;
+using config_test::kFullConfig;
+using config_test::kName;
+using config_test::parse_error;
+}  // namespace kolos

@@ -12,11 +12,6 @@
 namespace kolos {
 namespace {
 
-using config_test::error_of;
-using config_test::has_all;
-using config_test::kName;
-using config_test::parse_error;
-
 RunConfig mesh_config(int64_t data, int64_t pp, int64_t sp, int64_t tp) {
   RunConfig c;
   c.source = kName;

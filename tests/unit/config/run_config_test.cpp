@@ -23,12 +23,6 @@
 namespace kolos {
 namespace {
 
-using config_test::error_of;
-using config_test::has_all;
-using config_test::kFullConfig;
-using config_test::kName;
-using config_test::parse_error;
-
 TEST(RunConfigDefaults, EmptyTextGivesTheHeaderDefaults) {
   const RunConfig c = parse_run_config("", "<string>");
   const RunConfig d;

@@ -14,12 +14,6 @@
 namespace kolos {
 namespace {
 
-using config_test::error_of;
-using config_test::has_all;
-using config_test::kFullConfig;
-using config_test::kName;
-using config_test::parse_error;
-
 TEST(RunConfigErrors, MalformedTomlPassesToml11LocationThrough) {
   const std::string msg = parse_error("[model]\nlayers = = 3\n");
   EXPECT_TRUE(has_all(msg, {"run.toml:2:", "malformed TOML", "--> run.toml", "layers = = 3"}));

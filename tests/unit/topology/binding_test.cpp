@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "error_of.h"
 #include "kolos/core/error.h"
 
 namespace kolos::topology {
@@ -21,16 +22,6 @@ const Topology& dgx() {
 const Topology& cpu() {
   static const Topology t = from_hwloc_xml(kFixtures + "/cpu-2s.xml");
   return t;
-}
-
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no kolos::Error)";
 }
 
 // Every plan: one binding per rank, non-empty, contiguous within its NUMA
@@ -117,18 +108,18 @@ TEST(Binding, DgxOneRankPerGpuOnItsNumaNode) {
 }
 
 TEST(Binding, Refusals) {
-  std::string e = error_of([] { bindings_for(65, cpu()); });
+  std::string e = testing::message_of([] { bindings_for(65, cpu()); });
   EXPECT_NE(e.find("65 ranks on cpu01"), std::string::npos) << e;
   EXPECT_NE(e.find("64 cores"), std::string::npos) << e;
   EXPECT_NE(e.find("--bind none"), std::string::npos) << e;
-  e = error_of([] { bindings_for(9, dgx(), {true}); });
+  e = testing::message_of([] { bindings_for(9, dgx(), {true}); });
   EXPECT_NE(e.find("9 ranks on dgx01"), std::string::npos) << e;
   EXPECT_NE(e.find("8 GPU(s)"), std::string::npos) << e;
-  e = error_of([] { bindings_for(1, cpu(), {true}); });
+  e = testing::message_of([] { bindings_for(1, cpu(), {true}); });
   EXPECT_NE(e.find("0 GPU(s)"), std::string::npos) << e;
-  e = error_of([] { bindings_for(0, cpu()); });
+  e = testing::message_of([] { bindings_for(0, cpu()); });
   EXPECT_NE(e.find("at least 1, got 0"), std::string::npos) << e;
-  e = error_of([] { binding_for(4, 4, cpu()); });
+  e = testing::message_of([] { binding_for(4, 4, cpu()); });
   EXPECT_NE(e.find("local rank 4 is outside 0..3"), std::string::npos) << e;
 }
 
@@ -148,7 +139,7 @@ TEST(Binding, GpusCrowdedOntoOneSmallNumaNodeAreRefused) {
     gpu.pci_bus_id = "0000:0" + std::to_string(g) + ":00.0";
     t.gpus.push_back(gpu);
   }
-  const std::string e = error_of([&] { bindings_for(8, t, {true}); });
+  const std::string e = testing::message_of([&] { bindings_for(8, t, {true}); });
   EXPECT_NE(e.find("local ranks 0,1,2,3,4,5,6,7 (one per GPU) of crowded"), std::string::npos) << e;
   EXPECT_NE(e.find("NUMA node 0"), std::string::npos) << e;
   EXPECT_NE(e.find("4 cores for their 8 ranks"), std::string::npos) << e;
@@ -159,7 +150,7 @@ TEST(Binding, ThisMachine) {
   const Topology t = discover();
   const int cores = static_cast<int>(t.cores.size());
   for (int ranks = 1; ranks <= cores; ++ranks) expect_valid(bindings_for(ranks, t), t);
-  EXPECT_NE(error_of([&] { bindings_for(cores + 1, t); }).find(std::to_string(cores) + " cores"),
+  EXPECT_NE(testing::message_of([&] { bindings_for(cores + 1, t); }).find(std::to_string(cores) + " cores"),
             std::string::npos);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "error_of.h"
 #include "kolos/core/error.h"
 #include "kolos/topology/hostfile.h"
 
@@ -25,16 +26,6 @@ std::vector<std::string> block(int nodes, int per_node) {
 }
 
 MeshShape mesh(int64_t pp, int64_t dp, int64_t sp, int64_t tp) { return MeshShape{pp, dp, sp, tp}; }
-
-template <typename Fn>
-std::string config_error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no kolos::ConfigError)";
-}
 
 TEST(Locality, Tp8OnTwoNodesOfEightStaysInside) {
   const auto r = check_locality(mesh(1, 2, 1, 8), block(2, 8), {}, /*strict=*/true);
@@ -59,7 +50,7 @@ TEST(Locality, Tp16CrossesNodes) {
   EXPECT_EQ(r.warnings().size(), 1u);
   // Strict: refused, naming the group's ranks and hosts.
   const std::string e =
-      config_error_of([] { check_locality(mesh(1, 1, 1, 16), block(2, 8), {}, true); });
+      testing::message_of<ConfigError>([] { check_locality(mesh(1, 1, 1, 16), block(2, 8), {}, true); });
   EXPECT_NE(
       e.find("locality (strict): tp group of ranks 0-15 crosses nodes: node0 (ranks 0-7), node1"),
       std::string::npos)
@@ -88,7 +79,7 @@ TEST(Locality, PipelineCrossesNodesAndTpSpStayInside) {
   EXPECT_EQ(sp.findings[0].axis, "sp");
   EXPECT_TRUE(sp.findings[0].crosses_nodes);
   // sp crossing nodes is refused under strict too.
-  EXPECT_NE(config_error_of([] {
+  EXPECT_NE(testing::message_of<ConfigError>([] {
               check_locality(mesh(2, 1, 4, 4), block(4, 8), {}, true);
             }).find("sp group"),
             std::string::npos);
@@ -114,11 +105,11 @@ TEST(Locality, NvlinkDomainsInsideANode) {
 }
 
 TEST(Locality, SizesMustMatch) {
-  EXPECT_NE(config_error_of([] {
+  EXPECT_NE(testing::message_of<ConfigError>([] {
               check_locality(mesh(1, 2, 1, 4), block(1, 4));
             }).find("has 8 ranks but the layout names hosts for 4"),
             std::string::npos);
-  EXPECT_NE(config_error_of([] {
+  EXPECT_NE(testing::message_of<ConfigError>([] {
               check_locality(mesh(1, 1, 1, 4), block(1, 4), {"a"});
             }).find("NVLink domains are given for 1"),
             std::string::npos);
@@ -139,7 +130,7 @@ TEST(Hostfile, BlockMappingOfSlots) {
   EXPECT_EQ(layout[8], "dgx02");
   // The two cases through a hostfile: tp 8 fits, tp 16 crosses.
   EXPECT_TRUE(check_locality(mesh(1, 2, 1, 8), layout, {}, true).findings.empty());
-  EXPECT_NE(config_error_of([&] {
+  EXPECT_NE(testing::message_of<ConfigError>([&] {
               check_locality(mesh(1, 1, 1, 16), layout, {}, true);
             }).find("dgx01 (ranks 0-7), dgx02 (ranks 8-15)"),
             std::string::npos);

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "error_of.h"
 #include "kolos/core/error.h"
 #include "kolos/topology/sources.h"
 
@@ -53,16 +54,6 @@ struct TempDir {
     return (path / name).string();
   }
 };
-
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no kolos::Error)";
-}
 
 TEST(TopologyDgx, CountsCoresNumaAndMemory) {
   const Topology t = from_hwloc_xml(kDgx, dgx_options());
@@ -349,7 +340,7 @@ TEST(Infiniband, RoceAndDevicesHwlocMissed) {
   EXPECT_EQ(t.nics[1].name, "eth0");
   // A malformed numa_node names its file.
   std::ofstream(dir.path / "class/infiniband/mlx5_9/device/numa_node") << "node one\n";
-  EXPECT_NE(error_of([&] { read_infiniband(dir.path.string()); }).find("mlx5_9/device/numa_node"),
+  EXPECT_NE(testing::message_of([&] { read_infiniband(dir.path.string()); }).find("mlx5_9/device/numa_node"),
             std::string::npos);
 }
 
@@ -358,7 +349,7 @@ TEST(NvlinkFile, Errors) {
   const auto gpus = from_hwloc_xml(kDgx).gpus;
   auto err = [&](const std::string& text) {
     const std::string path = dir.file("nvlink.json", text);
-    const std::string e = error_of([&] { read_nvlink_file(path, gpus); });
+    const std::string e = testing::message_of([&] { read_nvlink_file(path, gpus); });
     EXPECT_NE(e.find(path), std::string::npos) << e;
     return e;
   };
@@ -371,7 +362,7 @@ TEST(NvlinkFile, Errors) {
       err("{\"nvlink_domains\": [[0, 1], [1]]}").find("GPU 1 (0000:2a:00.0) is in domains 0 and 1"),
       std::string::npos);
   EXPECT_NE(err("{\"nvlink_domains\": [[8]]}").find("GPU index 8"), std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::message_of([&] {
               read_nvlink_file("/nonexistent/nvlink.json", gpus);
             }).find("/nonexistent/nvlink.json"),
             std::string::npos);
@@ -428,27 +419,27 @@ TEST(TopologyXml, HwlocNvlinkBandwidthMatrixGivesDomains) {
 TEST(TopologyXml, BadInputNamesTheFile) {
   TempDir dir;
   const std::string missing = (dir.path / "missing.xml").string();
-  std::string e = error_of([&] { from_hwloc_xml(missing); });
+  std::string e = testing::message_of([&] { from_hwloc_xml(missing); });
   EXPECT_NE(e.find("hwloc XML file " + missing + ": no such file"), std::string::npos) << e;
 
   const std::string bad = dir.file("bad.xml", "<topology version=\"2.0\"><object type=\"Machine\"");
-  e = error_of([&] { from_hwloc_xml(bad); });
+  e = testing::message_of([&] { from_hwloc_xml(bad); });
   EXPECT_NE(e.find("hwloc XML file " + bad), std::string::npos) << e;
   EXPECT_NE(e.find("cannot"), std::string::npos) << e;
 
   const std::string not_xml = dir.file("topology.txt", "Machine (16GB)\n  Package L#0\n");
-  e = error_of([&] { from_hwloc_xml(not_xml); });
+  e = testing::message_of([&] { from_hwloc_xml(not_xml); });
   EXPECT_NE(e.find(not_xml), std::string::npos) << e;
 
-  e = error_of([&] { from_hwloc_xml(dir.path.string()); });
+  e = testing::message_of([&] { from_hwloc_xml(dir.path.string()); });
   EXPECT_NE(e.find(dir.path.string() + ": not a regular file"), std::string::npos) << e;
 
-  e = error_of([&] { from_hwloc_xml("<topology><broken"); });
+  e = testing::message_of([&] { from_hwloc_xml("<topology><broken"); });
   EXPECT_NE(e.find("hwloc XML text"), std::string::npos) << e;
 
   Options o;
   o.nvlink_file = (dir.path / "no-such-nvlink.json").string();
-  e = error_of([&] { from_hwloc_xml(kDgx, o); });
+  e = testing::message_of([&] { from_hwloc_xml(kDgx, o); });
   EXPECT_NE(e.find(o.nvlink_file), std::string::npos) << e;
 }
 
