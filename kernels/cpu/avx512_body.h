@@ -1,7 +1,8 @@
 // The AVX-512 kernels, included by avx512.cpp (bf16 conversion in integer
 // ops) and avx512_bf16.cpp (vcvtneps2bf16). The includer defines
-// KOLOS_AVX512_TARGET (the target attribute string) and
-// KOLOS_AVX512_HW_BF16 (0 or 1) and calls make_avx512_table().
+// KOLOS_AVX512_TARGET (the target attribute string), KOLOS_AVX512_HW_BF16
+// (0 or 1) and KOLOS_AVX512_TABLE (the name of the table function of
+// kernel_table.h it defines).
 //
 // Every function here carries the target attribute; nothing from the
 // standard library is used, so no out-of-line copy of a shared inline
@@ -126,9 +127,13 @@ KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
   }
 }
 
-KernelTable make_avx512_table() { return KOLOS_KERNEL_TABLE(); }
-
 }  // namespace
+
+const KernelTable& KOLOS_AVX512_TABLE() {
+  static const KernelTable table = KOLOS_KERNEL_TABLE();
+  return table;
+}
+
 }  // namespace kolos::kernels::detail
 
 #undef KOLOS_TARGET
