@@ -183,46 +183,62 @@ struct Online {
   at::Tensor m, l, acc;  // [B, h, T, 1], [B, h, T, 1], [B, h, T, d], float32
 };
 
-void forward_block(const at::Tensor& q, const at::Tensor& q_positions,
-                   const std::vector<Tile>& q_tiles, const Block& block, double sqrt_d,
-                   Online& state) {
-  const at::Tensor k = block.kv[0].to(at::kFloat);
-  const at::Tensor v = block.kv[1].to(at::kFloat);
+// Calls fn(qt, kt, scores) for every pair of a query tile and a key tile of
+// `block` that is not wholly masked, counting the pairs it computes and
+// skips; scores are q·kᵀ/sqrt_d of the pair, float32, with the causal mask
+// applied where the pair straddles the diagonal.
+template <typename Fn>
+void for_each_visible_pair(const at::Tensor& q, const at::Tensor& q_positions,
+                           const std::vector<Tile>& q_tiles, const Block& block,
+                           const at::Tensor& k, double sqrt_d, std::atomic<int64_t>& skipped,
+                           std::atomic<int64_t>& pairs, std::atomic<int64_t>& elements, Fn fn) {
   const std::vector<Tile> k_tiles = tiles_of(block.positions);
-  Counters& c = counters();
-  ComputeTimer timer(c.forward_ns, c.forward_cpu_ns);
   for (const Tile& qt : q_tiles) {
     for (const Tile& kt : k_tiles) {
       const Pair pair = classify(qt, kt);
       if (pair == Pair::kSkip) {
-        ++c.forward_skipped;
+        ++skipped;
         continue;
       }
-      ++c.forward_pairs;
-      c.forward_elements += qt.length * kt.length;
-      const at::Tensor qs = q.narrow(2, qt.begin, qt.length);
-      const at::Tensor ks = k.narrow(2, kt.begin, kt.length);
-      const at::Tensor vs = v.narrow(2, kt.begin, kt.length);
-      at::Tensor s = at::matmul(qs, ks.transpose(-2, -1)).div_(sqrt_d);
+      ++pairs;
+      elements += qt.length * kt.length;
+      at::Tensor s = at::matmul(q.narrow(2, qt.begin, qt.length),
+                                k.narrow(2, kt.begin, kt.length).transpose(-2, -1))
+                         .div_(sqrt_d);
       if (pair == Pair::kMasked) {
         s.masked_fill_(mask_of(q_positions.narrow(0, qt.begin, qt.length),
                                block.positions.narrow(0, kt.begin, kt.length)),
                        -kInf);
       }
-      at::Tensor m = state.m.narrow(2, qt.begin, qt.length);
-      at::Tensor l = state.l.narrow(2, qt.begin, qt.length);
-      at::Tensor acc = state.acc.narrow(2, qt.begin, qt.length);
-      const at::Tensor m_new = at::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
-      // A row with no visible key yet keeps m = -inf; shifting it by 0
-      // instead keeps exp() at 0 rather than exp(-inf - -inf) = NaN.
-      const at::Tensor shift = m_new.masked_fill(m_new.eq(-kInf), 0.0);
-      const at::Tensor p = s.sub_(shift).exp_();
-      const at::Tensor alpha = (m - shift).exp_();
-      l.mul_(alpha).add_(p.sum(-1, /*keepdim=*/true));
-      acc.mul_(alpha).add_(at::matmul(p, vs));
-      m.copy_(m_new);
+      fn(qt, kt, s);
     }
   }
+}
+
+void forward_block(const at::Tensor& q, const at::Tensor& q_positions,
+                   const std::vector<Tile>& q_tiles, const Block& block, double sqrt_d,
+                   Online& state) {
+  const at::Tensor k = block.kv[0].to(at::kFloat);
+  const at::Tensor v = block.kv[1].to(at::kFloat);
+  Counters& c = counters();
+  ComputeTimer timer(c.forward_ns, c.forward_cpu_ns);
+  for_each_visible_pair(
+      q, q_positions, q_tiles, block, k, sqrt_d, c.forward_skipped, c.forward_pairs,
+      c.forward_elements, [&](const Tile& qt, const Tile& kt, at::Tensor& s) {
+        const at::Tensor vs = v.narrow(2, kt.begin, kt.length);
+        at::Tensor m = state.m.narrow(2, qt.begin, qt.length);
+        at::Tensor l = state.l.narrow(2, qt.begin, qt.length);
+        at::Tensor acc = state.acc.narrow(2, qt.begin, qt.length);
+        const at::Tensor m_new = at::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
+        // A row with no visible key yet keeps m = -inf; shifting it by 0
+        // instead keeps exp() at 0 rather than exp(-inf - -inf) = NaN.
+        const at::Tensor shift = m_new.masked_fill(m_new.eq(-kInf), 0.0);
+        const at::Tensor p = s.sub_(shift).exp_();
+        const at::Tensor alpha = (m - shift).exp_();
+        l.mul_(alpha).add_(p.sum(-1, /*keepdim=*/true));
+        acc.mul_(alpha).add_(at::matmul(p, vs));
+        m.copy_(m_new);
+      });
 }
 
 // Adds this rank's gradient parts for one block: into dq (its own rows) and
@@ -233,36 +249,22 @@ void backward_block(const at::Tensor& q, const at::Tensor& q_positions,
                     double sqrt_d, at::Tensor& dq, at::Tensor& grad_kv) {
   const at::Tensor k = block.kv[0].to(at::kFloat);
   const at::Tensor v = block.kv[1].to(at::kFloat);
-  const std::vector<Tile> k_tiles = tiles_of(block.positions);
   Counters& c = counters();
   ComputeTimer timer(c.backward_ns, c.backward_cpu_ns);
-  for (const Tile& qt : q_tiles) {
-    for (const Tile& kt : k_tiles) {
-      const Pair pair = classify(qt, kt);
-      if (pair == Pair::kSkip) {
-        ++c.backward_skipped;
-        continue;
-      }
-      ++c.backward_pairs;
-      c.backward_elements += qt.length * kt.length;
-      const at::Tensor qs = q.narrow(2, qt.begin, qt.length);
-      const at::Tensor gs = grad_out.narrow(2, qt.begin, qt.length);
-      const at::Tensor ks = k.narrow(2, kt.begin, kt.length);
-      const at::Tensor vs = v.narrow(2, kt.begin, kt.length);
-      at::Tensor s = at::matmul(qs, ks.transpose(-2, -1)).div_(sqrt_d);
-      if (pair == Pair::kMasked) {
-        s.masked_fill_(mask_of(q_positions.narrow(0, qt.begin, qt.length),
-                               block.positions.narrow(0, kt.begin, kt.length)),
-                       -kInf);
-      }
-      const at::Tensor p = s.sub_(lse.narrow(2, qt.begin, qt.length)).exp_();
-      grad_kv[1].narrow(2, kt.begin, kt.length).add_(at::matmul(p.transpose(-2, -1), gs));
-      at::Tensor ds = at::matmul(gs, vs.transpose(-2, -1));
-      ds.sub_(delta.narrow(2, qt.begin, qt.length)).mul_(p).div_(sqrt_d);
-      dq.narrow(2, qt.begin, qt.length).add_(at::matmul(ds, ks));
-      grad_kv[0].narrow(2, kt.begin, kt.length).add_(at::matmul(ds.transpose(-2, -1), qs));
-    }
-  }
+  for_each_visible_pair(
+      q, q_positions, q_tiles, block, k, sqrt_d, c.backward_skipped, c.backward_pairs,
+      c.backward_elements, [&](const Tile& qt, const Tile& kt, at::Tensor& s) {
+        const at::Tensor qs = q.narrow(2, qt.begin, qt.length);
+        const at::Tensor gs = grad_out.narrow(2, qt.begin, qt.length);
+        const at::Tensor ks = k.narrow(2, kt.begin, kt.length);
+        const at::Tensor vs = v.narrow(2, kt.begin, kt.length);
+        const at::Tensor p = s.sub_(lse.narrow(2, qt.begin, qt.length)).exp_();
+        grad_kv[1].narrow(2, kt.begin, kt.length).add_(at::matmul(p.transpose(-2, -1), gs));
+        at::Tensor ds = at::matmul(gs, vs.transpose(-2, -1));
+        ds.sub_(delta.narrow(2, qt.begin, qt.length)).mul_(p).div_(sqrt_d);
+        dq.narrow(2, qt.begin, qt.length).add_(at::matmul(ds, ks));
+        grad_kv[0].narrow(2, kt.begin, kt.length).add_(at::matmul(ds.transpose(-2, -1), qs));
+      });
 }
 
 comm::ProcessGroup* group_of(AutogradContext* ctx) {
