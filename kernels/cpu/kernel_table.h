@@ -56,26 +56,26 @@ AdamWScalars adamw_scalars(const AdamWConfig& config);
 // converters, found unqualified in that unit (each ISA's are in its own
 // anonymous namespace, with its own target attribute). One list for every
 // ISA, so that a kernel added to the table is added to all of them.
-#define KOLOS_KERNEL_TABLE()                                                                    \
-  [] {                                                                                          \
-    KernelTable t{};                                                                            \
-    const AdamWFn rows[kGradKinds][kCopyKinds] = {                                              \
-        {&adamw<0, kNoCopy>, &adamw<0, kCopyF32>, &adamw<0, kCopyBF16>, &adamw<0, kCopyF16>},   \
-        {&adamw<1, kNoCopy>, &adamw<1, kCopyF32>, &adamw<1, kCopyBF16>, &adamw<1, kCopyF16>},   \
-        {&adamw<2, kNoCopy>, &adamw<2, kCopyF32>, &adamw<2, kCopyBF16>, &adamw<2, kCopyF16>}};  \
-    for (int gk = 0; gk < kGradKinds; ++gk)                                                     \
-      for (int ck = 0; ck < kCopyKinds; ++ck) t.adamw[gk][ck] = rows[gk][ck];                   \
-    t.bf16_to_fp32 = &bf16_to_fp32;                                                             \
-    t.fp16_to_fp32 = &fp16_to_fp32;                                                             \
-    t.fp32_to_bf16 = &fp32_to_bf16;                                                             \
-    t.fp32_to_fp16 = &fp32_to_fp16;                                                             \
-    t.sum_squares[0] = &sum_squares<0>;                                                         \
-    t.sum_squares[1] = &sum_squares<1>;                                                         \
-    t.sum_squares[2] = &sum_squares<2>;                                                         \
-    t.scale[0] = &scale<0>;                                                                     \
-    t.scale[1] = &scale<1>;                                                                     \
-    t.scale[2] = &scale<2>;                                                                     \
-    return t;                                                                                   \
+#define KOLOS_KERNEL_TABLE()                                                                   \
+  [] {                                                                                         \
+    KernelTable t{};                                                                           \
+    const AdamWFn rows[kGradKinds][kCopyKinds] = {                                             \
+        {&adamw<0, kNoCopy>, &adamw<0, kCopyF32>, &adamw<0, kCopyBF16>, &adamw<0, kCopyF16>},  \
+        {&adamw<1, kNoCopy>, &adamw<1, kCopyF32>, &adamw<1, kCopyBF16>, &adamw<1, kCopyF16>},  \
+        {&adamw<2, kNoCopy>, &adamw<2, kCopyF32>, &adamw<2, kCopyBF16>, &adamw<2, kCopyF16>}}; \
+    for (int gk = 0; gk < kGradKinds; ++gk)                                                    \
+      for (int ck = 0; ck < kCopyKinds; ++ck) t.adamw[gk][ck] = rows[gk][ck];                  \
+    t.bf16_to_fp32 = &bf16_to_fp32;                                                            \
+    t.fp16_to_fp32 = &fp16_to_fp32;                                                            \
+    t.fp32_to_bf16 = &fp32_to_bf16;                                                            \
+    t.fp32_to_fp16 = &fp32_to_fp16;                                                            \
+    t.sum_squares[0] = &sum_squares<0>;                                                        \
+    t.sum_squares[1] = &sum_squares<1>;                                                        \
+    t.sum_squares[2] = &sum_squares<2>;                                                        \
+    t.scale[0] = &scale<0>;                                                                    \
+    t.scale[1] = &scale<1>;                                                                    \
+    t.scale[2] = &scale<2>;                                                                    \
+    return t;                                                                                  \
   }()
 
 const KernelTable& scalar_table();

@@ -511,8 +511,7 @@ class Autoplan final : public Planner {
     std::ostringstream json;
     json.precision(9);
     json << "{\"machine\":" << json_string(report.machine) << ",\"evaluated\":" << result.evaluated
-         << ",\"survived\":" << result.survived << ",\"top\":" << result.top
-         << ",\"plans\":[";
+         << ",\"survived\":" << result.survived << ",\"top\":" << result.top << ",\"plans\":[";
     for (size_t i = 0; i < result.plans.size(); ++i) {
       const pl::RankedPlan& rp = result.plans[i];
       PlannedRun pr;

@@ -150,7 +150,9 @@ TEST(Binding, ThisMachine) {
   const Topology t = discover();
   const int cores = static_cast<int>(t.cores.size());
   for (int ranks = 1; ranks <= cores; ++ranks) expect_valid(bindings_for(ranks, t), t);
-  EXPECT_NE(testing::message_of([&] { bindings_for(cores + 1, t); }).find(std::to_string(cores) + " cores"),
+  EXPECT_NE(testing::message_of([&] {
+              bindings_for(cores + 1, t);
+            }).find(std::to_string(cores) + " cores"),
             std::string::npos);
 }
 

@@ -49,8 +49,8 @@ TEST(Locality, Tp16CrossesNodes) {
       << f.message;
   EXPECT_EQ(r.warnings().size(), 1u);
   // Strict: refused, naming the group's ranks and hosts.
-  const std::string e =
-      testing::message_of<ConfigError>([] { check_locality(mesh(1, 1, 1, 16), block(2, 8), {}, true); });
+  const std::string e = testing::message_of<ConfigError>(
+      [] { check_locality(mesh(1, 1, 1, 16), block(2, 8), {}, true); });
   EXPECT_NE(
       e.find("locality (strict): tp group of ranks 0-15 crosses nodes: node0 (ranks 0-7), node1"),
       std::string::npos)

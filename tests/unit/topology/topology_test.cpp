@@ -340,7 +340,9 @@ TEST(Infiniband, RoceAndDevicesHwlocMissed) {
   EXPECT_EQ(t.nics[1].name, "eth0");
   // A malformed numa_node names its file.
   std::ofstream(dir.path / "class/infiniband/mlx5_9/device/numa_node") << "node one\n";
-  EXPECT_NE(testing::message_of([&] { read_infiniband(dir.path.string()); }).find("mlx5_9/device/numa_node"),
+  EXPECT_NE(testing::message_of([&] {
+              read_infiniband(dir.path.string());
+            }).find("mlx5_9/device/numa_node"),
             std::string::npos);
 }
 
