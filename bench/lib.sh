@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # What the bench/run_*.sh scripts share (sourced): their options, the
 # peer's interpreter, the training config they write, the machine line.
 
@@ -73,6 +74,7 @@ bench_peer() {
 # AdamW at 3e-3 warmed up over 10 steps to a cosine floor of 3e-4 with
 # clipping at 1.0, the caller's global_batch, micro_batch and steps with
 # seed 1234, [parallel] with the lines PARALLEL, no progress lines.
+# shellcheck disable=SC2154  # global_batch, micro_batch, steps: the caller's
 bench_train_toml() {
   cat >"$1" <<TOML
 [model]
@@ -103,6 +105,7 @@ TOML
 
 # bench_gpt_model: the [model] lines of a GPT from the caller's layers,
 # hidden, heads, seq_len and vocab.
+# shellcheck disable=SC2154  # layers ... vocab: the caller's
 bench_gpt_model() {
   printf 'name = "gpt"\nlayers = %s\nhidden = %s\nheads = %s\nseq_len = %s\nvocab = %s\n' \
     "$layers" "$hidden" "$heads" "$seq_len" "$vocab"
