@@ -65,11 +65,15 @@ constexpr size_t kMaxRuns = 8;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// One pass's tile pairs (computed, skipped, score elements) and compute time
+// (wall and thread CPU).
+struct PassCounters {
+  std::atomic<int64_t> pairs{0}, skipped{0}, elements{0}, ns{0}, cpu_ns{0};
+  void reset() { pairs = skipped = elements = ns = cpu_ns = 0; }
+};
+
 struct Counters {
-  std::atomic<int64_t> forward_pairs{0}, forward_skipped{0}, forward_elements{0};
-  std::atomic<int64_t> backward_pairs{0}, backward_skipped{0}, backward_elements{0};
-  std::atomic<int64_t> forward_ns{0}, backward_ns{0};
-  std::atomic<int64_t> forward_cpu_ns{0}, backward_cpu_ns{0};
+  PassCounters forward, backward;
 };
 
 // This thread's CPU time. Unlike the wall clock it does not count the time
@@ -184,24 +188,24 @@ struct Online {
 };
 
 // Calls fn(qt, kt, scores) for every pair of a query tile and a key tile of
-// `block` that is not wholly masked, counting the pairs it computes and
-// skips; scores are q·kᵀ/sqrt_d of the pair, float32, with the causal mask
-// applied where the pair straddles the diagonal.
+// `block` that is not wholly masked; scores are q·kᵀ/sqrt_d of the pair,
+// float32, with the causal mask applied where the pair straddles the
+// diagonal. Counts the pairs computed and skipped, and the time, into `c`.
 template <typename Fn>
 void for_each_visible_pair(const at::Tensor& q, const at::Tensor& q_positions,
                            const std::vector<Tile>& q_tiles, const Block& block,
-                           const at::Tensor& k, double sqrt_d, std::atomic<int64_t>& skipped,
-                           std::atomic<int64_t>& pairs, std::atomic<int64_t>& elements, Fn fn) {
+                           const at::Tensor& k, double sqrt_d, PassCounters& c, Fn fn) {
+  ComputeTimer timer(c.ns, c.cpu_ns);
   const std::vector<Tile> k_tiles = tiles_of(block.positions);
   for (const Tile& qt : q_tiles) {
     for (const Tile& kt : k_tiles) {
       const Pair pair = classify(qt, kt);
       if (pair == Pair::kSkip) {
-        ++skipped;
+        ++c.skipped;
         continue;
       }
-      ++pairs;
-      elements += qt.length * kt.length;
+      ++c.pairs;
+      c.elements += qt.length * kt.length;
       at::Tensor s = at::matmul(q.narrow(2, qt.begin, qt.length),
                                 k.narrow(2, kt.begin, kt.length).transpose(-2, -1))
                          .div_(sqrt_d);
@@ -220,25 +224,23 @@ void forward_block(const at::Tensor& q, const at::Tensor& q_positions,
                    Online& state) {
   const at::Tensor k = block.kv[0].to(at::kFloat);
   const at::Tensor v = block.kv[1].to(at::kFloat);
-  Counters& c = counters();
-  ComputeTimer timer(c.forward_ns, c.forward_cpu_ns);
-  for_each_visible_pair(
-      q, q_positions, q_tiles, block, k, sqrt_d, c.forward_skipped, c.forward_pairs,
-      c.forward_elements, [&](const Tile& qt, const Tile& kt, at::Tensor& s) {
-        const at::Tensor vs = v.narrow(2, kt.begin, kt.length);
-        at::Tensor m = state.m.narrow(2, qt.begin, qt.length);
-        at::Tensor l = state.l.narrow(2, qt.begin, qt.length);
-        at::Tensor acc = state.acc.narrow(2, qt.begin, qt.length);
-        const at::Tensor m_new = at::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
-        // A row with no visible key yet keeps m = -inf; shifting it by 0
-        // instead keeps exp() at 0 rather than exp(-inf - -inf) = NaN.
-        const at::Tensor shift = m_new.masked_fill(m_new.eq(-kInf), 0.0);
-        const at::Tensor p = s.sub_(shift).exp_();
-        const at::Tensor alpha = (m - shift).exp_();
-        l.mul_(alpha).add_(p.sum(-1, /*keepdim=*/true));
-        acc.mul_(alpha).add_(at::matmul(p, vs));
-        m.copy_(m_new);
-      });
+  for_each_visible_pair(q, q_positions, q_tiles, block, k, sqrt_d, counters().forward,
+                        [&](const Tile& qt, const Tile& kt, at::Tensor& s) {
+                          const at::Tensor vs = v.narrow(2, kt.begin, kt.length);
+                          at::Tensor m = state.m.narrow(2, qt.begin, qt.length);
+                          at::Tensor l = state.l.narrow(2, qt.begin, qt.length);
+                          at::Tensor acc = state.acc.narrow(2, qt.begin, qt.length);
+                          const at::Tensor m_new =
+                              at::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));
+                          // A row with no visible key yet keeps m = -inf; shifting it by 0
+                          // instead keeps exp() at 0 rather than exp(-inf - -inf) = NaN.
+                          const at::Tensor shift = m_new.masked_fill(m_new.eq(-kInf), 0.0);
+                          const at::Tensor p = s.sub_(shift).exp_();
+                          const at::Tensor alpha = (m - shift).exp_();
+                          l.mul_(alpha).add_(p.sum(-1, /*keepdim=*/true));
+                          acc.mul_(alpha).add_(at::matmul(p, vs));
+                          m.copy_(m_new);
+                        });
 }
 
 // Adds this rank's gradient parts for one block: into dq (its own rows) and
@@ -249,11 +251,9 @@ void backward_block(const at::Tensor& q, const at::Tensor& q_positions,
                     double sqrt_d, at::Tensor& dq, at::Tensor& grad_kv) {
   const at::Tensor k = block.kv[0].to(at::kFloat);
   const at::Tensor v = block.kv[1].to(at::kFloat);
-  Counters& c = counters();
-  ComputeTimer timer(c.backward_ns, c.backward_cpu_ns);
   for_each_visible_pair(
-      q, q_positions, q_tiles, block, k, sqrt_d, c.backward_skipped, c.backward_pairs,
-      c.backward_elements, [&](const Tile& qt, const Tile& kt, at::Tensor& s) {
+      q, q_positions, q_tiles, block, k, sqrt_d, counters().backward,
+      [&](const Tile& qt, const Tile& kt, at::Tensor& s) {
         const at::Tensor qs = q.narrow(2, qt.begin, qt.length);
         const at::Tensor gs = grad_out.narrow(2, qt.begin, qt.length);
         const at::Tensor ks = k.narrow(2, kt.begin, kt.length);
@@ -403,16 +403,16 @@ at::Tensor zigzag_positions(int64_t seq, int64_t sp, int64_t rank) {
 RingAttentionStats ring_attention_stats() {
   const Counters& c = counters();
   RingAttentionStats s;
-  s.forward_pairs = c.forward_pairs;
-  s.forward_pairs_skipped = c.forward_skipped;
-  s.forward_elements = c.forward_elements;
-  s.backward_pairs = c.backward_pairs;
-  s.backward_pairs_skipped = c.backward_skipped;
-  s.backward_elements = c.backward_elements;
-  s.forward_compute_s = static_cast<double>(c.forward_ns) * 1e-9;
-  s.backward_compute_s = static_cast<double>(c.backward_ns) * 1e-9;
-  s.forward_compute_cpu_s = static_cast<double>(c.forward_cpu_ns) * 1e-9;
-  s.backward_compute_cpu_s = static_cast<double>(c.backward_cpu_ns) * 1e-9;
+  s.forward_pairs = c.forward.pairs;
+  s.forward_pairs_skipped = c.forward.skipped;
+  s.forward_elements = c.forward.elements;
+  s.backward_pairs = c.backward.pairs;
+  s.backward_pairs_skipped = c.backward.skipped;
+  s.backward_elements = c.backward.elements;
+  s.forward_compute_s = static_cast<double>(c.forward.ns) * 1e-9;
+  s.backward_compute_s = static_cast<double>(c.backward.ns) * 1e-9;
+  s.forward_compute_cpu_s = static_cast<double>(c.forward.cpu_ns) * 1e-9;
+  s.backward_compute_cpu_s = static_cast<double>(c.backward.cpu_ns) * 1e-9;
   return s;
 }
 
@@ -423,11 +423,8 @@ int64_t set_ring_attention_max_tile_rows(int64_t rows) {
 }  // namespace detail
 
 void reset_ring_attention_stats() {
-  Counters& c = counters();
-  c.forward_pairs = c.forward_skipped = c.forward_elements = 0;
-  c.backward_pairs = c.backward_skipped = c.backward_elements = 0;
-  c.forward_ns = c.backward_ns = 0;
-  c.forward_cpu_ns = c.backward_cpu_ns = 0;
+  counters().forward.reset();
+  counters().backward.reset();
 }
 
 }  // namespace kolos
