@@ -101,7 +101,7 @@ std::string fixed(double x, int digits) {
 
 std::string Candidate::describe() const {
   std::ostringstream out;
-  out << "pp " << pp << " dp " << dp << " sp " << sp_text(*this) << " tp " << tp_text(*this);
+  out << layout();
   if (pp > 1) out << " " << schedule_text(*this);
   out << " M=" << microbatches << " mb " << micro_batch << " zero" << zero << " "
       << to_string(recompute);

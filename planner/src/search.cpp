@@ -324,10 +324,8 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
     for (RankedPlan& plan : ranked) {
       const bool top = accepted.size() < opt.top + 8;
       std::string layout = plan.candidate.layout();
-      if (!top && (others >= opt.layouts || seen.count(layout))) {
-        if (others >= opt.layouts) break;
-        continue;
-      }
+      if (!top && others >= opt.layouts) break;
+      if (!top && seen.count(layout)) continue;
       const std::string refusal = opt.accept(plan.candidate, plan.prediction);
       if (refusal.empty()) {
         others += top ? 0 : 1;
@@ -355,9 +353,10 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
   std::set<std::string> seen;
   for (RankedPlan& plan : ranked) {
     std::string layout = plan.candidate.layout();
+    if (result.plans.size() >= opt.top + opt.layouts) break;
     if (result.plans.size() < opt.top) {
       ++result.top;
-    } else if (seen.count(layout) || result.plans.size() >= opt.top + opt.layouts) {
+    } else if (seen.count(layout)) {
       continue;
     }
     seen.insert(std::move(layout));
