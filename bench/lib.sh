@@ -48,7 +48,9 @@ bench_options() {
     if [[ ${_bo_kind[$1]} == value ]]; then
       printf -v "${_bo_target[$1]}" '%s' "$2"
     else
-      eval "${_bo_target[$1]}+=(\"\$1\" \"\$2\")"
+      local -n _bo_array=${_bo_target[$1]}
+      _bo_array+=("$1" "$2")
+      unset -n _bo_array
     fi
     shift 2
   done
