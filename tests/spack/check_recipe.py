@@ -7,8 +7,8 @@ Spack and, where one is given, with a real Spack.
 
 Run with Debian's /usr/bin/python3 (python3-yaml, python3-jsonschema). Spack
 is not in Debian, so the first part uses a small stand-in for `spack.package`
-(spack_stub.py) that records the directives the recipe calls (version, variant, depends_on,
-conflicts, when, ...) and runs its methods. The stand-in is only that: it
+(spack_standin.py) that records the directives the recipe calls (version,
+variant, depends_on, conflicts, when, ...) and runs its methods. The stand-in is only that: it
 mimics the parts of Spack's package API the recipe uses (no `build_directory`
 on the package, `self.builder.build_directory`, as in Spack 0.21), and a
 recipe that passes it can still fail in Spack. With KOLOS_SPACK naming a
@@ -77,7 +77,7 @@ import jsonschema
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from spack_stub import TORCH_PACKAGE, Calls, FakeDependency, FakeSpec, make_stub_module  # noqa: E402
+from spack_standin import TORCH_PACKAGE, Calls, FakeDependency, FakeSpec, install_spack_standin  # noqa: E402
 
 # Spack packages the recipe may depend on, and the variants of theirs it may
 # ask for (from spack/var/spack/repos/builtin/packages/*/package.py).
@@ -375,7 +375,7 @@ def main():
     except SyntaxError as e:
         print(f"FAIL: {recipe} does not compile: {e}")
         return 1
-    make_stub_module(CUDA_ARCH_VALUES)
+    install_spack_standin(CUDA_ARCH_VALUES)
     namespace = {"__name__": "kolos_recipe", "__file__": recipe}
     exec(code, namespace)
     cls = namespace.get("Kolos")

@@ -4,13 +4,13 @@ recipe and call its methods on a machine without Spack: the directives are
 recorded (Recorder), a spec answers satisfies() on +x/~x and hands out fake
 dependency prefixes (FakeSpec), and what the methods run is logged (Calls).
 The real Spack checks are check_recipe.py's real_spack_checks."""
+import atexit
 import contextlib
 import os
 import re
 import shutil
 import sys
 import tempfile
-import atexit
 import types
 
 class Recorder:
@@ -116,7 +116,7 @@ class Calls:
     log = []
 
 
-def make_stub_module(arch_values):
+def install_spack_standin(arch_values):
     """Installs spack, spack.package and llnl.util.tty in sys.modules; returns
     spack.package. arch_values: CudaPackage.cuda_arch_values."""
     package = types.ModuleType("spack.package")
