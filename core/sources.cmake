@@ -4,19 +4,12 @@
 # sources from this list and checkpoint/sources.cmake, so the include check
 # of the torch-free libraries (tests/unit/build) covers them too.
 set(KOLOS_BASE_SOURCES
-  ${CMAKE_CURRENT_LIST_DIR}/src/error.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/format.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/dtype/dtype.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/config/run_config.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/config/core_tables.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/config/toml_input.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/config/role_checks.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/config/section.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/config/roles.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/mesh/mesh_layout.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/mesh/mesh_shape.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/plugin/plugin_library.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/plugin/plugin_stamp.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/plugin/plugin_table.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/plugin/plugin_registry.cpp
+  error.cpp format.cpp
+  dtype/dtype.cpp
+  config/run_config.cpp config/core_tables.cpp config/toml_input.cpp
+  config/role_checks.cpp config/section.cpp config/roles.cpp
+  mesh/mesh_layout.cpp mesh/mesh_shape.cpp
+  plugin/plugin_library.cpp plugin/plugin_stamp.cpp plugin/plugin_table.cpp
+  plugin/plugin_registry.cpp
 )
+list(TRANSFORM KOLOS_BASE_SOURCES PREPEND ${CMAKE_CURRENT_LIST_DIR}/src/)

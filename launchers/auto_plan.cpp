@@ -26,15 +26,6 @@
 namespace kolos::cli {
 namespace {
 
-// rank 0's string on every rank of the world.
-std::string broadcast_string(std::string text) {
-  long long size = static_cast<long long>(text.size());
-  MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
-  text.resize(static_cast<size_t>(size));
-  if (size > 0) MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
-  return text;
-}
-
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream in(text);
@@ -208,7 +199,7 @@ RunConfig resolve_auto_plan(const Runtime& runtime, const std::string& path,
     h << "}}";
     *header = h.str();
   });
-  const std::vector<std::string> plan = split_lines(broadcast_string(chosen));
+  const std::vector<std::string> plan = split_lines(broadcast_text(chosen));
   overrides.insert(overrides.end(), plan.begin(), plan.end());
   RunConfig resolved;
   agreed(world, [&] { resolved = load_run_config(path, overrides); });

@@ -210,13 +210,9 @@ int calibrate_command(const std::vector<std::string>& args, int argc, char** arg
   install_stop_handlers();
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
-    modules::register_builtin_models();
     RunConfig config;
-    std::shared_ptr<Planner> planner;
-    agreed(*runtime.world(), [&] {
-      config = load_run_config(config_path, overrides);
-      planner = make_planner(config);
-    });
+    const std::shared_ptr<Planner> planner =
+        load_planner_agreed(runtime, config_path, overrides, make_planner, config);
     const auto start = std::chrono::steady_clock::now();
     calibrate_machine(runtime, *planner, config_path, overrides, config);
     const std::string path = planner->calibration_path(runtime.size());

@@ -27,14 +27,6 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::string broadcast_text(std::string text) {
-  long long size = static_cast<long long>(text.size());
-  MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
-  text.resize(static_cast<size_t>(size));
-  if (size > 0) MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
-  return text;
-}
-
 double world_max(double x) {
   MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return x;
@@ -137,6 +129,27 @@ double expected_seconds(const std::vector<double>& walls) {
 }
 
 }  // namespace
+
+std::string broadcast_text(std::string text) {
+  long long size = static_cast<long long>(text.size());
+  MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  text.resize(static_cast<size_t>(size));
+  if (size > 0) MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return text;
+}
+
+std::shared_ptr<Planner> load_planner_agreed(const Runtime& runtime, const std::string& path,
+                                             const std::vector<std::string>& overrides,
+                                             const PlannerFactory& make_planner,
+                                             RunConfig& config) {
+  std::shared_ptr<Planner> planner;
+  modules::register_builtin_models();
+  agreed(*runtime.world(), [&] {
+    config = load_run_config(path, overrides);
+    planner = make_planner(config);
+  });
+  return planner;
+}
 
 Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& config,
                     const std::string& path, const std::vector<std::string>& overrides) {
@@ -314,13 +327,9 @@ int plan_tune_worker(int argc, char** argv, const std::string& config_path,
   install_stop_handlers();
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {
-    modules::register_builtin_models();
     RunConfig config;
-    std::shared_ptr<Planner> planner;
-    agreed(*runtime.world(), [&] {
-      config = load_run_config(config_path, overrides);
-      planner = make_planner(config);
-    });
+    const std::shared_ptr<Planner> planner =
+        load_planner_agreed(runtime, config_path, overrides, make_planner, config);
     const Tuned tuned = plan_and_tune(runtime, *planner, config, config_path, overrides);
     if (runtime.rank() != 0) return 0;
     const PlanReport& r = tuned.report;

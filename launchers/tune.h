@@ -65,6 +65,16 @@ int plan_tune_worker(int argc, char** argv, const std::string& config_path,
                      const std::vector<std::string>& overrides, bool json,
                      const PlannerFactory& make_planner);
 
+// Rank 0's `text` on every rank of the world (collective).
+std::string broadcast_text(std::string text);
+
+// Every rank registers the built-in models, loads config file `path` with
+// `overrides` into `config` and makes its planner; the errors are agreed
+// (AgreedError on every rank).
+std::shared_ptr<Planner> load_planner_agreed(const Runtime& runtime, const std::string& path,
+                                             const std::vector<std::string>& overrides,
+                                             const PlannerFactory& make_planner, RunConfig& config);
+
 // The finalists' table and the pick, for the log ("kolos: PREFIX: ..." lines).
 std::string format_trials(const Tuned& tuned, const std::string& prefix);
 // The same as a JSON object: {"finalists":[...],"pick":...,"seconds":...}.

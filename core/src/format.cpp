@@ -1,4 +1,4 @@
-// Human-readable numbers (kolos/core/format.h). Torch-free: the memory
+// Human-readable numbers and quoted strings (kolos/core/format.h). Torch-free: the memory
 // terms (libkolos_plugin_terms) and the engine's progress lines both use them.
 #include "kolos/core/format.h"
 
@@ -46,6 +46,45 @@ std::string format_bytes(double bytes) {
   char buffer[32];
   std::snprintf(buffer, sizeof buffer, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
   return buffer;
+}
+
+std::string quote_escaped(const std::string& s, bool escape_delete) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20 || (escape_delete && c == 0x7f)) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace kolos::detail

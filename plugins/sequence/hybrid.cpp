@@ -69,11 +69,7 @@ class Hybrid : public SequenceStrategy {
     SettingsTable<Settings>("parallel.sequence")
         .integer("ulysses", &Settings::ulysses, 1)
         .read(context.section, settings, context.core_keys, context.owner);
-    const RunConfig& config = context.config;
-    const ConfigSection root = config.section("");
-    const int64_t sp = context.shape.sp;
-    const int64_t tp = context.shape.tp;
-    const std::string at_sp = "parallel.sequence.size = " + std::to_string(sp);
+    const auto [config, root, sp, tp, at_sp] = sequence::mode_inputs(context);
     if (settings.ulysses == 0) {
       root.fail_at_any({"parallel.sequence.mode", "parallel.sequence"},
                        "sequence mode \"hybrid\" needs its Ulysses degree: set "

@@ -5,10 +5,27 @@
 #include <cstdint>
 #include <string>
 
+#include "kolos/core/roles.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/settings.h"
 
 namespace kolos::sequence {
+
+// What a sequence mode's configure() checks against: the run, its root
+// section (for messages at any key), the mesh's sequence and tensor sizes,
+// and "parallel.sequence.size = N" as the messages cite it.
+struct ModeInputs {
+  const RunConfig& config;
+  ConfigSection root;
+  int64_t sp;
+  int64_t tp;
+  std::string at_sp;
+};
+
+inline ModeInputs mode_inputs(const PluginContext& context) {
+  return ModeInputs{context.config, context.config.section(""), context.shape.sp, context.shape.tp,
+                    "parallel.sequence.size = " + std::to_string(context.shape.sp)};
+}
 
 // Sequence mode `mode` splits attention over this rank's tokens: the 2d,
 // 2.5d and 3d layers hand it blocks of other shapes (kolos/core/

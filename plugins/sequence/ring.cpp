@@ -41,11 +41,7 @@ class Ring : public SequenceStrategy {
 
   void configure(const PluginContext& context) override {
     SequenceStrategy::configure(context);  // no keys of its own
-    const RunConfig& config = context.config;
-    const ConfigSection root = config.section("");
-    const int64_t sp = context.shape.sp;
-    const int64_t tp = context.shape.tp;
-    const std::string at_sp = "parallel.sequence.size = " + std::to_string(sp);
+    const auto [config, root, sp, tp, at_sp] = sequence::mode_inputs(context);
     sequence::require_tensor_1d(config, tp, sp, "ring");
     // Zigzag placement: 2*sp equal chunks, two per rank. Checked here, where
     // the message can point at the key, before the mesh communicates.

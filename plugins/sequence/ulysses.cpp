@@ -42,11 +42,7 @@ class Ulysses : public SequenceStrategy {
 
   void configure(const PluginContext& context) override {
     SequenceStrategy::configure(context);  // no keys of its own
-    const RunConfig& config = context.config;
-    const ConfigSection root = config.section("");
-    const int64_t sp = context.shape.sp;
-    const int64_t tp = context.shape.tp;
-    const std::string at_sp = "parallel.sequence.size = " + std::to_string(sp);
+    const auto [config, root, sp, tp, at_sp] = sequence::mode_inputs(context);
     sequence::require_tensor_1d(config, tp, sp, "ulysses");
     const int64_t heads = config.model.heads;
     if (heads % tp == 0 && (heads / tp) % sp != 0) {

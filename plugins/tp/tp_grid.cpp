@@ -87,63 +87,47 @@ at::Tensor grid_normalize(const at::Tensor& x, int64_t dim, double eps,
   return centred * torch::rsqrt(var + eps);
 }
 
-class GridLayerNorm : public Layer {
+// LayerNorm (weight and bias) or RMSNorm (weight only) on the grid: the
+// statistics over the whole feature dimension (all-reduced over F, which
+// cuts it); the parameters cut as the features are, and sharded over the
+// batch group B, gathered for each forward.
+class GridNorm : public Layer {
  public:
-  GridLayerNorm(int64_t dim, double eps, const Grid& grid, Mask features, Mask batch)
-      : grid_(&grid), features_(features), batch_(batch), dim_(dim), eps_(eps) {
+  enum class Kind { kLayer, kRms };
+  GridNorm(Kind kind, int64_t dim, double eps, const Grid& grid, Mask features, Mask batch)
+      : kind_(kind), grid_(&grid), features_(features), batch_(batch), dim_(dim), eps_(eps) {
     Placement p =
         Placement::replicated({dim}).split(0, grid.index(features), grid.size(features), kTp);
     rows_ = p.slice(0).length;
     p = p.shard(0, grid.index(batch), grid.size(batch), kTp);
     weight_ = register_placed("weight", local_piece(torch::ones({dim}), p), p);
-    bias_ = register_placed("bias", local_piece(torch::zeros({dim}), p), p);
+    if (kind == Kind::kLayer) {
+      bias_ = register_placed("bias", local_piece(torch::zeros({dim}), p), p);
+    }
   }
 
   at::Tensor forward(const at::Tensor& x) override {
     comm::ProcessGroup& b = grid_->group(batch_);
+    comm::ProcessGroup& f = grid_->group(features_);
     at::Tensor gamma = gather(weight_, b, 0).narrow(0, 0, rows_);
+    if (kind_ == Kind::kRms) {
+      const double n = static_cast<double>(dim_);
+      at::Tensor mean_square =
+          all_reduce_2(x.to(at::kFloat).pow(2).sum(-1, /*keepdim=*/true), f) / n;
+      return rms_normalize(x, mean_square, eps_) * gamma;
+    }
     at::Tensor beta = gather(bias_, b, 0).narrow(0, 0, rows_);
-    return grid_normalize(x, dim_, eps_, grid_->group(features_)) * gamma + beta;
+    return grid_normalize(x, dim_, eps_, f) * gamma + beta;
   }
 
  private:
+  Kind kind_;
   const Grid* grid_;
   Mask features_, batch_;
   int64_t dim_;
   double eps_;
   int64_t rows_ = 0;
   at::Tensor weight_, bias_;
-};
-
-// RMSNorm on the grid: the mean square over the whole feature dimension
-// (all-reduced over F, which cuts it), the weight cut as GridLayerNorm's.
-class GridRmsNorm : public Layer {
- public:
-  GridRmsNorm(int64_t dim, double eps, const Grid& grid, Mask features, Mask batch)
-      : grid_(&grid), features_(features), batch_(batch), dim_(dim), eps_(eps) {
-    Placement p =
-        Placement::replicated({dim}).split(0, grid.index(features), grid.size(features), kTp);
-    rows_ = p.slice(0).length;
-    p = p.shard(0, grid.index(batch), grid.size(batch), kTp);
-    weight_ = register_placed("weight", local_piece(torch::ones({dim}), p), p);
-  }
-
-  at::Tensor forward(const at::Tensor& x) override {
-    const double n = static_cast<double>(dim_);
-    at::Tensor mean_square =
-        all_reduce_2(x.to(at::kFloat).pow(2).sum(-1, /*keepdim=*/true), grid_->group(features_)) /
-        n;
-    at::Tensor gamma = gather(weight_, grid_->group(batch_), 0).narrow(0, 0, rows_);
-    return rms_normalize(x, mean_square, eps_) * gamma;
-  }
-
- private:
-  const Grid* grid_;
-  Mask features_, batch_;
-  int64_t dim_;
-  double eps_;
-  int64_t rows_ = 0;
-  at::Tensor weight_;
 };
 
 class GridEmbedding : public Layer {
@@ -237,10 +221,10 @@ LayerPtr GridFactory::embedding(int64_t num, int64_t dim, double init_std) {
   return std::make_shared<GridEmbedding>(num, dim, init_std, grid_, features_, batch_);
 }
 LayerPtr GridFactory::layer_norm(int64_t dim, double eps) {
-  return std::make_shared<GridLayerNorm>(dim, eps, grid_, features_, batch_);
+  return std::make_shared<GridNorm>(GridNorm::Kind::kLayer, dim, eps, grid_, features_, batch_);
 }
 LayerPtr GridFactory::rms_norm(int64_t dim, double eps) {
-  return std::make_shared<GridRmsNorm>(dim, eps, grid_, features_, batch_);
+  return std::make_shared<GridNorm>(GridNorm::Kind::kRms, dim, eps, grid_, features_, batch_);
 }
 at::Tensor GridFactory::column_input(const at::Tensor& x) {
   return gather(x, grid_.group(column_.x_gather), column_.x_dim);

@@ -2,12 +2,5 @@
 #include "bucketed_zero.h"
 #include "kolos/core/plugin_registry.h"
 
-namespace kolos::zero {
-class Zero1 final : public BucketedZero {
- public:
-  Zero1() : BucketedZero(1) {}
-};
-}  // namespace kolos::zero
-
-KOLOS_DEFINE_PLUGIN("zero1", "gradients", kolos::GradientStrategy, kolos::zero::Zero1,
-                    "ZeRO-1: optimizer states sharded over dp x sp; gradients all-reduced")
+KOLOS_DEFINE_PLUGIN_OF("zero1", "gradients", kolos::GradientStrategy, kolos::zero::BucketedZero,
+                       (1), "ZeRO-1: optimizer states sharded over dp x sp; gradients all-reduced")

@@ -2,13 +2,7 @@
 #include "bucketed_zero.h"
 #include "kolos/core/plugin_registry.h"
 
-namespace kolos::zero {
-class Zero2 final : public BucketedZero {
- public:
-  Zero2() : BucketedZero(2) {}
-};
-}  // namespace kolos::zero
-
-KOLOS_DEFINE_PLUGIN("zero2", "gradients", kolos::GradientStrategy, kolos::zero::Zero2,
-                    "ZeRO-2: optimizer states and gradients sharded; bucketed reduce-scatter "
-                    "overlapped with backward")
+KOLOS_DEFINE_PLUGIN_OF("zero2", "gradients", kolos::GradientStrategy, kolos::zero::BucketedZero,
+                       (2),
+                       "ZeRO-2: optimizer states and gradients sharded; bucketed reduce-scatter "
+                       "overlapped with backward")

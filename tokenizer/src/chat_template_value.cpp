@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "kolos/core/format.h"
+
 namespace kolos::tokenizer::jinja {
 
 const char* type_name(const Value& v) {
@@ -98,45 +100,9 @@ void to_json(const Value& v, std::string& out) {
     case Value::Type::kInt:
       out += std::to_string(v.i);
       return;
-    case Value::Type::kString: {
-      out += '"';
-      for (const char ch : v.s) {
-        const auto c = static_cast<unsigned char>(ch);
-        switch (ch) {
-          case '"':
-            out += "\\\"";
-            break;
-          case '\\':
-            out += "\\\\";
-            break;
-          case '\n':
-            out += "\\n";
-            break;
-          case '\r':
-            out += "\\r";
-            break;
-          case '\t':
-            out += "\\t";
-            break;
-          case '\b':
-            out += "\\b";
-            break;
-          case '\f':
-            out += "\\f";
-            break;
-          default:
-            if (c < 0x20) {
-              char buf[8];
-              std::snprintf(buf, sizeof buf, "\\u%04x", c);
-              out += buf;
-            } else {
-              out += ch;
-            }
-        }
-      }
-      out += '"';
+    case Value::Type::kString:
+      out += ::kolos::detail::quote_escaped(v.s, false);
       return;
-    }
     case Value::Type::kList: {
       out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {

@@ -84,18 +84,7 @@ const SettingsTable<ModelConfig>& moe_table() {
 
 // What to_toml writes for "llama": model_table() less mlp_ratio, then its keys.
 const SettingsTable<ModelConfig>& llama_written_table() {
-  static const auto table = SettingsTable<ModelConfig>("model")
-                                .string("name", &ModelConfig::name)
-                                .integer("layers", &ModelConfig::layers, 1)
-                                .integer("hidden", &ModelConfig::hidden, 1)
-                                .integer("heads", &ModelConfig::heads, 1)
-                                .integer("seq_len", &ModelConfig::seq_len, 1)
-                                .integer("vocab", &ModelConfig::vocab, 2)
-                                .number("init_std", &ModelConfig::init_std, positive)
-                                .integer("kv_heads", &ModelConfig::kv_heads, 0)
-                                .number("rope_theta", &ModelConfig::rope_theta, positive)
-                                .integer("ffn_hidden", &ModelConfig::ffn_hidden, 0)
-                                .number("norm_eps", &ModelConfig::norm_eps, positive);
+  static const auto table = model_table().without({"mlp_ratio"}).then(llama_table());
   return table;
 }
 
@@ -127,17 +116,7 @@ const SettingsTable<ModelConfig>& vit_optional_table() {
 // What to_toml writes for "vit": model_table() less seq_len and vocab, then
 // its keys (then vit_optional_table()).
 const SettingsTable<ModelConfig>& vit_written_table() {
-  static const auto table = SettingsTable<ModelConfig>("model")
-                                .string("name", &ModelConfig::name)
-                                .integer("layers", &ModelConfig::layers, 1)
-                                .integer("hidden", &ModelConfig::hidden, 1)
-                                .integer("heads", &ModelConfig::heads, 1)
-                                .integer("mlp_ratio", &ModelConfig::mlp_ratio, 1)
-                                .number("init_std", &ModelConfig::init_std, positive)
-                                .integer("image_size", &ModelConfig::image_size, 1)
-                                .integer("patch_size", &ModelConfig::patch_size, 1)
-                                .integer("channels", &ModelConfig::channels, 1)
-                                .integer("classes", &ModelConfig::classes, 2);
+  static const auto table = model_table().without({"seq_len", "vocab"}).then(vit_table());
   return table;
 }
 

@@ -12,6 +12,7 @@
 #include "document.h"
 #include "kolos/core/config_located.h"
 #include "kolos/core/error.h"
+#include "kolos/core/format.h"
 #include "kolos/core/settings.h"
 
 namespace kolos {
@@ -88,37 +89,7 @@ std::vector<std::string> split_key(const std::string& key) {
 
 // ---- values as text ---------------------------------------------------------
 
-std::string quote_toml(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c) & 0xffu);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+std::string quote_toml(const std::string& s) { return detail::quote_escaped(s, true); }
 
 std::string format_float(double x) {
   if (std::isnan(x)) return "nan";

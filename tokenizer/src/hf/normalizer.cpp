@@ -118,18 +118,7 @@ std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& where) 
   if (type == "Replace") {
     check_keys(j, where, {"type", "pattern", "content"});
     const Where at = where.key("pattern");
-    const auto it = j.find("pattern");
-    if (it == j.end() || !it->is_object() || it->size() != 1) {
-      at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}");
-    }
-    std::string pattern;
-    if (const auto regex = get_string(*it, "Regex", at)) {
-      pattern = *regex;
-    } else if (const auto literal = get_string(*it, "String", at)) {
-      pattern = escape_regex(*literal);
-    } else {
-      at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}, found " + short_dump(*it));
-    }
+    const std::string pattern = read_pattern(j, where);
     if (pattern.empty()) at.fail("must not be empty");
     const auto content = get_string(j, "content", where);
     if (!content) where.key("content").fail("is missing");

@@ -178,20 +178,9 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const Json& j, const Where& wh
   }
   if (type == "Split") {
     check_keys(j, where, {"type", "pattern", "behavior", "invert"});
-    const auto it = j.find("pattern");
-    const Where at = where.key("pattern");
-    if (it == j.end() || !it->is_object() || it->size() != 1) {
-      at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}");
-    }
-    std::string pattern;
-    if (const auto regex = get_string(*it, "Regex", at)) {
-      pattern = *regex;
-    } else if (const auto literal = get_string(*it, "String", at)) {
-      pattern = escape_regex(*literal);
-    } else {
-      at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}, found " + short_dump(*it));
-    }
-    return std::make_unique<SplitPre>(Regex(pattern, at.str()), parse_behavior(j, where),
+    const std::string pattern = read_pattern(j, where);
+    return std::make_unique<SplitPre>(Regex(pattern, where.key("pattern").str()),
+                                      parse_behavior(j, where),
                                       get_bool(j, "invert", where, false));
   }
   if (type == "Digits") {

@@ -139,4 +139,15 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
   }
 }
 
+std::string read_pattern(const Json& object, const Where& where) {
+  const Where at = where.key("pattern");
+  const auto it = object.find("pattern");
+  if (it == object.end() || !it->is_object() || it->size() != 1) {
+    at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}");
+  }
+  if (const auto regex = get_string(*it, "Regex", at)) return *regex;
+  if (const auto literal = get_string(*it, "String", at)) return escape_regex(*literal);
+  at.fail("must be {\"Regex\": \"...\"} or {\"String\": \"...\"}, found " + short_dump(*it));
+}
+
 }  // namespace kolos::tokenizer::hf

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "json_reader.h"
+
 struct pcre2_real_code_8;
 
 namespace kolos::tokenizer::hf {
@@ -39,6 +41,11 @@ class Regex {
 // A pattern that matches `literal` exactly (a Split's or Replace's
 // {"String": ...}).
 std::string escape_regex(const std::string& literal);
+
+// The pattern of a Split's or Replace's "pattern" key of `object`:
+// {"Regex": "..."} as written, {"String": "..."} escaped (escape_regex).
+// Refuses anything else, naming `where`.pattern.
+std::string read_pattern(const Json& object, const Where& where);
 
 // The PCRE2 spelling of an Oniguruma pattern: `\s` (and `\S`, and `\s`
 // inside a class) also match U+0085 and leave out U+180E, which Oniguruma's

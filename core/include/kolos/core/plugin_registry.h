@@ -94,11 +94,18 @@ inline void copy_error(char* buffer, size_t length, const char* message) {
 
 // Defines the plugin's C entry point. `Impl` derives from `Interface`, the
 // role's C++ interface, and is default-constructible.
-#define KOLOS_DEFINE_PLUGIN(NAME, ROLE, Interface, Impl, DESCRIPTION)                          \
+#define KOLOS_DEFINE_PLUGIN(NAME, ROLE, Interface, Impl, DESCRIPTION) \
+  KOLOS_DEFINE_PLUGIN_OF(NAME, ROLE, Interface, Impl, (), DESCRIPTION)
+
+// The same for an `Impl` constructed from ARGS, a parenthesised argument
+// list: several plugins that are one class in different modes, e.g.
+//   KOLOS_DEFINE_PLUGIN_OF("tp2d", "layers", kolos::LayerFactory,
+//                          kolos::tp::GridFactory, (kolos::tp::GridMode::k2d), "...")
+#define KOLOS_DEFINE_PLUGIN_OF(NAME, ROLE, Interface, Impl, ARGS, DESCRIPTION)                 \
   namespace {                                                                                  \
   void* kolos_plugin_create(char* error, size_t error_len) {                                   \
     try {                                                                                      \
-      Interface* object = new Impl();                                                          \
+      Interface* object = new Impl ARGS;                                                       \
       return static_cast<void*>(object);                                                       \
     } catch (const std::exception& e) {                                                        \
       ::kolos::detail::copy_error(error, error_len, e.what());                                 \

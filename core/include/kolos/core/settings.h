@@ -16,6 +16,7 @@
 // Torch-free: cheap to include from plugins' settings and from tools.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -233,6 +234,21 @@ class SettingsTable {
     };
     rows_.push_back(std::move(row));
     return *this;
+  }
+
+  // A copy without the rows of `keys` (e.g. keys a model derives).
+  SettingsTable without(const std::vector<std::string>& keys) const {
+    SettingsTable out(section_);
+    for (const auto& row : rows_) {
+      if (std::find(keys.begin(), keys.end(), row.key) == keys.end()) out.rows_.push_back(row);
+    }
+    return out;
+  }
+  // A copy with `more`'s rows after this table's.
+  SettingsTable then(const SettingsTable& more) const {
+    SettingsTable out = *this;
+    out.rows_.insert(out.rows_.end(), more.rows_.begin(), more.rows_.end());
+    return out;
   }
 
   // Reads `section` into `out`: unknown keys (besides `other_keys`, keys of
