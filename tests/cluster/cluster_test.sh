@@ -20,15 +20,7 @@ PY=/usr/bin/python3
 work=$(mktemp -d /tmp/kolos-cluster-test.XXXXXX)
 # shellcheck source-path=SCRIPTDIR source=slurm.sh
 source "$here/slurm.sh"
-cleanup() {
-  local rc=$?
-  cslurm_down
-  rm -rf "$work"
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-cd "$work" || exit 1
+slurm_test_in "$work" cslurm_down
 
 fail() {
   echo "FAIL: $*" >&2
@@ -298,7 +290,7 @@ PY
     chmod 755 "$work"
     # node1's link comes back for the cases that follow (its qdisc stays).
     restore_node1() { ip -n "$prefix-n1" link set eth0 up 2>/dev/null; }
-    trap 'rc=$?; restore_node1; (exit $rc); cleanup' EXIT  # cleanup exits with $?
+    trap 'rc=$?; restore_node1; (exit $rc); _slurm_test_cleanup' EXIT  # it exits with $?
     deadline=8 every=20
     CSLURM_CONF_EXTRA="SlurmdTimeout=10" cslurm_up "$state" "$work/slurm" || fail "could not start Slurm on the cluster"
     export OMPI_MCA_btl_tcp_if_include=10.213.40.0/24 OMPI_MCA_oob_tcp_if_include=10.213.40.0/24

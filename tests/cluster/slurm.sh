@@ -19,6 +19,9 @@
 # ../shared/OPS.md ("A real single-node Slurm"); tests/launch/slurm_cluster.sh
 # does the same for one node on 127.0.0.1.
 
+# shellcheck source-path=SCRIPTDIR source=../support/slurm_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../support/slurm_common.sh"
+
 _cslurm_cluster=""
 _cslurm_state=""
 _cslurm_dir=""
@@ -31,17 +34,11 @@ cslurm() {
 }
 
 cslurm_up() {
-  local state=$1 dir=$2 tool
+  local state=$1 dir=$2
   _cslurm_cluster=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh
   _cslurm_state=$state
   _cslurm_dir=$dir
-  for tool in munged slurmctld slurmd sbatch; do
-    command -v "$tool" >/dev/null || PATH=$PATH:/usr/sbin
-    command -v "$tool" >/dev/null || {
-      _cslurm_log "$tool not found: install slurm-wlm and munge (scripts/install-deps.sh)"
-      return 1
-    }
-  done
+  slurm_find_tools _cslurm_log || return 1
   # shellcheck source=/dev/null
   source "$state/cluster.env"
   local nodes=$NODES i
@@ -51,54 +48,29 @@ cslurm_up() {
     mkdir -p "$dir/spool-node$i" "$dir/tmp-node$i"
     chmod 1777 "$dir/tmp-node$i"
   done
-  runuser -u munge -- test -x "$dir" || {
-    _cslurm_log "user munge cannot reach $dir (make its parent directories searchable)"
-    return 1
-  }
-  chown munge:munge "$dir/munge" && chmod 755 "$dir/munge"
-  "$_cslurm_cluster" exec "$state" node0 runuser -u munge -- munged --key-file=/etc/munge/munge.key \
-    --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
-    --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" ||
-    { _cslurm_log "munged did not start"; cat "$dir/munge/munged.log" >&2; return 1; }
+  slurm_start_munged "$dir" _cslurm_log "$_cslurm_cluster" exec "$state" node0 || return 1
   local node_lines="" cpus
   cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   for ((i = 0; i < nodes; ++i)); do
     node_lines+="NodeName=node$i NodeAddr=10.213.40.$((i + 1)) CPUs=$cpus State=UNKNOWN"$'\n'
   done
   # The ports are the namespaces' own: nothing else listens there.
-  cat >"$dir/slurm.conf" <<CONF
+  {
+    cat <<CONF
 ClusterName=kolosnodes
 SlurmctldHost=node0(10.213.40.1)
 SlurmctldPort=6817
 SlurmdPort=6818
-SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket,cred_expire=5
-MpiDefault=pmix
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2,bf_interval=2
-ReturnToService=2
-JobRequeue=1
-StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool-%n
-TmpFS=$dir/tmp
-SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd-%n.pid
-SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
+CONF
+    slurm_conf_common "$dir"
+    cat <<CONF
 ${CSLURM_CONF_EXTRA:+$CSLURM_CONF_EXTRA
 }${node_lines}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+  } >"$dir/slurm.conf"
   export SLURM_CONF=$dir/slurm.conf
   "$_cslurm_cluster" exec "$state" node0 slurmctld -i -f "$SLURM_CONF" ||
     { _cslurm_log "slurmctld did not start"; cat "$dir/log/slurmctld.log" >&2; return 1; }

@@ -25,15 +25,5 @@ expect_failure() {
 }
 
 # tiny_gpt_model: the [model] table of the 2-layer GPT the e2e cases train,
-# the shape of the harness's tiny_gpt_config (tests/support/equivalence.cpp).
-tiny_gpt_model() {
-  cat <<'TOML'
-[model]
-name = "gpt"
-layers = 2
-hidden = 32
-heads = 4
-seq_len = 16
-vocab = 64
-TOML
-}
+# the harness's tiny_gpt_config (tests/support/tiny_gpt.toml).
+tiny_gpt_model() { cat "$(dirname "${BASH_SOURCE[0]}")/../support/tiny_gpt.toml"; }

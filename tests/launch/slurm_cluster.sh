@@ -20,6 +20,9 @@
 # there ("pmixp_mkdir: File exists" in slurmd.log) and srun failed with "task 0
 # launch failed: Unspecified error".
 
+# shellcheck source-path=SCRIPTDIR source=../support/slurm_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../support/slurm_common.sh"
+
 _slurm_pids=()
 _slurm_dir=""
 _slurm_watchdog=""
@@ -40,28 +43,11 @@ PY
 slurm_up() {
   local dir=$1 gone=${2:-$1} want_cpus=${3:-}
   _slurm_dir=$dir
-  local tool
-  for tool in munged slurmctld slurmd sbatch; do
-    command -v "$tool" >/dev/null || PATH=$PATH:/usr/sbin
-    command -v "$tool" >/dev/null || {
-      _slurm_log "$tool not found: install slurm-wlm and munge (scripts/install-deps.sh)"
-      return 1
-    }
-  done
+  slurm_find_tools _slurm_log || return 1
   mkdir -p "$dir"/{munge,state,spool,log,tmp}
   chmod 1777 "$dir/tmp"
   chmod 755 "$dir"
-  runuser -u munge -- test -x "$dir" || {
-    _slurm_log "user munge cannot reach $dir (make its parent directories searchable)"
-    return 1
-  }
-  chown munge:munge "$dir/munge" && chmod 755 "$dir/munge"  # munged wants its socket directory searchable by all
-  # munged as user munge with its own socket, pid, log and seed files.
-  runuser -u munge -- munged --key-file=/etc/munge/munge.key \
-    --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
-    --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" ||
-    { _slurm_log "munged did not start"; cat "$dir/munge/munged.log" >&2; return 1; }
-
+  slurm_start_munged "$dir" _slurm_log || return 1
   local ports cpus overrides=""
   read -r -a ports < <(_slurm_free_ports)
   cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys OMP_NUM_THREADS
@@ -69,40 +55,23 @@ slurm_up() {
     cpus=$want_cpus
     overrides="SlurmdParameters=config_overrides"  # slurmd takes CPUs= from here, not the hardware
   fi
-  cat >"$dir/slurm.conf" <<CONF
+  {
+    cat <<CONF
 ClusterName=kolostest
 SlurmctldHost=localhost
 SlurmctldPort=${ports[0]}
 SlurmdPort=${ports[1]}
-SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket,cred_expire=5
-MpiDefault=pmix
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2,bf_interval=2
-ReturnToService=2
-JobRequeue=1
-StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
-TmpFS=$dir/tmp
-SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
-SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
+CONF
+    slurm_conf_common "$dir"
+    cat <<CONF
 $overrides
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
+  } >"$dir/slurm.conf"
   export SLURM_CONF=$dir/slurm.conf
   slurmctld -i -f "$SLURM_CONF" || { _slurm_log "slurmctld did not start"; return 1; }
   _slurm_wait_pidfile "$dir/slurmctld.pid" || { cat "$dir/log/slurmctld.log" >&2; return 1; }

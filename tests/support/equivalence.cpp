@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 
+#include "error_of.h"
 #include "kolos/core/comm/mpi.h"
 #include "kolos/core/error.h"
 #include "kolos/core/memory_estimate.h"
@@ -31,16 +33,9 @@ std::vector<std::vector<std::string>> grid_layouts() {
   return {};
 }
 
-RunConfig tiny_gpt_config(const std::vector<std::string>& overrides) {
-  static const char* kText = R"(
-[model]
-name = "gpt"
-layers = 2
-hidden = 32
-heads = 4
-seq_len = 16
-vocab = 64
-
+RunConfig tiny_run_config(const std::string& model_section, const std::string& origin,
+                          const std::vector<std::string>& overrides) {
+  static const char* kRun = R"(
 [data]
 kind = "synthetic"
 
@@ -60,7 +55,42 @@ seed = 7
 [log]
 progress = "off"
 )";
-  return parse_run_config(kText, "<tiny-gpt>", overrides);
+  return parse_run_config(model_section + kRun, origin, overrides);
+}
+
+RunConfig tiny_gpt_config(const std::vector<std::string>& overrides) {
+  static const std::string model = [] {
+    std::ifstream in(KOLOS_TINY_GPT_TOML);
+    if (!in) throw std::runtime_error("cannot read " KOLOS_TINY_GPT_TOML);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }();
+  return tiny_run_config(model, "<tiny-gpt>", overrides);
+}
+
+RunConfig TinyModel::serial(std::vector<std::string> overrides) const {
+  overrides.push_back("parallel.data=1");
+  return make_(overrides);
+}
+
+std::string TinyModel::config_error(const std::vector<std::string>& overrides) const {
+  return message_of<ConfigError>([&] { make_(overrides); });
+}
+
+TinyModel tiny_image_model(const std::string& name, const std::string& model_lines,
+                           const std::vector<std::string>& defaults) {
+  const std::string model = "[model]\nname = \"" + name +
+                            "\"\nlayers = 2\nhidden = 32\nheads = 4\nimage_size = 8\n"
+                            "patch_size = 4\nchannels = 2\nclasses = 5\n" +
+                            model_lines;
+  std::vector<std::string> first = {"train.steps=12"};
+  first.insert(first.end(), defaults.begin(), defaults.end());
+  return TinyModel([=](const std::vector<std::string>& overrides) {
+    std::vector<std::string> all = first;
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    return tiny_run_config(model, "<tiny-" + name + ">", all);
+  });
 }
 
 int world_rank() {
@@ -284,6 +314,28 @@ void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
   std::ostringstream what;
   what << candidate.source << " on " << size << " ranks";
   expect_records_match(serial, parallel, tolerance, what.str());
+}
+
+std::vector<Mix> two_rank_mixes() {
+  return {{"dp", {"parallel.data=2"}, {}},
+          {"zero1", {"parallel.zero.stage=1"}, {}},
+          {"zero2", {"parallel.zero.stage=2"}, {}},
+          {"zero3", {"parallel.zero.stage=3"}, {}},
+          {"tp1d", {"parallel.tensor.size=2"}, {}},
+          {"pipeline_1f1b",
+           {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""},
+           {"train.micro_batch=2"}}};
+}
+
+std::string mix_name(const ::testing::TestParamInfo<Mix>& info) { return info.param.name; }
+
+void expect_mix_matches_serial(const Mix& mix,
+                               const std::function<RunConfig(std::vector<std::string>)>& make) {
+  std::vector<std::string> serial = mix.shape;
+  serial.push_back("parallel.data=1");
+  std::vector<std::string> parallel = mix.shape;
+  parallel.insert(parallel.end(), mix.parallel.begin(), mix.parallel.end());
+  expect_equivalent(make(serial), make(parallel));
 }
 
 }  // namespace kolos::testing

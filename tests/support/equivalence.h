@@ -14,6 +14,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <functional>
+#include <ostream>
 
 #include <string>
 #include <utility>
@@ -60,6 +62,38 @@ std::string shared_tmpdir(const std::string& tag);
 // mesh fits raise ("" when the overrides are accepted).
 std::string config_error(const std::vector<std::string>& overrides);
 
+// A tiny run of the model a [model] table describes: synthetic data, AdamW
+// (lr 3e-3 warmed up over 3 steps, decaying to 3e-4, weight decay 0.01,
+// clipping at 1), 16 samples a step in micro-batches of 4, 20 steps, seed 7,
+// no progress line. `overrides` are --set's; `origin` names the text in errors.
+RunConfig tiny_run_config(const std::string& model_section, const std::string& origin,
+                          const std::vector<std::string>& overrides);
+
+// A model family's tiny runs, for its tests: tiny(overrides) the run,
+// tiny.serial(overrides) the same on one rank (parallel.data = 1), and
+// tiny.config_error(overrides) what reading it raises as a ConfigError
+// ("(no kolos::ConfigError)" when nothing).
+class TinyModel {
+ public:
+  using Make = std::function<RunConfig(const std::vector<std::string>&)>;
+  explicit TinyModel(Make make) : make_(std::move(make)) {}
+  RunConfig operator()(const std::vector<std::string>& overrides = {}) const {
+    return make_(overrides);
+  }
+  RunConfig serial(std::vector<std::string> overrides = {}) const;
+  std::string config_error(const std::vector<std::string>& overrides) const;
+
+ private:
+  Make make_;
+};
+
+// The image models' tiny runs (model.name "vit" or "dit"): 2 layers of
+// width 32 with 4 heads, 8x8 images in 2 channels cut into 4x4 patches, 5
+// classes, 12 steps. `model_lines` adds keys to [model]; `defaults` go
+// before each run's own overrides.
+TinyModel tiny_image_model(const std::string& name, const std::string& model_lines,
+                           const std::vector<std::string>& defaults);
+
 // A small GPT on synthetic data: 20 steps, fp32, no dropout; overridable.
 RunConfig tiny_gpt_config(const std::vector<std::string>& overrides = {});
 
@@ -89,6 +123,28 @@ void expect_records_bit_equal(const RunRecord& reference, const RunRecord& candi
 // Serial `reference` (serial_record) vs `candidate` on MPI_COMM_WORLD.
 void expect_equivalent(const RunConfig& reference, const RunConfig& candidate,
                        const Tolerance& tolerance = {});
+
+// One parallel layout of a model family's checks: the overrides of the
+// parallel run, and those both it and its serial reference take.
+struct Mix {
+  std::string name;  // a test-name suffix: letters, digits and _
+  std::vector<std::string> parallel;
+  std::vector<std::string> shape;
+};
+
+// The layouts every model family is checked in at 2 ranks: dp, zero1-3,
+// tp1d and a 1f1b pipeline (in micro-batches of 2).
+std::vector<Mix> two_rank_mixes();
+
+// How GoogleTest prints a mix in a failure: its name.
+inline void PrintTo(const Mix& mix, std::ostream* out) { *out << mix.name; }
+
+// For INSTANTIATE_TEST_SUITE_P: the mix's name.
+std::string mix_name(const ::testing::TestParamInfo<Mix>& info);
+
+// expect_equivalent(make(shape + parallel.data=1), make(shape + parallel)).
+void expect_mix_matches_serial(const Mix& mix,
+                               const std::function<RunConfig(std::vector<std::string>)>& make);
 
 }  // namespace kolos::testing
 

@@ -50,69 +50,52 @@ def replace_vds(d, source_file, source_name, shape=(32, 32), dtype="f4"):
             f[T].attrs[k] = v
 
 
-@case("shard_wrong_shape", "a piece of shape [16, 32] where the index maps [32, 32]")
-def _(d):
+def rewrite_piece(d, change):
+    """The piece's dataset written again as change(its values), with its
+    attributes."""
     with shard(d) as f:
         attrs = dict(f[T].attrs)
-        data = f[T][:16]
+        data = change(f[T][()])
         del f[T]
         f[T] = data
         for k, v in attrs.items():
             f[T].attrs[k] = v
 
 
-@case("offset_outside", "kolos.offset [64, 0] in a [32, 32] tensor")
+def set_attr(name, what, key, value=None):
+    """A case that sets attribute `key` of the piece's dataset to `value`,
+    or deletes it when `value` is None."""
+    def damage(d):
+        with shard(d) as f:
+            if value is None:
+                del f[T].attrs[key]
+            else:
+                f[T].attrs[key] = value
+    case(name, what)(damage)
+
+
+@case("shard_wrong_shape", "a piece of shape [16, 32] where the index maps [32, 32]")
 def _(d):
-    with shard(d) as f:
-        f[T].attrs["kolos.offset"] = np.array([64, 0], dtype=np.int64)
+    rewrite_piece(d, lambda data: data[:16])
 
 
-@case("offset_negative", "kolos.offset [-1, 0]")
-def _(d):
-    with shard(d) as f:
-        f[T].attrs["kolos.offset"] = np.array([-1, 0], dtype=np.int64)
-
-
-@case("offset_wrong_rank", "kolos.offset with one entry for a 2-d tensor")
-def _(d):
-    with shard(d) as f:
-        f[T].attrs["kolos.offset"] = np.array([0], dtype=np.int64)
-
-
-@case("offset_string", "kolos.offset is a string")
-def _(d):
-    with shard(d) as f:
-        f[T].attrs["kolos.offset"] = np.bytes_(b"0,0")
-
-
-@case("dtype_attr_other", "kolos.dtype says float64 for float32 data")
-def _(d):
-    with shard(d) as f:
-        f[T].attrs["kolos.dtype"] = np.bytes_(b"float64")
-
-
-@case("dtype_attr_unknown", "kolos.dtype names no dtype (complex64)")
-def _(d):
-    with shard(d) as f:
-        f[T].attrs["kolos.dtype"] = np.bytes_(b"complex64")
-
-
-@case("crc_attr_string", "kolos.crc32c is a string")
-def _(d):
-    with shard(d) as f:
-        f[T].attrs["kolos.crc32c"] = np.bytes_(b"2008943541")
-
-
-@case("crc_attr_missing", "no kolos.crc32c attribute")
-def _(d):
-    with shard(d) as f:
-        del f[T].attrs["kolos.crc32c"]
-
-
-@case("global_shape_attr_wrong", "kolos.global_shape [32, 33]")
-def _(d):
-    with shard(d) as f:
-        f[T].attrs["kolos.global_shape"] = np.array([32, 33], dtype=np.int64)
+set_attr("offset_outside", "kolos.offset [64, 0] in a [32, 32] tensor", "kolos.offset",
+         np.array([64, 0], dtype=np.int64))
+set_attr("offset_negative", "kolos.offset [-1, 0]", "kolos.offset",
+         np.array([-1, 0], dtype=np.int64))
+set_attr("offset_wrong_rank", "kolos.offset with one entry for a 2-d tensor", "kolos.offset",
+         np.array([0], dtype=np.int64))
+set_attr("offset_string", "kolos.offset is a string", "kolos.offset",
+         np.bytes_(b"0,0"))
+set_attr("dtype_attr_other", "kolos.dtype says float64 for float32 data", "kolos.dtype",
+         np.bytes_(b"float64"))
+set_attr("dtype_attr_unknown", "kolos.dtype names no dtype (complex64)", "kolos.dtype",
+         np.bytes_(b"complex64"))
+set_attr("crc_attr_string", "kolos.crc32c is a string", "kolos.crc32c",
+         np.bytes_(b"2008943541"))
+set_attr("crc_attr_missing", "no kolos.crc32c attribute", "kolos.crc32c")
+set_attr("global_shape_attr_wrong", "kolos.global_shape [32, 33]", "kolos.global_shape",
+         np.array([32, 33], dtype=np.int64))
 
 
 @case("shard_dataset_missing", "the piece's dataset deleted from the shard")
@@ -123,13 +106,7 @@ def _(d):
 
 @case("shard_data_float64", "the piece stored as float64")
 def _(d):
-    with shard(d) as f:
-        attrs = dict(f[T].attrs)
-        data = f[T][()].astype(np.float64)
-        del f[T]
-        f[T] = data
-        for k, v in attrs.items():
-            f[T].attrs[k] = v
+    rewrite_piece(d, lambda data: data.astype(np.float64))
 
 
 @case("vds_missing_file", "the index maps a tensor to shard-7.h5, which does not exist")

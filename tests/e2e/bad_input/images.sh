@@ -83,20 +83,18 @@ if ls ./*.tmp.* 2>/dev/null; then failed=$((failed + 1)); echo "FAILED: a tempor
 
 # Images files the image source refuses (model.image_size = 8, channels 1).
 train=("$KOLOS" train "$KOLOS_SOURCE_DIR/examples/vit-digits.toml" --set train.steps=1)
-run_case damaged_h5 'data\.path: "damaged\.h5": HDF5 could not open it \(damaged\?\)' \
-  "${train[@]}" --set data.path=\"damaged.h5\" --set eval.path=\"good.h5\"
-run_case other_size 'data\.path: "big\.h5": dataset `images` holds 16x16 images, but model\.image_size = 8' \
-  "${train[@]}" --set data.path=\"big.h5\" --set eval.path=\"good.h5\"
-run_case short_labels 'data\.path: "short_labels\.h5": dataset `labels` has shape \[3\]; expected \[5\]' \
-  "${train[@]}" --set data.path=\"short_labels.h5\" --set eval.path=\"good.h5\"
-run_case float_pixels 'data\.path: "float_pixels\.h5": dataset `images` must hold uint8 pixels' \
-  "${train[@]}" --set data.path=\"float_pixels.h5\" --set eval.path=\"good.h5\"
-run_case flat_images 'data\.path: "flat\.h5": dataset `images` has shape \[5 x 64\]; expected N x H x W x C' \
-  "${train[@]}" --set data.path=\"flat.h5\" --set eval.path=\"good.h5\"
-run_case eval_other_size 'eval\.path: "big\.h5": dataset `images` holds 16x16 images, but model\.image_size = 8' \
-  "${train[@]}" --set data.path=\"good.h5\" --set eval.path=\"big.h5\"
-run_case eval_damaged 'eval\.path: "damaged\.h5": HDF5 could not open it \(damaged\?\)' \
-  "${train[@]}" --set data.path=\"good.h5\" --set eval.path=\"damaged.h5\"
+# train_case NAME REGEX DATA EVAL: a step reading DATA, evaluating on EVAL,
+# fails matching REGEX.
+train_case() {
+  run_case "$1" "$2" "${train[@]}" --set data.path=\""$3"\" --set eval.path=\""$4"\"
+}
+train_case damaged_h5 'data\.path: "damaged\.h5": HDF5 could not open it \(damaged\?\)' damaged.h5 good.h5
+train_case other_size 'data\.path: "big\.h5": dataset `images` holds 16x16 images, but model\.image_size = 8' big.h5 good.h5
+train_case short_labels 'data\.path: "short_labels\.h5": dataset `labels` has shape \[3\]; expected \[5\]' short_labels.h5 good.h5
+train_case float_pixels 'data\.path: "float_pixels\.h5": dataset `images` must hold uint8 pixels' float_pixels.h5 good.h5
+train_case flat_images 'data\.path: "flat\.h5": dataset `images` has shape \[5 x 64\]; expected N x H x W x C' flat.h5 good.h5
+train_case eval_other_size 'eval\.path: "big\.h5": dataset `images` holds 16x16 images, but model\.image_size = 8' good.h5 big.h5
+train_case eval_damaged 'eval\.path: "damaged\.h5": HDF5 could not open it \(damaged\?\)' good.h5 damaged.h5
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]] || fail "$failed bad-image case(s) not refused as expected"

@@ -196,26 +196,16 @@ PYEOF
   bad)
     make_model gpt2 good "" llama lgood "" gpt2 sharded "shard = '40KB'"
     # edit NAME PYTHON: a copy of $SRC (default good/) as NAME, changed by
-    # PYTHON (t: the tensors as numpy arrays, np: numpy, cfg: config.json).
+    # PYTHON (edit_hf_model.py: t the tensors, cfg config.json).
     edit() {
-      rm -rf "$1" && cp -r "${SRC:-good}" "$1"
-      "$PY" - "$1" "$2" <<'PYEOF' || fail "making $1 failed"
-import json, sys
-import numpy as np
-from safetensors.numpy import load_file, save_file
-d, code = sys.argv[1], sys.argv[2]
-t = load_file(d + "/model.safetensors")
-cfg = json.load(open(d + "/config.json"))
-exec(code)
-save_file(t, d + "/model.safetensors", metadata={"format": "pt"})
-json.dump(cfg, open(d + "/config.json", "w"))
-PYEOF
+      rm -rf "$1" && cp -r "${SRC:-good}" "$1" &&
+        "$PY" "$(dirname "${BASH_SOURCE[0]}")/edit_hf_model.py" "$1" "$2" || fail "making $1 failed"
     }
     edit missing 'del t["transformer.h.1.mlp.c_fc.weight"]'
     expect_failure "has no tensor \`h.1.mlp.c_fc.weight\`" "$KOLOS" ckpt import missing --format hf -o m.ckpt
-    edit extra 't["transformer.h.1.adapter.weight"] = np.zeros(3, np.float32)'
+    edit extra 't["transformer.h.1.adapter.weight"] = torch.zeros(3)'
     expect_failure "tensor \`h.1.adapter.weight\` has no kolos gpt counterpart" "$KOLOS" ckpt import extra --format hf -o e.ckpt
-    edit shape 't["transformer.wpe.weight"] = np.zeros((25, 48), np.float32)'
+    edit shape 't["transformer.wpe.weight"] = torch.zeros(25, 48)'
     expect_failure "tensor \`wpe.weight\` has shape \[25, 48\]" "$KOLOS" ckpt import shape --format hf -o s.ckpt
     edit act 'cfg["activation_function"] = "relu"'
     expect_failure "\`activation_function\` = \"relu\"" "$KOLOS" ckpt import act --format hf -o a.ckpt

@@ -287,20 +287,11 @@ TOML
   bad)
     pixels px 8 3 0.3 0.4
     make_model good ""
-    # edit NAME PYTHON: a copy of good/ as NAME, changed by PYTHON (t: the
-    # tensors, cfg: config.json).
+    # edit NAME PYTHON: a copy of good/ as NAME, changed by PYTHON
+    # (edit_hf_model.py: t the tensors, cfg config.json).
     edit() {
-      rm -rf "$1" && cp -r good "$1"
-      "$PY" - "$1" "$2" <<'PYEOF' || fail "making $1 failed"
-import json, sys, torch
-from safetensors.torch import load_file, save_file
-d, code = sys.argv[1], sys.argv[2]
-t = load_file(d + "/model.safetensors")
-cfg = json.load(open(d + "/config.json"))
-exec(code)
-save_file(t, d + "/model.safetensors", metadata={"format": "pt"})
-json.dump(cfg, open(d + "/config.json", "w"))
-PYEOF
+      rm -rf "$1" && cp -r good "$1" &&
+        "$PY" "$(dirname "${BASH_SOURCE[0]}")/edit_hf_model.py" "$1" "$2" || fail "making $1 failed"
     }
     edit act 'cfg["hidden_act"] = "relu"'
     expect_failure "\`hidden_act\` = \"relu\": kolos's vit computes exact GELU" "$KOLOS" ckpt import act --format hf -o act.ckpt

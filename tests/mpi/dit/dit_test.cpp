@@ -26,55 +26,9 @@
 namespace kolos {
 namespace {
 
-RunConfig tiny_dit(const std::vector<std::string>& overrides = {}) {
-  static const char* kText = R"(
-[model]
-name = "dit"
-layers = 2
-hidden = 32
-heads = 4
-image_size = 8
-patch_size = 4
-channels = 2
-classes = 5
-diffusion_steps = 100
-class_dropout = 0.2
-
-[data]
-kind = "synthetic"
-
-[optim]
-lr = 1e-2
-warmup_steps = 2
-min_lr = 1e-3
-weight_decay = 0.01
-grad_clip = 1.0
-
-[train]
-global_batch = 16
-micro_batch = 4
-steps = 12
-seed = 7
-
-[log]
-progress = "off"
-)";
-  return parse_run_config(kText, "<tiny-dit>", overrides);
-}
-
-RunConfig serial(std::vector<std::string> overrides = {}) {
-  overrides.push_back("parallel.data=1");
-  return tiny_dit(overrides);
-}
-
-std::string config_error(const std::vector<std::string>& overrides) {
-  try {
-    tiny_dit(overrides);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
+const testing::TinyModel tiny_dit =
+    testing::tiny_image_model("dit", "diffusion_steps = 100\nclass_dropout = 0.2\n",
+                              {"optim.lr=1e-2", "optim.warmup_steps=2", "optim.min_lr=1e-3"});
 
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
@@ -93,18 +47,20 @@ TEST(DitConfig, DerivesItsSequenceAndReadsBack) {
 }
 
 TEST(DitConfig, RefusesWhatDoesNotApply) {
-  EXPECT_HAS(config_error({"model.patch_size=3"}), "not divisible by model.patch_size = 3");
-  EXPECT_HAS(config_error({"model.seq_len=16"}), "does not apply to model.name = \"dit\"");
-  EXPECT_HAS(config_error({"model.vocab=16"}), "vocab");
-  EXPECT_HAS(config_error({"model.rope_theta=1.0"}), "llama");
-  EXPECT_HAS(config_error({"model.beta_schedule=\"quadratic\""}), "beta_schedule");
-  EXPECT_HAS(config_error({"model.class_dropout=1.0"}), "class_dropout");
-  EXPECT_HAS(config_error({"model.diffusion_steps=1"}), "diffusion_steps");
-  EXPECT_HAS(config_error({"model.pos_embed=\"rope\""}), "pos_embed");
-  EXPECT_HAS(config_error({"model.bogus=1"}), "bogus");
-  EXPECT_HAS(config_error({"data.kind=\"tokens\"", "data.path=\"x.bin\""}), "reads images");
+  EXPECT_HAS(tiny_dit.config_error({"model.patch_size=3"}),
+             "not divisible by model.patch_size = 3");
+  EXPECT_HAS(tiny_dit.config_error({"model.seq_len=16"}), "does not apply to model.name = \"dit\"");
+  EXPECT_HAS(tiny_dit.config_error({"model.vocab=16"}), "vocab");
+  EXPECT_HAS(tiny_dit.config_error({"model.rope_theta=1.0"}), "llama");
+  EXPECT_HAS(tiny_dit.config_error({"model.beta_schedule=\"quadratic\""}), "beta_schedule");
+  EXPECT_HAS(tiny_dit.config_error({"model.class_dropout=1.0"}), "class_dropout");
+  EXPECT_HAS(tiny_dit.config_error({"model.diffusion_steps=1"}), "diffusion_steps");
+  EXPECT_HAS(tiny_dit.config_error({"model.pos_embed=\"rope\""}), "pos_embed");
+  EXPECT_HAS(tiny_dit.config_error({"model.bogus=1"}), "bogus");
+  EXPECT_HAS(tiny_dit.config_error({"data.kind=\"tokens\"", "data.path=\"x.bin\""}),
+             "reads images");
   // Sequence parallelism: refused at config time, naming the key.
-  const std::string sequence = config_error({"parallel.sequence.size=2"});
+  const std::string sequence = tiny_dit.config_error({"parallel.sequence.size=2"});
   EXPECT_HAS(sequence, "parallel.sequence");
   EXPECT_HAS(sequence, "model.name = \"dit\"");
   // A GPT or a ViT refuses the DiT's own keys.
@@ -147,8 +103,7 @@ TEST(DitData, KeysFollowTheSampleIndex) {
 }
 
 TEST(DitSerial, Learns) {
-  const testing::RunRecord r =
-      testing::serial_record(serial({"train.steps=40"}));
+  const testing::RunRecord r = testing::serial_record(tiny_dit.serial({"train.steps=40"}));
   ASSERT_EQ(r.losses.size(), 40u);
   double first = 0, last = 0;
   for (int i = 0; i < 5; ++i) {
@@ -161,41 +116,28 @@ TEST(DitSerial, Learns) {
   EXPECT_LT(last, 0.8 * first);
 }
 
-TEST(DitDataParallel, MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_dit({"parallel.data=2"}));
+class DitLayouts : public ::testing::TestWithParam<testing::Mix> {};
+TEST_P(DitLayouts, MatchSerial) {
+  testing::expect_mix_matches_serial(GetParam(), [](auto o) { return tiny_dit(o); });
 }
-TEST(DitZero, Stage1MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_dit({"parallel.zero.stage=1"}));
-}
-TEST(DitZero, Stage2MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_dit({"parallel.zero.stage=2"}));
-}
-TEST(DitZero, Stage3MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_dit({"parallel.zero.stage=3"}));
-}
-TEST(DitTp1d, MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_dit({"parallel.tensor.size=2"}));
-}
-TEST(DitPipeline, OneFOneBMatchesSerial) {
-  const std::vector<std::string> shape = {"train.micro_batch=2"};
-  std::vector<std::string> mix = shape;
-  mix.insert(mix.end(), {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""});
-  testing::expect_equivalent(serial(shape), tiny_dit(mix));
-}
+INSTANTIATE_TEST_SUITE_P(TwoRanks, DitLayouts, ::testing::ValuesIn(testing::two_rank_mixes()),
+                         testing::mix_name);
 TEST(DitRecompute, FullMatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_dit({"parallel.data=2", "train.recompute=\"full\""}));
+  testing::expect_equivalent(tiny_dit.serial(),
+                             tiny_dit({"parallel.data=2", "train.recompute=\"full\""}));
 }
 // The chunks memory plugin: every parameter, gradient and AdamW state in
 // chunks of 32 KiB under a budget smaller than their sum, on host memory.
 TEST(DitChunks, OnHostMatchesSerial) {
-  testing::expect_equivalent(
-      serial(), tiny_dit({"parallel.data=2", "memory.compute_budget=\"384KiB\"",
-                          "memory.offload=\"host\"", "memory.chunk_size=\"32KiB\""}));
+  testing::expect_equivalent(tiny_dit.serial(),
+                             tiny_dit({"parallel.data=2", "memory.compute_budget=\"384KiB\"",
+                                       "memory.offload=\"host\"", "memory.chunk_size=\"32KiB\""}));
 }
 TEST(DitLearnedPositions, DataParallelMatchesSerial) {
-  testing::expect_equivalent(serial({"model.pos_embed=\"learned\"", "model.beta_schedule=\"cosine\""}),
-                             tiny_dit({"parallel.data=2", "model.pos_embed=\"learned\"",
-                                       "model.beta_schedule=\"cosine\""}));
+  testing::expect_equivalent(
+      tiny_dit.serial({"model.pos_embed=\"learned\"", "model.beta_schedule=\"cosine\""}),
+      tiny_dit(
+          {"parallel.data=2", "model.pos_embed=\"learned\"", "model.beta_schedule=\"cosine\""}));
 }
 
 // bf16 against fp32. Both runs draw the same timesteps, noise and class
@@ -238,7 +180,7 @@ TEST(DitGrid, MatchesSerial) {
   if (grids.empty()) GTEST_SKIP() << "runs at 4 (2d) and 8 ranks (2.5d, 3d)";
   for (const auto& grid : grids) {
     SCOPED_TRACE(grid[1]);
-    testing::expect_equivalent(serial(), tiny_dit(grid));
+    testing::expect_equivalent(tiny_dit.serial(), tiny_dit(grid));
   }
 }
 
@@ -256,7 +198,7 @@ TEST(DitEval, DataParallelMatchesSerialWithoutAccuracy) {
                                        "train.global_batch=8"};
   std::vector<std::string> dp = ev;
   dp.push_back("parallel.data=2");
-  const EvalResult s = train_and_evaluate(serial(ev), testing::self_group());
+  const EvalResult s = train_and_evaluate(tiny_dit.serial(ev), testing::self_group());
   const EvalResult p = train_and_evaluate(tiny_dit(dp), testing::world_group());
   EXPECT_EQ(s.samples, 21);
   EXPECT_GT(s.loss, 0.0);

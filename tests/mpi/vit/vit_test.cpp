@@ -25,53 +25,7 @@ namespace {
 
 using testing::world_size;
 
-RunConfig tiny_vit(const std::vector<std::string>& overrides = {}) {
-  static const char* kText = R"(
-[model]
-name = "vit"
-layers = 2
-hidden = 32
-heads = 4
-image_size = 8
-patch_size = 4
-channels = 2
-classes = 5
-
-[data]
-kind = "synthetic"
-
-[optim]
-lr = 3e-3
-warmup_steps = 3
-min_lr = 3e-4
-weight_decay = 0.01
-grad_clip = 1.0
-
-[train]
-global_batch = 16
-micro_batch = 4
-steps = 12
-seed = 7
-
-[log]
-progress = "off"
-)";
-  return parse_run_config(kText, "<tiny-vit>", overrides);
-}
-
-RunConfig serial(std::vector<std::string> overrides = {}) {
-  overrides.push_back("parallel.data=1");
-  return tiny_vit(overrides);
-}
-
-std::string config_error(const std::vector<std::string>& overrides) {
-  try {
-    tiny_vit(overrides);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
+const testing::TinyModel tiny_vit = testing::tiny_image_model("vit", "", {});
 
 TEST(VitConfig, DerivesItsSequenceAndOutputs) {
   const RunConfig c = tiny_vit();
@@ -85,18 +39,21 @@ TEST(VitConfig, DerivesItsSequenceAndOutputs) {
 }
 
 TEST(VitConfig, RefusesWhatDoesNotApply) {
-  EXPECT_NE(config_error({"model.patch_size=3"}).find("not divisible by model.patch_size = 3"),
-            std::string::npos);
-  EXPECT_NE(config_error({"model.seq_len=16"}).find("does not apply to model.name = \"vit\""),
-            std::string::npos);
-  EXPECT_NE(config_error({"model.vocab=16"}).find("vocab"), std::string::npos);
-  EXPECT_NE(config_error({"model.rope_theta=1.0"}).find("llama"), std::string::npos);
-  EXPECT_NE(config_error({"data.kind=\"tokens\"", "data.path=\"x.bin\""}).find("reads images"),
-            std::string::npos);
-  EXPECT_NE(config_error({"data.flip=true"}).find("data.kind = \"images\" only"),
+  EXPECT_NE(
+      tiny_vit.config_error({"model.patch_size=3"}).find("not divisible by model.patch_size = 3"),
+      std::string::npos);
+  EXPECT_NE(
+      tiny_vit.config_error({"model.seq_len=16"}).find("does not apply to model.name = \"vit\""),
+      std::string::npos);
+  EXPECT_NE(tiny_vit.config_error({"model.vocab=16"}).find("vocab"), std::string::npos);
+  EXPECT_NE(tiny_vit.config_error({"model.rope_theta=1.0"}).find("llama"), std::string::npos);
+  EXPECT_NE(
+      tiny_vit.config_error({"data.kind=\"tokens\"", "data.path=\"x.bin\""}).find("reads images"),
+      std::string::npos);
+  EXPECT_NE(tiny_vit.config_error({"data.flip=true"}).find("data.kind = \"images\" only"),
             std::string::npos);
   // The sequence strategies attend causally: refused, naming the key.
-  const std::string sequence = config_error({"parallel.sequence.size=2"});
+  const std::string sequence = tiny_vit.config_error({"parallel.sequence.size=2"});
   EXPECT_NE(sequence.find("parallel.sequence"), std::string::npos) << sequence;
   EXPECT_NE(sequence.find("causally"), std::string::npos) << sequence;
   // A GPT refuses the ViT's keys.
@@ -122,11 +79,11 @@ TEST(VitConfig, ActivationAndNormEps) {
   const RunConfig again = parse_run_config(to_toml(c), "<to_toml>");
   EXPECT_EQ(again.model.activation, "gelu");
   EXPECT_DOUBLE_EQ(again.model.norm_eps, 1e-12);
-  const std::string relu = config_error({"model.activation=\"relu\""});
+  const std::string relu = tiny_vit.config_error({"model.activation=\"relu\""});
   EXPECT_NE(relu.find("model.activation"), std::string::npos) << relu;
   EXPECT_NE(relu.find("\"gelu_tanh\""), std::string::npos) << relu;
   EXPECT_NE(relu.find("\"gelu\""), std::string::npos) << relu;
-  const std::string eps = config_error({"model.norm_eps=0"});
+  const std::string eps = tiny_vit.config_error({"model.norm_eps=0"});
   EXPECT_NE(eps.find("model.norm_eps"), std::string::npos) << eps;
   for (const std::string& key : {"model.activation=\"gelu\"", "model.norm_eps=1e-6"}) {
     try {
@@ -143,61 +100,43 @@ TEST(VitConfig, ActivationAndNormEps) {
 // Both keys reach the model: the first loss moves with each of them.
 TEST(VitSerial, ActivationAndNormEpsAct) {
   const std::vector<std::string> one = {"train.steps=1"};
-  const double tanh_loss = testing::serial_record(serial(one)).losses[0];
+  const double tanh_loss = testing::serial_record(tiny_vit.serial(one)).losses[0];
   std::vector<std::string> exact = one;
   exact.push_back("model.activation=\"gelu\"");
   std::vector<std::string> wide_eps = one;
   wide_eps.push_back("model.norm_eps=0.5");
-  const double exact_loss = testing::serial_record(serial(exact)).losses[0];
-  const double eps_loss = testing::serial_record(serial(wide_eps)).losses[0];
+  const double exact_loss = testing::serial_record(tiny_vit.serial(exact)).losses[0];
+  const double eps_loss = testing::serial_record(tiny_vit.serial(wide_eps)).losses[0];
   EXPECT_NE(exact_loss, tanh_loss);
   EXPECT_NE(eps_loss, tanh_loss);
 }
 
 TEST(VitSerial, Learns) {
-  const testing::RunRecord r =
-      testing::serial_record(serial({"train.steps=40"}));
+  const testing::RunRecord r = testing::serial_record(tiny_vit.serial({"train.steps=40"}));
   ASSERT_EQ(r.losses.size(), 40u);
   EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
 }
 
-TEST(VitDataParallel, MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_vit({"parallel.data=2"}));
+class VitLayouts : public ::testing::TestWithParam<testing::Mix> {};
+TEST_P(VitLayouts, MatchSerial) {
+  // tp1d: 5 classes over 2 ranks, the head's class slice is padded.
+  testing::expect_mix_matches_serial(GetParam(), [](auto o) { return tiny_vit(o); });
 }
-
-TEST(VitZero, Stage1MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_vit({"parallel.zero.stage=1"}));
-}
-TEST(VitZero, Stage2MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_vit({"parallel.zero.stage=2"}));
-}
-TEST(VitZero, Stage3MatchesSerial) {
-  testing::expect_equivalent(serial(), tiny_vit({"parallel.zero.stage=3"}));
-}
-
-TEST(VitTp1d, MatchesSerial) {
-  // 5 classes over 2 ranks: the head's class slice is padded.
-  testing::expect_equivalent(serial(), tiny_vit({"parallel.tensor.size=2"}));
-}
+INSTANTIATE_TEST_SUITE_P(TwoRanks, VitLayouts, ::testing::ValuesIn(testing::two_rank_mixes()),
+                         testing::mix_name);
 
 // Hugging Face ViT's defaults (exact GELU, LayerNorm eps 1e-12) under tp1d.
 TEST(VitTp1d, ExactGeluMatchesSerial) {
   const std::vector<std::string> hf = {"model.activation=\"gelu\"", "model.norm_eps=1e-12"};
   std::vector<std::string> tp = hf;
   tp.push_back("parallel.tensor.size=2");
-  testing::expect_equivalent(serial(hf), tiny_vit(tp));
-}
-
-TEST(VitPipeline, OneFOneBMatchesSerial) {
-  const std::vector<std::string> shape = {"train.micro_batch=2", "train.global_batch=8"};
-  std::vector<std::string> mix = shape;
-  mix.insert(mix.end(), {"parallel.pipeline.size=2", "parallel.pipeline.schedule=\"1f1b\""});
-  testing::expect_equivalent(serial(shape), tiny_vit(mix));
+  testing::expect_equivalent(tiny_vit.serial(hf), tiny_vit(tp));
 }
 
 TEST(VitRecompute, FullAndSelectiveMatchSerial) {
-  testing::expect_equivalent(serial(), tiny_vit({"parallel.data=2", "train.recompute=\"full\""}));
-  testing::expect_equivalent(serial(),
+  testing::expect_equivalent(tiny_vit.serial(),
+                             tiny_vit({"parallel.data=2", "train.recompute=\"full\""}));
+  testing::expect_equivalent(tiny_vit.serial(),
                              tiny_vit({"parallel.data=2", "train.recompute=\"selective\""}));
 }
 
@@ -212,7 +151,7 @@ TEST(VitChunks, OnHostMatchesSerial) {
     std::vector<std::string> o = {"parallel.data=2", "memory.compute_budget=\"256KiB\"",
                                   "memory.offload=\"host\"", "memory.chunk_size=\"16KiB\""};
     o.insert(o.end(), placement.begin(), placement.end());
-    testing::expect_equivalent(serial(), tiny_vit(o));
+    testing::expect_equivalent(tiny_vit.serial(), tiny_vit(o));
   }
 }
 
@@ -255,7 +194,7 @@ const std::vector<std::string> kEval = {"eval.samples=37", "eval.every=4", "trai
 void expect_eval_matches_serial(const std::vector<std::string>& mix) {
   std::vector<std::string> parallel = kEval;
   parallel.insert(parallel.end(), mix.begin(), mix.end());
-  const EvalResult s = train_and_evaluate(serial(kEval), testing::self_group());
+  const EvalResult s = train_and_evaluate(tiny_vit.serial(kEval), testing::self_group());
   const EvalResult p = train_and_evaluate(tiny_vit(parallel), testing::world_group());
   EXPECT_EQ(s.samples, 37);
   EXPECT_EQ(p.samples, 37);
@@ -282,7 +221,7 @@ TEST(VitGrid, MatchesSerial) {
   if (grids.empty()) GTEST_SKIP() << "runs at 4 (2d) and 8 ranks (2.5d, 3d)";
   for (const auto& grid : grids) {
     SCOPED_TRACE(grid[1]);
-    testing::expect_equivalent(serial(), tiny_vit(grid));
+    testing::expect_equivalent(tiny_vit.serial(), tiny_vit(grid));
   }
 }
 
@@ -296,7 +235,7 @@ TEST(VitGrid, EvalScoresWholeBlocks) {
   grid.insert(grid.end(), {"parallel.tensor.size=4", "parallel.tensor.mode=\"2d\""});
   std::vector<std::string> whole = kEval;
   whole.push_back("eval.samples=36");
-  const EvalResult s = train_and_evaluate(serial(whole), testing::self_group());
+  const EvalResult s = train_and_evaluate(tiny_vit.serial(whole), testing::self_group());
   const EvalResult p = train_and_evaluate(tiny_vit(grid), testing::world_group());
   EXPECT_EQ(s.samples, 36);
   EXPECT_EQ(p.samples, 36);
@@ -342,9 +281,9 @@ TEST(GptEval, SequenceParallelMatchesSerial) {
 }
 
 TEST(EvalConfig, RefusesWhatDoesNotApply) {
-  EXPECT_NE(config_error({"eval.path=\"x.h5\""}).find("another seed"), std::string::npos);
-  EXPECT_NE(config_error({"eval.every=-1"}).find("eval.every"), std::string::npos);
-  EXPECT_NE(config_error({"eval.bogus=1"}).find("bogus"), std::string::npos);
+  EXPECT_NE(tiny_vit.config_error({"eval.path=\"x.h5\""}).find("another seed"), std::string::npos);
+  EXPECT_NE(tiny_vit.config_error({"eval.every=-1"}).find("eval.every"), std::string::npos);
+  EXPECT_NE(tiny_vit.config_error({"eval.bogus=1"}).find("bogus"), std::string::npos);
 }
 
 }  // namespace
