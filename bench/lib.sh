@@ -13,7 +13,9 @@
 #   var:flag+   --flag VALUE appends "--flag VALUE" to the array $var
 # -h or --help prints SCRIPT's opening comment (after the #! line) and exits
 # 0; an argument SPEC does not list, or an option without its value, exits
-# 2 naming it.
+# 2 naming it. When SPEC has both steps and warmup, a --warmup that leaves
+# no step after it (warmup >= steps) exits 2: the scripts time the steps
+# after the warm-up.
 bench_options() {
   local _bo_script=$1 _bo_spec=$2 _bo_item _bo_var _bo_flag
   shift 2
@@ -54,6 +56,11 @@ bench_options() {
     fi
     shift 2
   done
+  if [[ " $_bo_spec " == *" steps "* && " $_bo_spec " == *" warmup "* ]] &&
+    (( ${!_bo_target[--warmup]} >= ${!_bo_target[--steps]} )); then
+    echo "$_bo_name: --warmup (${!_bo_target[--warmup]}) must be below --steps (${!_bo_target[--steps]})" >&2
+    exit 2
+  fi
 }
 
 # bench_peer NAME PEER MODULE: sets python, the peer's interpreter, and
@@ -69,6 +76,21 @@ bench_peer() {
   esac
   "$python" -c "import $3" 2>/dev/null ||
     { echo "$1: $python has no working torch ($install)" >&2; exit 1; }
+}
+
+# bench_kolos NAME: sets kolos, the built kolos under $build (relative to
+# $root unless absolute), and allows OpenMPI as root; exits 1 naming the
+# target to build when it is missing. NAME is the script's.
+bench_kolos() {
+  if [[ $build == /* ]]; then kolos=$build/bin/kolos; else kolos=$root/$build/bin/kolos; fi
+  [[ -x $kolos ]] || { echo "$1: $kolos not built (ninja -C $build runtime)" >&2; exit 1; }
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+}
+
+# bench_tmp TAG: sets tmp, a fresh directory kolos-TAG.* removed on exit.
+bench_tmp() {
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-$1.XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
 }
 
 # bench_train_toml FILE MODEL PARALLEL: writes the training run the
@@ -103,6 +125,27 @@ $3
 [log]
 progress = "off"
 TOML
+}
+
+# bench_plain_toml FILE GLOBAL MICRO STEPS: a run with the [model] of
+# bench_gpt_model, GLOBAL samples a step in micro-batches of MICRO, STEPS
+# steps, AdamW at lr 1e-3 with its other keys at their defaults, synthetic
+# data, no progress lines.
+bench_plain_toml() {
+  {
+    echo "[model]"
+    bench_gpt_model
+    cat <<TOML
+[train]
+global_batch = $2
+micro_batch = $3
+steps = $4
+[optim]
+lr = 1e-3
+[log]
+progress = "off"
+TOML
+  } >"$1"
 }
 
 # bench_gpt_model: the [model] lines of a GPT from the caller's layers,

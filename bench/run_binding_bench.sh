@@ -26,17 +26,10 @@ sets=()
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "config ranks steps warmup reps build sets:set+" "$@"
-if ((warmup >= steps)); then
-  echo "run_binding_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
-fi
 cd "$root"
-kolos=$build/bin/kolos
-[[ -x $kolos ]] || { echo "run_binding_bench.sh: $kolos missing (ninja -C $build runtime)" >&2; exit 1; }
+bench_kolos run_binding_bench.sh
 [[ -f $config ]] || { echo "run_binding_bench.sh: no config $config" >&2; exit 2; }
-
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-binding-bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+bench_tmp binding-bench
 common=(--set "train.steps=$steps" --set log.progress=off "${sets[@]}")
 
 echo "config: $config, $ranks ranks, $steps steps (median of the last $((steps - warmup))), $reps repetitions per policy"

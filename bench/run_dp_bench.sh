@@ -44,22 +44,14 @@ threads1=1 threads2=1 bucket_mb=25 build=build
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab global_batch micro_batch steps warmup threads1:threads-1rank threads2:threads-2rank bucket_mb build peer" "$@"
-if (( warmup >= steps )); then
-  echo "run_dp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
-fi
 
 bench_peer run_dp_bench.sh "$peer" torch.distributed
 
 cd "$root"
-kolos=$build/bin/kolos
-plain=$build/bin/bench_plain_loop
-for f in "$kolos" "$plain"; do
-  [[ -x $f ]] || { echo "run_dp_bench.sh: $f not built (ninja -C $build kolos bench_plain_loop)" >&2; exit 1; }
-done
-
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-dp-bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+bench_kolos run_dp_bench.sh
+plain=$(dirname "$kolos")/bench_plain_loop
+[[ -x $plain ]] || { echo "run_dp_bench.sh: $plain not built (ninja -C $build bench_plain_loop)" >&2; exit 1; }
+bench_tmp dp-bench
 cfg=$tmp/gpt.toml
 bench_train_toml "$cfg" "$(bench_gpt_model)" "bucket_mb = $bucket_mb"
 

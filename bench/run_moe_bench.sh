@@ -34,19 +34,11 @@ threads=1 build=build
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads kv_heads ffn_hidden experts top_k seq_len vocab global_batch micro_batch steps warmup threads build" "$@"
-if (( warmup >= steps )); then
-  echo "run_moe_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
-fi
 
 cd "$root"
-python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
-[[ -x $python ]] || { echo "run_moe_bench.sh: $python missing (scripts/install-venv.sh)" >&2; exit 1; }
-kolos=$build/bin/kolos
-[[ -x $kolos ]] || { echo "run_moe_bench.sh: $kolos not built (ninja -C $build kolos)" >&2; exit 1; }
-
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-moe-bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+bench_peer run_moe_bench.sh torch2 torch
+bench_kolos run_moe_bench.sh
+bench_tmp moe-bench
 cfg=$tmp/mixtral.toml
 model=$(bench_gpt_model | sed 's/^name = "gpt"/name = "mixtral"/')
 bench_train_toml "$cfg" "$model

@@ -25,27 +25,10 @@ layers=8 hidden=256 heads=8 seq_len=512 vocab=2048 micro=8 steps=8 warmup=2 rank
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab micro:micro-batch steps warmup ranks build" "$@"
-kolos=$root/$build/bin/kolos
-[[ -x $kolos ]] || { echo "run_precision_bench.sh: $kolos missing (ninja -C $build runtime)" >&2; exit 1; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_kolos run_precision_bench.sh
+bench_tmp precision-bench
 
-cat >"$tmp/run.toml" <<TOML
-[model]
-layers = $layers
-hidden = $hidden
-heads = $heads
-seq_len = $seq_len
-vocab = $vocab
-[train]
-global_batch = $((micro * ranks))
-micro_batch = $micro
-steps = $steps
-[optim]
-lr = 1e-3
-[log]
-progress = "off"
-TOML
+bench_plain_toml "$tmp/run.toml" $((micro * ranks)) "$micro" "$steps"
 
 echo "shape: layers $layers, hidden $hidden, heads $heads, seq_len $seq_len, vocab $vocab, micro_batch $micro x $ranks ranks (dp), $steps steps (median of the last $((steps - warmup)))"
 echo "kolos: $("$kolos" version 2>/dev/null | tr -s ' \n' ' ')"

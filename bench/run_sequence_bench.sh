@@ -44,27 +44,10 @@ layers=2 hidden=128 heads=4 vocab=1024 build=build
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "modes sizes limit_mib at base step max layers hidden heads vocab build" "$@"
-kolos=$root/$build/bin/kolos
-[[ -x $kolos ]] || { echo "run_sequence_bench.sh: $kolos missing (ninja -C $build runtime)" >&2; exit 1; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_kolos run_sequence_bench.sh
+bench_tmp sequence-bench
 
-cat >"$tmp/run.toml" <<TOML
-[model]
-layers = $layers
-hidden = $hidden
-heads = $heads
-vocab = $vocab
-seq_len = $base
-[train]
-global_batch = 1
-micro_batch = 1
-steps = 2
-[optim]
-lr = 1e-3
-[log]
-progress = "off"
-TOML
+seq_len=$base bench_plain_toml "$tmp/run.toml" 1 1 2
 
 # run MODE SP LEN: sets PEAK (bytes) and TPS (tokens/s) of one run (mode
 # "-" for sp 1), memoised; exits on a failed run. Called in this shell,

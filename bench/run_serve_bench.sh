@@ -33,14 +33,10 @@ hidden=768 layers=12 heads=12 vocab=32000 build=build
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "concurrency prompt_len output_len requests hidden layers heads vocab build" "$@"
 cd "$root"
-kolos=$root/$build/bin/kolos
-[[ -x $kolos ]] || { echo "run_serve_bench.sh: $kolos missing (ninja -C $build kolos)" >&2; exit 1; }
-venv=${KOLOS_VENV:-$root/.cache/torch-venv}
-"$venv/bin/python" -c 'import torch, transformers' 2>/dev/null ||
-  { echo "run_serve_bench.sh: $venv/bin/python has no torch or transformers (scripts/install-venv.sh)" >&2; exit 1; }
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-serve-bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+bench_kolos run_serve_bench.sh
+bench_peer run_serve_bench.sh torch2 "torch, transformers"
+bench_tmp serve-bench
 export NO_PROXY=127.0.0.1 no_proxy=127.0.0.1
 bench_machine
-"$venv/bin/python" -W ignore "$here/serve/bench.py" "$kolos" "$tmp" "$concurrency" "$prompt_len" "$output_len" \
+"$python" -W ignore "$here/serve/bench.py" "$kolos" "$tmp" "$concurrency" "$prompt_len" "$output_len" \
   "$requests" "$hidden" "$layers" "$heads" "$vocab"

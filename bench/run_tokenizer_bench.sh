@@ -24,12 +24,8 @@ megabytes=20 documents=8 reps=3 build=build
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "megabytes documents reps build" "$@"
 cd "$root"
-kolos=$build/bin/kolos
-[[ -x $kolos ]] || { echo "run_tokenizer_bench.sh: $kolos missing (ninja -C $build kolos)" >&2; exit 1; }
-venv=${KOLOS_VENV:-$root/.cache/torch-venv}
-"$venv/bin/python" -c 'import tokenizers' 2>/dev/null ||
-  { echo "run_tokenizer_bench.sh: $venv/bin/python has no tokenizers (scripts/install-venv.sh)" >&2; exit 1; }
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-tokenizer-bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+bench_kolos run_tokenizer_bench.sh
+bench_peer run_tokenizer_bench.sh torch2 tokenizers
+bench_tmp tokenizer-bench
 bench_machine
-"$venv/bin/python" "$here/tokenizer/bench.py" "$kolos" "$tmp" "$megabytes" "$documents" "$reps"
+"$python" "$here/tokenizer/bench.py" "$kolos" "$tmp" "$megabytes" "$documents" "$reps"

@@ -45,9 +45,6 @@ build=build peer=none peer_ranks=2 peer_only=0
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "layers hidden heads seq_len vocab global_batch micro_batch steps warmup threads threads_serial build with_1d8:no-1d8=0 peer peer_ranks peer_only:peer-only=1" "$@"
-if (( warmup >= steps )); then
-  echo "run_tp_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
-fi
 
 case "$peer" in
   none) (( ! peer_only )) || { echo "run_tp_bench.sh: --peer-only needs --peer torch2" >&2; exit 2; } ;;

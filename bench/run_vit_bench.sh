@@ -25,19 +25,11 @@ steps=300 warmup=20 threads=1 build=build
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_options "${BASH_SOURCE[0]}" "steps warmup threads build" "$@"
-if (( warmup >= steps )); then
-  echo "run_vit_bench.sh: --warmup ($warmup) must be below --steps ($steps)" >&2; exit 2
-fi
 
 cd "$root"
-python=${KOLOS_VENV:-$root/.cache/torch-venv}/bin/python
-[[ -x $python ]] || { echo "run_vit_bench.sh: $python missing (scripts/install-venv.sh)" >&2; exit 1; }
-kolos=$build/bin/kolos
-[[ -x $kolos ]] || { echo "run_vit_bench.sh: $kolos not built (ninja -C $build kolos)" >&2; exit 1; }
-
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kolos-vit-bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+bench_peer run_vit_bench.sh torch2 torch
+bench_kolos run_vit_bench.sh
+bench_tmp vit-bench
 "$python" scripts/digits-to-h5.py -o "$tmp/digits" >&2
 
 # The shape, batch and optimizer the peer gets: examples/vit-digits.toml's,

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_options.h"
 #include "kolos/memory/nvme_store.h"
 
 namespace {
@@ -46,22 +47,12 @@ int main(int argc, char** argv) {
   std::string dir;
   int64_t total_mib = 1024, slot_mib = 16;
   int threads = 4;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
-    const char* value = argv[++i];
-    if (arg == "--dir") {
-      dir = value;
-    } else if (arg == "--mib") {
-      total_mib = std::atoll(value);
-    } else if (arg == "--slot-mib") {
-      slot_mib = std::atoll(value);
-    } else if (arg == "--threads") {
-      threads = std::atoi(value);
-    } else {
-      usage(("unknown option " + arg).c_str());
-    }
-  }
+  kolos::bench::Options(usage)
+      .add("--dir", &dir)
+      .add("--mib", &total_mib)
+      .add("--slot-mib", &slot_mib)
+      .add("--threads", &threads)
+      .parse(argc, argv);
   if (dir.empty()) usage("--dir is required");
   if (slot_mib <= 0 || total_mib < slot_mib || total_mib % slot_mib != 0) {
     usage("--mib must be a positive multiple of --slot-mib");

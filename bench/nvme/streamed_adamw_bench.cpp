@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_options.h"
 #include "kolos/kernels/adamw.h"
 #include "kolos/memory/nvme_store.h"
 #include "kolos/memory/streamed_adamw.h"
@@ -62,28 +63,15 @@ int main(int argc, char** argv) {
   std::string dir;
   int64_t mib = 256, chunk_mib = 16;
   int steps = 3, prefetch = 1, io_threads = 4, kernel_threads = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
-    const char* value = argv[++i];
-    if (arg == "--dir") {
-      dir = value;
-    } else if (arg == "--mib") {
-      mib = std::atoll(value);
-    } else if (arg == "--chunk-mib") {
-      chunk_mib = std::atoll(value);
-    } else if (arg == "--steps") {
-      steps = std::atoi(value);
-    } else if (arg == "--prefetch") {
-      prefetch = std::atoi(value);
-    } else if (arg == "--io-threads") {
-      io_threads = std::atoi(value);
-    } else if (arg == "--kernel-threads") {
-      kernel_threads = std::atoi(value);
-    } else {
-      usage(("unknown option " + arg).c_str());
-    }
-  }
+  kolos::bench::Options(usage)
+      .add("--dir", &dir)
+      .add("--mib", &mib)
+      .add("--chunk-mib", &chunk_mib)
+      .add("--steps", &steps)
+      .add("--prefetch", &prefetch)
+      .add("--io-threads", &io_threads)
+      .add("--kernel-threads", &kernel_threads)
+      .parse(argc, argv);
   if (dir.empty()) usage("--dir is required");
   if (chunk_mib <= 0 || mib < chunk_mib || mib % chunk_mib != 0) {
     usage("--mib must be a positive multiple of --chunk-mib");
@@ -150,24 +138,19 @@ int main(int argc, char** argv) {
     // The I/O floor: the same slots, all written then all read, --steps times.
     std::byte* arrays[3] = {sp.get(), sm.get(), sv.get()};
     double write_s = 0, read_s = 0;
-    std::vector<std::future<void>> pending;
+    // Every slot in flight at once; the seconds until all are done.
+    const auto all_slots = [&](auto io) {
+      const auto t0 = Clock::now();
+      std::vector<std::future<void>> pending;
+      for (int64_t c = 0; c < chunks; ++c) {
+        for (int a = 0; a < 3; ++a) pending.push_back(io(3 * c + a, arrays[a] + c * chunk_bytes));
+      }
+      for (auto& p : pending) p.get();
+      return seconds_since(t0);
+    };
     for (int s = 0; s < steps; ++s) {
-      auto w0 = Clock::now();
-      for (int64_t c = 0; c < chunks; ++c) {
-        for (int a = 0; a < 3; ++a)
-          pending.push_back(store.write(3 * c + a, arrays[a] + c * chunk_bytes));
-      }
-      for (auto& p : pending) p.get();
-      pending.clear();
-      write_s += seconds_since(w0);
-      auto r0 = Clock::now();
-      for (int64_t c = 0; c < chunks; ++c) {
-        for (int a = 0; a < 3; ++a)
-          pending.push_back(store.read(3 * c + a, arrays[a] + c * chunk_bytes));
-      }
-      for (auto& p : pending) p.get();
-      pending.clear();
-      read_s += seconds_since(r0);
+      write_s += all_slots([&](int64_t slot, std::byte* data) { return store.write(slot, data); });
+      read_s += all_slots([&](int64_t slot, std::byte* data) { return store.read(slot, data); });
     }
     write_s /= steps;
     read_s /= steps;
