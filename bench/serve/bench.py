@@ -38,7 +38,11 @@ medians and 99th percentiles over the level's requests (ITL: over the
 gaps). Also: the fraction of requests whose tokens equal between the two,
 and, for the single-stream decode, the memory-bandwidth bound (weight
 bytes read per token against a read bandwidth measured in this run by a
-torch sum over 1 GiB).
+torch sum over 1 GiB); for each level, a ceiling on output tokens/s that no
+engine computing the same arithmetic in fp32 on this machine can pass
+(level_floor: floating-point operations at the best fp32 matmul rate
+measured in this run, or decoding steps each reading the weights at that
+bandwidth, whichever takes longer).
 """
 import http.client
 import json
@@ -216,6 +220,39 @@ def read_bandwidth():
     return x.numel() * 4 / best / 1e9
 
 
+def matmul_rate(hidden):
+    """The best fp32 GFLOP/s of torch.mm over rows 256, 1024 and 4096 of the
+    MLP's first product (hidden by 4 hidden), best of 5 each."""
+    best = 0.0
+    for rows in (256, 1024, 4096):
+        a, b = torch.randn(rows, hidden), torch.randn(hidden, 4 * hidden)
+        torch.mm(a, b)
+        for _ in range(5):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * rows * hidden * 4 * hidden / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def level_floor(n, prompt_len, output_len, c, body, hidden, layers, vocab, weight_bytes, rate, bw):
+    """A lower bound on the wall time of a level for any engine that does its
+    arithmetic in fp32 on this machine: the longer of (a) its floating-point
+    operations at the best measured matmul rate and (b) its decoding steps,
+    each reading every weight once, at the measured read bandwidth. (a): per
+    request, the prompt and the fed-back tokens through the body's products
+    (2 x body parameters each), attention's QK and PV at each position
+    (4 x position x hidden per layer), and the head for each generated token
+    (2 x hidden x vocab). (b): with c requests in flight a step decodes at
+    most c tokens, so n (output_len - 1) / c steps at least. Keys and values
+    read by attention, norms and sampling are left out: the bound is low."""
+    fed = prompt_len + output_len - 1
+    flops = n * (fed * 2 * body + 4 * hidden * layers * fed * (fed + 1) / 2 +
+                 output_len * 2 * hidden * vocab)
+    steps = -(-n * (output_len - 1) // c)
+    compute_s, memory_s = flops / (rate * 1e9), steps * weight_bytes / (bw * 1e9)
+    return max(compute_s, memory_s), flops, compute_s, steps, memory_s
+
+
 def main():
     kolos, work = sys.argv[1], sys.argv[2]
     levels = [int(c) for c in sys.argv[3].split(",")]
@@ -283,6 +320,21 @@ def main():
               f"same greedy tokens in {same} of {len(prompts[c])} requests")
 
     bw = read_bandwidth()
+    rate = matmul_rate(hidden)
+    body = params - model.transformer.wte.weight.numel() - model.transformer.wpe.weight.numel()
+    print(f"machine: fp32 matmul at {rate:.0f} GFLOP/s (torch.mm, best of 256, 1024 and 4096 rows by "
+          f"{hidden} x {4 * hidden}), read bandwidth {bw:.1f} GB/s (torch sum over 1 GiB)")
+    for c in levels:
+        n = len(prompts[c])
+        floor_s, flops, compute_s, steps, memory_s = level_floor(
+            n, prompt_len, output_len, c, body, hidden, layers, vocab, weight_bytes, rate, bw)
+        ceiling = n * output_len / floor_s
+        k, t = by[("kolos", c)], by[("transformers", c)]
+        print(f"concurrency {c}: no engine doing this arithmetic in fp32 here exceeds {ceiling:.0f} output "
+              f"tokens/s (the longer of {flops / 1e12:.2f} TFLOP at the matmul rate, {compute_s:.2f} s, and "
+              f"{steps} decoding steps reading the weights, {memory_s:.2f} s); kolos reached "
+              f"{100 * k['tok_s'] / ceiling:.0f}% of it, transformers {100 * t['tok_s'] / ceiling:.0f}%; "
+              f"2x transformers is {200 * t['tok_s'] / ceiling:.0f}% of it")
     bound = bw * 1e9 / weight_bytes
     if 1 in levels:
         single = 1.0 / by[("kolos", 1)]["tpot_med"]
