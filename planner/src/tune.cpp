@@ -47,36 +47,9 @@ bool valid_family(const std::string& text, std::string* why) {
   return ok;
 }
 
-namespace {
-
-// The mean ln ratio of each family with feedback.
-std::vector<double> family_logs(const MachineRates& rates) {
-  std::vector<double> out;
-  for (const auto& [f, ratios] : rates.feedback) {
-    if (ratios.empty()) continue;
-    double sum = 0;
-    for (const double x : ratios) sum += std::log(x);
-    out.push_back(sum / static_cast<double>(ratios.size()));
-  }
-  return out;
-}
-
-// The ln factor a family without feedback takes: the median of `logs` when
-// there are kPooledFamilies or more, else 0.
-double pooled_log(std::vector<double> logs) {
-  if (logs.size() < kPooledFamilies) return 0;
-  std::sort(logs.begin(), logs.end());
-  const size_t n = logs.size();
-  return n % 2 == 1 ? logs[n / 2] : (logs[n / 2 - 1] + logs[n / 2]) / 2;
-}
-
-}  // namespace
-
 double feedback_factor(const MachineRates& rates, const std::string& family) {
   const auto it = rates.feedback.find(family);
-  if (it == rates.feedback.end() || it->second.empty()) {
-    return std::exp(pooled_log(family_logs(rates)));
-  }
+  if (it == rates.feedback.end() || it->second.empty()) return 1.0;
   double sum = 0;
   for (const double r : it->second) sum += std::log(r);
   return std::exp(sum / static_cast<double>(it->second.size()));
@@ -85,26 +58,22 @@ double feedback_factor(const MachineRates& rates, const std::string& family) {
 double uncertainty(const MachineRates& rates, const std::string& family) {
   const double floor = std::max(kMinSpread, rates.spread);
   // Per family: the mean of its ln ratios and the squares about it.
-  double within = 0;
+  double within = 0, misses = 0;
   int64_t within_n = 0, families = 0;
   for (const auto& [f, ratios] : rates.feedback) {
     if (ratios.empty()) continue;
     double mean = 0;
     for (const double x : ratios) mean += std::log(x);
     mean /= static_cast<double>(ratios.size());
-    ++families;
+    misses += mean * mean, ++families;
     for (const double x : ratios) within += (std::log(x) - mean) * (std::log(x) - mean);
     within_n += static_cast<int64_t>(ratios.size()) - 1;
   }
   const auto it = rates.feedback.find(family);
   if (it == rates.feedback.end() || it->second.empty()) {
-    // Without its own feedback: how far the model, corrected by the factor
-    // this family takes (feedback_factor), missed the families measured here.
-    const std::vector<double> logs = family_logs(rates);
-    const double center = pooled_log(logs);
-    double sq = 0;
-    for (const double l : logs) sq += (l - center) * (l - center);
-    return families > 0 ? std::max(floor, std::sqrt(sq / static_cast<double>(families))) : floor;
+    // Uncorrected: how far the model missed the families measured here.
+    return families > 0 ? std::max(floor, std::sqrt(misses / static_cast<double>(families)))
+                        : floor;
   }
   // Corrected by its own ratios: what is left is their scatter, this
   // family's when it has two or more, else every family's pooled.

@@ -128,30 +128,6 @@ TEST(PlannerTune, FeedbackIsTheGeometricMeanOfTheLastRatiosOfItsFamily) {
   EXPECT_THROW(add_feedback(r, "tp=9d", 1.0), kolos::ConfigError);
 }
 
-// A family no finalist measured: 1 while fewer than kPooledFamilies have
-// feedback (one family's own error is not the machine's), then the median
-// of their factors, and its uncertainty their scatter about that median.
-TEST(PlannerTune, AnUnmeasuredFamilyTakesTheMedianFactorOfThreeOrMore) {
-  MachineRates r;
-  r.spread = 0.02;
-  const std::string none = "tp=none sp=none zero=0 pp=none";
-  add_feedback(r, "tp=1d sp=none zero=0 pp=none", 1.2);
-  add_feedback(r, "tp=none sp=ring zero=0 pp=none", 1.5);
-  EXPECT_DOUBLE_EQ(feedback_factor(r, none), 1.0);
-  EXPECT_NEAR(uncertainty(r, none),
-              std::sqrt((std::pow(std::log(1.2), 2) + std::pow(std::log(1.5), 2)) / 2), 1e-12);
-  add_feedback(r, "tp=none sp=none zero=3 pp=none", 1.3);
-  add_feedback(r, "tp=none sp=none zero=3 pp=none", 1.3);
-  EXPECT_NEAR(feedback_factor(r, none), 1.3, 1e-12);  // the median of 1.2, 1.3, 1.5
-  const double scatter =
-      std::sqrt((std::pow(std::log(1.2 / 1.3), 2) + std::pow(std::log(1.5 / 1.3), 2)) / 3);
-  EXPECT_NEAR(uncertainty(r, none), scatter, 1e-12);
-  add_feedback(r, "tp=none sp=none zero=0 pp=gpipe", 1.4);
-  EXPECT_NEAR(feedback_factor(r, none), std::sqrt(1.3 * 1.4), 1e-12);  // even: the middle two
-  // A measured family keeps its own.
-  EXPECT_NEAR(feedback_factor(r, "tp=1d sp=none zero=0 pp=none"), 1.2, 1e-12);
-}
-
 TEST(PlannerTune, UncertaintyComesFromTheCalibrationsSpreadAndTheFeedback) {
   MachineRates r;
   const std::string a = "tp=none sp=none zero=0 pp=none", b = "tp=2d sp=none zero=0 pp=none",

@@ -18,11 +18,8 @@
 // sequence mode, ZeRO stage, pipeline schedule) into the calibration in use
 // ([[calibration.feedback]]); later predictions on this host multiply a
 // family's step by the geometric mean of its ratios, and the ratios' spread
-// sets the family's uncertainty. A family no finalist measured takes the
-// median of the measured families' factors once kPooledFamilies have one:
-// what they share is this machine's speed against its calibration.
-// Torch-free, no MPI: the trial runs themselves are the caller's (kolos
-// train, kolos plan --tune).
+// sets the family's uncertainty. Torch-free, no MPI: the trial runs
+// themselves are the caller's (kolos train, kolos plan --tune).
 #pragma once
 
 #include <cstdint>
@@ -44,9 +41,6 @@ inline constexpr double kMinSpread = 0.02;
 // Ratios kept per family (the most recent; older ones are dropped so that
 // the feedback follows the machine).
 inline constexpr size_t kFeedbackKept = 8;
-// Families with feedback before an unmeasured family takes their median
-// factor (with fewer, one family's own error would pass for the machine's).
-inline constexpr size_t kPooledFamilies = 3;
 
 // The family a plan's feedback is kept under: "tp=1d sp=ring zero=2
 // pp=1f1b", with "none" for an axis of size 1 (tp, pp) or no sequence mode.
@@ -56,16 +50,14 @@ std::string family_of(const Candidate& c);
 bool valid_family(const std::string& text, std::string* why);
 
 // The factor a family's feedback applies to the model's step (the geometric
-// mean of its ratios); without feedback of its own, the median of the
-// measured families' factors when kPooledFamilies or more have one, else 1.
+// mean of its ratios), 1 without feedback.
 double feedback_factor(const MachineRates& rates, const std::string& family);
 // The relative uncertainty (one standard deviation, of ln measured/predicted)
 // of a prediction for `family`, never below the calibration's spread (and
 // kMinSpread): for a family with feedback, the scatter of its ratios (with
 // one ratio, the scatter pooled over the families that have two or more);
 // for a family without, the root mean square of the other families' mean
-// ln ratios about the factor it takes (how far the model, so corrected,
-// missed on this host).
+// ln ratios (how far the uncorrected model missed on this host).
 double uncertainty(const MachineRates& rates, const std::string& family);
 // Records one measured/model ratio for `family` (keeps the last kFeedbackKept).
 // Throws ConfigError for a ratio that is not a positive finite number.
