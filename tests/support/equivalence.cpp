@@ -329,13 +329,10 @@ std::vector<Mix> two_rank_mixes() {
 
 std::string mix_name(const ::testing::TestParamInfo<Mix>& info) { return info.param.name; }
 
-void expect_mix_matches_serial(const Mix& mix,
-                               const std::function<RunConfig(std::vector<std::string>)>& make) {
-  std::vector<std::string> serial = mix.shape;
-  serial.push_back("parallel.data=1");
+void expect_mix_matches_serial(const Mix& mix, const TinyModel& tiny) {
   std::vector<std::string> parallel = mix.shape;
   parallel.insert(parallel.end(), mix.parallel.begin(), mix.parallel.end());
-  expect_equivalent(make(serial), make(parallel));
+  expect_equivalent(tiny.serial(mix.shape), tiny(parallel));
 }
 
 }  // namespace kolos::testing

@@ -142,9 +142,8 @@ inline void PrintTo(const Mix& mix, std::ostream* out) { *out << mix.name; }
 // For INSTANTIATE_TEST_SUITE_P: the mix's name.
 std::string mix_name(const ::testing::TestParamInfo<Mix>& info);
 
-// expect_equivalent(make(shape + parallel.data=1), make(shape + parallel)).
-void expect_mix_matches_serial(const Mix& mix,
-                               const std::function<RunConfig(std::vector<std::string>)>& make);
+// expect_equivalent(tiny.serial(shape), tiny(shape + parallel)).
+void expect_mix_matches_serial(const Mix& mix, const TinyModel& tiny);
 
 }  // namespace kolos::testing
 

@@ -120,7 +120,7 @@ TEST(VitSerial, Learns) {
 class VitLayouts : public ::testing::TestWithParam<testing::Mix> {};
 TEST_P(VitLayouts, MatchSerial) {
   // tp1d: 5 classes over 2 ranks, the head's class slice is padded.
-  testing::expect_mix_matches_serial(GetParam(), [](auto o) { return tiny_vit(o); });
+  testing::expect_mix_matches_serial(GetParam(), tiny_vit);
 }
 INSTANTIATE_TEST_SUITE_P(TwoRanks, VitLayouts, ::testing::ValuesIn(testing::two_rank_mixes()),
                          testing::mix_name);
