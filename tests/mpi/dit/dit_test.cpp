@@ -117,9 +117,7 @@ TEST(DitSerial, Learns) {
 }
 
 class DitLayouts : public ::testing::TestWithParam<testing::Mix> {};
-TEST_P(DitLayouts, MatchSerial) {
-  testing::expect_mix_matches_serial(GetParam(), tiny_dit);
-}
+TEST_P(DitLayouts, MatchSerial) { testing::expect_mix_matches_serial(GetParam(), tiny_dit); }
 INSTANTIATE_TEST_SUITE_P(TwoRanks, DitLayouts, ::testing::ValuesIn(testing::two_rank_mixes()),
                          testing::mix_name);
 TEST(DitRecompute, FullMatchesSerial) {
