@@ -48,8 +48,18 @@ void chunk_states(const MemoryQuery& q, const RankPiece& p, std::vector<MemoryTe
                  /*host=*/true});
 }
 
+// The model is built into place: the block being built, whole in fp32 (as
+// initialised); the rest waits in a file until the chunks take it.
+double chunks_built(const MemoryQuery&, const RankPiece& p) { return 4 * p.block; }
+
+PluginTerms chunk_terms() {
+  PluginTerms t{"chunks", "memory", nullptr, nullptr, nullptr, chunk_states};
+  t.built = chunks_built;
+  return t;
+}
+
 }  // namespace
 
-KOLOS_PLUGIN_TERMS(PluginTerms{"chunks", "memory", nullptr, nullptr, nullptr, chunk_states});
+KOLOS_PLUGIN_TERMS(chunk_terms());
 
 }  // namespace kolos

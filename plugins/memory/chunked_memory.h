@@ -57,6 +57,7 @@
 #include "kolos/memory/placement.h"
 
 #include "chunk_settings.h"
+#include "chunk_spill.h"
 #include "chunk_trace.h"
 
 namespace kolos::chunks {
@@ -68,6 +69,11 @@ class ChunkedMemory : public GradientStrategy {
   // ---- set-up (chunks.cpp) ---------------------------------------------------
 
   void configure(const PluginContext& context) override;
+  // Builds the model into place: each block's trainable parameters go to
+  // an unnamed file (BuildSpill) as they are built and their memory is
+  // freed; setup() lays out the chunks from the shapes and fills them from
+  // the file.
+  BlockBuilt placement_at_build(const DeviceMesh& mesh) override;
   void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override;
 
   // ---- one step (chunk_step.cpp) ---------------------------------------------
@@ -146,6 +152,10 @@ class ChunkedMemory : public GradientStrategy {
   void build_trace();
   void make_plan(const RunConfig& config);
   void plan_for(int64_t budget);
+  // Building into place: block's parameters to spill_, their memory freed.
+  void spill_block(const std::vector<PlacedParameter>& parameters);
+  // Error unless p's tensor is a CPU tensor over a storage of its own.
+  void check_owns_storage(const PlacedParameter& p) const;
   void make_optimizer(const RunConfig& config);
   void make_executor();
   void install_hooks();
@@ -194,6 +204,9 @@ class ChunkedMemory : public GradientStrategy {
   size_t num_chunks_ = 0;  // per kind
   bool tied_done_ = false;
   int64_t zero_stage_ = 0;
+  // The model's parameters while it is built into place, until the
+  // executor has filled the chunks from them (make_executor).
+  std::unique_ptr<BuildSpill> spill_;
   std::vector<PlacedParameter> params_;                  // trainable, in model order
   std::vector<std::pair<size_t, size_t>> chunk_params_;  // [chunk]: parameters [first, last)
   std::vector<std::vector<size_t>> uses_;                // [block]: parameters it reads

@@ -4,12 +4,11 @@
 // each block reads, the trace, the placement plan, the optimizer over
 // chunk-backed slots, the executor, the block hooks), its teardown, and the
 // plugin's registration.
-#include <fcntl.h>
 #include <malloc.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -29,17 +28,12 @@
 namespace kolos::chunks {
 namespace {
 
-// The model's own memory, freed into malloc's heap, goes back to the
-// kernel (malloc_trim also releases free pages inside the heap); then
-// "5" in /proc/self/clear_refs resets the peak resident set size (VmHWM,
-// getrusage's ru_maxrss) to the current one (Linux).
-void reset_peak_rss() {
-  malloc_trim(0);
-  const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  const ssize_t written = ::write(fd, "5", 1);
-  (void)written;
-  ::close(fd);
+// Where the model waits while it is built into place: the NVMe tier's
+// directory, else the temporary directory ($TMPDIR, else /tmp).
+std::string spill_dir(const ChunkSettings& settings) {
+  if (settings.offload == "nvme") return settings.nvme_dir;
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
 }
 
 }  // namespace
@@ -77,14 +71,10 @@ void ChunkedMemory::setup(Model& model, const DeviceMesh& mesh, const RunConfig&
     if (!p.tensor.requires_grad()) continue;
     const at::Tensor& t = p.tensor;
     if (params_.empty()) dtype_ = t.scalar_type();
-    KOLOS_CHECK(t.scalar_type() == dtype_ && t.device().is_cpu(), name(), ": parameter ", p.name,
-                " is ", t.scalar_type(), " on ", t.device(), "; chunks hold ", dtype_,
-                " CPU tensors");
-    KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
-                    static_cast<int64_t>(t.storage().nbytes()) == t.numel() * t.element_size(),
-                name(), ": parameter ", p.name,
-                " does not own its storage (a view of another tensor?); chunks replace each "
-                "parameter's memory");
+    KOLOS_CHECK(t.scalar_type() == dtype_, name(), ": parameter ", p.name, " is ", t.scalar_type(),
+                "; chunks hold ", dtype_, " tensors");
+    // Those built into place were checked then, before their memory was freed.
+    if (!spill_ || !spill_->has(t.unsafeGetTensorImpl())) check_owns_storage(p);
     params_.push_back(p);
     param_domain_.push_back(data_domain(domains_, mesh, p.placement.sharded()));
   }
@@ -98,9 +88,44 @@ void ChunkedMemory::setup(Model& model, const DeviceMesh& mesh, const RunConfig&
   make_optimizer(config);
   make_executor();
   install_hooks();
-  // The model was built whole in memory; from here on the budget holds.
-  // Peak RSS (the metrics' peak_rss_bytes) counts from now on.
-  reset_peak_rss();
+  // What set-up freed (the optimizer's and the parameters' own memory, the
+  // executor's staging) goes back to the kernel rather than staying in
+  // malloc's heap, where it would count in the resident memory while
+  // training and be fragmented beyond reuse.
+  malloc_trim(0);
+}
+
+BlockBuilt ChunkedMemory::placement_at_build(const DeviceMesh& mesh) {
+  (void)mesh;
+  return [this](Model& model, size_t block) { spill_block(model.block_parameters(block)); };
+}
+
+void ChunkedMemory::spill_block(const std::vector<PlacedParameter>& parameters) {
+  if (!spill_) spill_ = std::make_unique<BuildSpill>(spill_dir(settings_));
+  bool freed = false;
+  for (const auto& p : parameters) {
+    const at::Tensor& t = p.tensor;
+    if (!t.requires_grad() || spill_->has(t.unsafeGetTensorImpl())) continue;
+    check_owns_storage(p);
+    spill_->put(t.unsafeGetTensorImpl(), t.data_ptr(), t.numel() * t.element_size());
+    free_storage(t);
+    freed = true;
+  }
+  // The freed pages go back to the kernel now (malloc_trim also releases
+  // free pages inside the heap): left in malloc's heap, they would stay
+  // resident until a later block happened to reuse them.
+  if (freed) malloc_trim(0);
+}
+
+void ChunkedMemory::check_owns_storage(const PlacedParameter& p) const {
+  const at::Tensor& t = p.tensor;
+  KOLOS_CHECK(t.device().is_cpu(), name(), ": parameter ", p.name, " is on ", t.device(),
+              "; chunks hold CPU tensors");
+  KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
+                  static_cast<int64_t>(t.storage().nbytes()) == t.numel() * t.element_size(),
+              name(), ": parameter ", p.name,
+              " does not own its storage (a view of another tensor?); chunks replace each "
+              "parameter's memory");
 }
 
 ChunkedMemory::~ChunkedMemory() {
@@ -295,7 +320,13 @@ void ChunkedMemory::make_optimizer(const RunConfig& config) {
     at::Tensor grad = torch::empty_like(p.tensor, at::MemoryFormat::Contiguous);
     free_storage(grad);
     p.tensor.mutable_grad() = grad;
+    // AdamW widens a bf16/fp16 parameter into its master: a parameter
+    // built into place lends it memory for that (the values do not matter:
+    // the master is freed below and the chunks are filled from the spill).
+    const bool freed = p.tensor.storage().nbytes() == 0 && p.tensor.numel() > 0;
+    if (freed) allocate_storage(p.tensor);
     optimizer_->add(p.name, p.tensor, grad, p.placement);
+    if (freed) free_storage(p.tensor);
     AdamWSlot& slot = optimizer_->slots().back();
     free_storage(slot.exp_avg);  // zeros: the chunks start zeroed
     free_storage(slot.exp_avg_sq);
@@ -327,7 +358,13 @@ void ChunkedMemory::make_executor() {
     if (kind != kParam && kind != kMaster) return;
     const auto [first, last] = chunk_params_[t_.index_of[c]];
     for (size_t i = first; i < last; ++i) {
-      const at::Tensor& param = params_[i].tensor;
+      at::Tensor param = params_[i].tensor;
+      if (spill_ && spill_->has(param.unsafeGetTensorImpl())) {
+        const at::Tensor built = at::empty(param.sizes(), param.options().requires_grad(false));
+        spill_->get(param.unsafeGetTensorImpl(), built.data_ptr(),
+                    built.numel() * built.element_size());
+        param = built;
+      }
       if (kind == kParam) {
         std::memcpy(dst + slot_offset(kind, i), param.data_ptr(),
                     static_cast<size_t>(slot_bytes(kind, i)));
@@ -341,8 +378,10 @@ void ChunkedMemory::make_executor() {
   } catch (const Error& e) {
     throw ConfigError(std::string("memory (") + name() + "): " + e.what());
   }
-  // The chunks hold the parameters now: their own memory goes.
+  // The chunks hold the parameters now: their own memory goes, and so
+  // does the file of a model built into place.
   for (auto& p : params_) free_storage(p.tensor);
+  spill_.reset();
   bound_.assign(t_.access.chunks.size(), false);
 }
 

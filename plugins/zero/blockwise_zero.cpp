@@ -60,16 +60,18 @@ void BlockwiseZero::configure(const PluginContext& context) {
   reshard_after_forward_ = settings.reshard_after_forward;
 }
 
+BlockBuilt BlockwiseZero::placement_at_build(const DeviceMesh& mesh) {
+  return [this, &mesh](Model& model, size_t block) {
+    keep_built_rows(model.block_parameters(block), mesh);
+  };
+}
+
 void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) {
   reduce_in_fp32_ = reduce_in_fp32(config);
   shard_parameters(model, mesh);
   for (const auto& s : slots_) {
-    const at::Tensor& t = s.param.tensor;
-    KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
-                    static_cast<int64_t>(t.storage().nbytes()) == s.bytes(),
-                name(), ": parameter ", s.param.name,
-                " does not own its storage (a view of another tensor?); ZeRO-3 frees each "
-                "parameter's storage between uses");
+    // Those built into place were checked then, before their memory was freed.
+    if (!built_rows_.count(s.param.tensor.unsafeGetTensorImpl())) check_owns_storage(s.param);
   }
   // One group per block and domain (group b * domains + d), so that a
   // block's parameters come in one gather per group of ranks they are

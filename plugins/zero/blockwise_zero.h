@@ -8,6 +8,9 @@
 // next block's gather is issued while the current one computes (prefetch
 // of one), and a block's storage is freed after its forward
 // (parallel.zero.reshard_after_forward) and once all its gradients are in.
+// The model is built into place: as each block is built, this rank keeps
+// its rows of the block's parameters and frees the rest, so a rank never
+// holds more than one whole block (placement_at_build).
 //
 // Gradients: as each parameter's gradient is final for the micro-batch
 // (its grad accumulator's post-hook) it is copied into its block's
@@ -36,6 +39,7 @@ class BlockwiseZero : public ZeroStrategy {
 
   // [parallel.zero]: reshard_after_forward, besides the core's stage.
   void configure(const PluginContext& context) override;
+  BlockBuilt placement_at_build(const DeviceMesh& mesh) override;
   void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) override;
   void zero_grad() override;
   void prepare_backward(bool sync) override;

@@ -3,11 +3,14 @@
 
 #include <torch/torch.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
 
 #include "kolos/core/error.h"
 #include "kolos/core/mesh.h"
+#include "kolos/core/tensor_storage.h"
 
 namespace kolos::zero {
 
@@ -63,6 +66,42 @@ void ZeroStrategy::shard_parameters(Model& model, const DeviceMesh& mesh) {
   }
 }
 
+void ZeroStrategy::keep_built_rows(const std::vector<PlacedParameter>& parameters,
+                                   const DeviceMesh& mesh) {
+  torch::NoGradGuard no_grad;
+  data_domain(domains_, mesh, AxisSet{});  // domains_[0] first, as shard_parameters has it
+  bool freed = false;
+  for (const auto& p : parameters) {
+    const at::Tensor& t = p.tensor;
+    const void* impl = t.unsafeGetTensorImpl();
+    // Frozen parameters stay whole; setup() refuses scalars.
+    if (!t.requires_grad() || t.dim() < 1 || built_rows_.count(impl)) continue;
+    check_owns_storage(p);
+    const Domain& d = domains_[data_domain(domains_, mesh, p.placement.sharded())];
+    const int64_t rows = t.size(0);
+    const int64_t chunk = (rows + d.ranks - 1) / d.ranks;
+    const int64_t begin = std::min(rows, d.index * chunk);
+    const int64_t mine = std::min(rows, begin + chunk) - begin;
+    built_rows_[impl] = t.detach().narrow(0, begin, mine).clone();
+    free_storage(t);
+    freed = true;
+  }
+  // The freed pages go back to the kernel now: left in malloc's heap
+  // between the rows kept, they would be resident until the next block
+  // happens to reuse them, and building a whole model's worth of blocks
+  // would leave about the whole model resident.
+  if (freed) malloc_trim(0);
+}
+
+void ZeroStrategy::check_owns_storage(const PlacedParameter& p) const {
+  const at::Tensor& t = p.tensor;
+  KOLOS_CHECK(t.is_contiguous() && t.storage_offset() == 0 &&
+                  static_cast<int64_t>(t.storage().nbytes()) == bytes_of(t),
+              name(), ": parameter ", p.name,
+              " does not own its storage (a view of another tensor?); ZeRO-3 frees each "
+              "parameter's storage between uses");
+}
+
 void ZeroStrategy::build_groups(const std::vector<std::vector<size_t>>& members) {
   torch::NoGradGuard no_grad;
   for (const auto& list : members) {
@@ -90,14 +129,22 @@ void ZeroStrategy::build_groups(const std::vector<std::vector<size_t>>& members)
         s.grad_shard = g.shard_grads.narrow(0, s.offset, s.shard_numel()).view(shape);
         const int64_t index = domains_[s.domain].index;
         const int64_t mine = s.rows_of(index);
+        const auto kept = built_rows_.find(s.param.tensor.unsafeGetTensorImpl());
+        if (kept != built_rows_.end()) {
+          KOLOS_CHECK(kept->second.size(0) == mine, name(), ": parameter ", s.param.name, " kept ",
+                      kept->second.size(0), " rows as it was built, but its shard has ", mine);
+        }
         if (mine > 0) {
           s.master.narrow(0, 0, mine)
-              .copy_(s.param.tensor.detach().narrow(0, index * s.chunk, mine));
+              .copy_(kept != built_rows_.end()
+                         ? kept->second
+                         : s.param.tensor.detach().narrow(0, index * s.chunk, mine));
         }
       }
     }
     groups_.push_back(std::move(g));
   }
+  built_rows_.clear();  // with the rows of parameters this rank does not hold (other stages')
 }
 
 void ZeroStrategy::make_optimizer(const RunConfig& config) {

@@ -78,8 +78,13 @@ class ZeroStrategy : public GradientStrategy {
   // The model's trainable parameters as slots (others kept whole in
   // frozen_), the dp x sp group, and a warning when it has one rank.
   void shard_parameters(Model& model, const DeviceMesh& mesh);
-  // Groups of slots, each of one domain; each slot's master (copied from the whole parameter)
-  // and grad_shard become views of its group's flat buffers.
+  // Building into place (GradientStrategy::placement_at_build): this
+  // rank's rows of each trainable parameter of a block just built are kept
+  // (built_rows_) and the parameter's memory freed.
+  void keep_built_rows(const std::vector<PlacedParameter>& parameters, const DeviceMesh& mesh);
+  // Groups of slots, each of one domain; each slot's master (copied from
+  // the whole parameter, or from its rows kept while built) and grad_shard
+  // become views of its group's flat buffers.
   void build_groups(const std::vector<std::vector<size_t>>& members);
   // AdamW over every slot's master and grad_shard.
   void make_optimizer(const RunConfig& config);
@@ -90,6 +95,9 @@ class ZeroStrategy : public GradientStrategy {
   MemoryStats shard_memory() const;
 
   static int64_t bytes_of(const at::Tensor& t);
+  // Error unless p's tensor is contiguous over a storage of its own (ZeRO-3
+  // frees and refills it).
+  void check_owns_storage(const PlacedParameter& p) const;
   static void track(int64_t& current, int64_t& peak, int64_t delta);
 
   const int stage_;
@@ -102,6 +110,9 @@ class ZeroStrategy : public GradientStrategy {
   std::vector<ShardGroup> groups_;
   std::unique_ptr<AdamW> optimizer_;
   std::unordered_map<const void*, size_t> slot_of_impl_;
+  // A parameter's TensorImpl -> this rank's rows of it, kept as the model
+  // was built; emptied by build_groups().
+  std::unordered_map<const void*, at::Tensor> built_rows_;
 };
 
 }  // namespace kolos::zero

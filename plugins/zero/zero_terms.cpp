@@ -48,10 +48,22 @@ void zero3_states(const MemoryQuery& q, const RankPiece& p, std::vector<MemoryTe
   optimizer(q, p, /*working_copy=*/false, out);
 }
 
+// Stage 3 builds the model into place: this rank's rows of every
+// parameter, and the block being built whole in fp32 (as initialised).
+double zero3_built(const MemoryQuery& q, const RankPiece& p) {
+  return q.element_bytes * p.params / shards(q) + 4 * p.block;
+}
+
+PluginTerms zero3_terms() {
+  PluginTerms t{"zero3", "gradients", nullptr, nullptr, nullptr, zero3_states};
+  t.built = zero3_built;
+  return t;
+}
+
 }  // namespace
 
 KOLOS_PLUGIN_TERMS(PluginTerms{"zero1", "gradients", nullptr, nullptr, nullptr, zero1_states});
 KOLOS_PLUGIN_TERMS(PluginTerms{"zero2", "gradients", nullptr, nullptr, nullptr, zero2_states});
-KOLOS_PLUGIN_TERMS(PluginTerms{"zero3", "gradients", nullptr, nullptr, nullptr, zero3_states});
+KOLOS_PLUGIN_TERMS(zero3_terms());
 
 }  // namespace kolos

@@ -236,10 +236,25 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
       factory_->setup(*mesh_, config_);
       if (sequence_) sequence_->setup(*mesh_, config_);
       torch::manual_seed(config_.train.seed);
-      model_ = build_model(config_.model, *factory_);
-      // Initialised in fp32 (the same values as an fp32 run), then rounded.
-      cast_parameters(*model_, precision_dtype(config_));
-      if (device_.is_cuda()) move_parameters(*model_, device_);
+      // Initialised in fp32 (the same values as an fp32 run), then rounded
+      // and moved: block by block as they are built when the strategy takes
+      // its part of each (ZeRO-3), else once the model is whole.
+      const at::ScalarType dtype = precision_dtype(config_);
+      const BlockBuilt place = gradients_->placement_at_build(*mesh_);
+      BlockBuilt built;
+      if (place) {
+        built = [&](Model& model, size_t block) {
+          const std::vector<PlacedParameter> parameters = model.block_parameters(block);
+          cast_parameters(parameters, dtype);
+          if (device_.is_cuda()) move_parameters(parameters, device_);
+          place(model, block);
+        };
+      }
+      model_ = build_model(config_.model, *factory_, built);
+      if (!place) {
+        cast_parameters(*model_, dtype);
+        if (device_.is_cuda()) move_parameters(*model_, device_);
+      }
       model_->set_recompute(config_.train.recompute, config_.train.recompute_every);
       router_biases_ = router_biases(*model_);
       schedule_->setup(*model_, *mesh_, config_);

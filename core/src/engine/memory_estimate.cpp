@@ -158,6 +158,7 @@ MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, doub
   e.rank = r.rank;
   e.terms = r.terms;
   e.build_peak = r.build_peak;
+  e.build_detail = r.build_detail;
   e.model_parameters = r.model_parameters;
   return e;
 }
@@ -339,7 +340,7 @@ std::string format_memory_table(const MemoryEstimate& e, const MemoryBudget& bud
       << fmt_count(e.model_parameters) << " parameters | per rank, " << e.rank << ":\n";
   for (const auto& t : e.terms) row(t.name, t.bytes, t.detail);
   row("training peak", e.training_peak(), "the sum");
-  row("building peak", e.build_peak, "runtime + local parameters whole + initialisation temporaries");
+  row("building peak", e.build_peak, e.build_detail);
   row("budget", budget.bytes, budget.source);
   out << (e.peak() <= budget.bytes ? "fits: " : "does not fit: ") << format_bytes(e.peak())
       << " of " << format_bytes(budget.bytes) << " per rank\n";

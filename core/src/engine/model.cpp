@@ -14,8 +14,47 @@
 #include "kolos/core/error.h"
 #include "kolos/core/recompute.h"
 #include "kolos/core/sequence.h"
+#include "kolos/core/tensor_storage.h"
 
 namespace kolos {
+namespace {
+// build_model's BlockBuilt while its builder runs on this thread.
+thread_local const BlockBuilt* t_block_built = nullptr;
+
+// While it lives, every parameter in `parameters` whose memory is freed
+// (tensor_storage.h) reads zeros: its storage points into one shared
+// buffer, as large as the largest of them. Freed again on destruction.
+class ZerosForFreed {
+ public:
+  explicit ZerosForFreed(const std::vector<PlacedParameter>& parameters) {
+    int64_t largest = 0;
+    for (const auto& p : parameters) {
+      const at::Tensor& t = p.tensor;
+      if (t.numel() == 0 || t.storage().nbytes() != 0) continue;
+      freed_.push_back(t);
+      largest = std::max<int64_t>(largest, t.numel() * static_cast<int64_t>(t.element_size()));
+    }
+    if (freed_.empty()) return;
+    zeros_ = torch::zeros({largest}, freed_.front().options().dtype(at::kByte));
+    for (const auto& t : freed_) {
+      c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+      KOLOS_CHECK(t.device() == zeros_.device(), "the probe forward: freed parameters on ",
+                  zeros_.device(), " and ", t.device());
+      s->set_data_ptr_noswap(at::DataPtr(zeros_.data_ptr(), t.device()));
+      s->set_nbytes(static_cast<size_t>(t.numel()) * t.element_size());
+    }
+  }
+  ~ZerosForFreed() {
+    for (const auto& t : freed_) free_storage(t);
+  }
+  ZerosForFreed(const ZerosForFreed&) = delete;
+  ZerosForFreed& operator=(const ZerosForFreed&) = delete;
+
+ private:
+  std::vector<at::Tensor> freed_;
+  at::Tensor zeros_;
+};
+}  // namespace
 
 void Model::add_block(const std::string& name, LayerPtr block, bool repeated) {
   // "h.3" is registered as child "3" of a container "h", as torch's
@@ -35,6 +74,7 @@ void Model::add_block(const std::string& name, LayerPtr block, bool repeated) {
   blocks_.emplace_back(name, std::move(block));
   repeated_.push_back(repeated);
   recompute_.push_back(false);
+  if (t_block_built != nullptr && *t_block_built) (*t_block_built)(*this, blocks_.size() - 1);
 }
 
 void Model::set_recompute(const std::string& mode, int64_t every) {
@@ -91,43 +131,58 @@ Placement held_apart(Placement placement, AxisSet axes, const std::string& name)
 
 }  // namespace
 
+std::vector<PlacedParameter> Model::block_parameters(size_t block) const {
+  // A parameter an earlier block registered too (a tied weight) is that
+  // block's.
+  std::unordered_set<const void*> seen;
+  for (size_t b = 0; b < block; ++b) {
+    for (const auto& p : blocks_[b].second->parameters()) seen.insert(p.unsafeGetTensorImpl());
+  }
+  std::vector<PlacedParameter> out;
+  append_parameters(block, seen, out);
+  return out;
+}
+
 std::vector<PlacedParameter> Model::all_parameters() const {
   std::vector<PlacedParameter> out;
   std::unordered_set<const void*> seen;
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    const auto& [block_name, block] = blocks_[b];
-    // Layers held apart (Layer::held_apart): their prefixes and axes.
-    std::vector<std::pair<std::string, AxisSet>> apart;
-    for (const auto& item : block->named_modules(block_name)) {
-      const auto* layer = dynamic_cast<const Layer*>(item.value().get());
-      if (layer != nullptr && !layer->held_apart().empty()) {
-        apart.emplace_back(item.key() + ".", layer->held_apart());
-      }
-    }
-    for (const auto& item : block->named_modules(block_name)) {
-      const std::string& prefix = item.key();
-      AxisSet apart_along;
-      for (const auto& [under, axes] : apart) {
-        if ((prefix + ".").compare(0, under.size(), under) == 0) apart_along = apart_along | axes;
-      }
-      const auto* layer = dynamic_cast<const Layer*>(item.value().get());
-      for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
-        if (!seen.insert(param.value().unsafeGetTensorImpl()).second) continue;
-        Placement placement;
-        if (layer != nullptr && layer->placements().count(param.key())) {
-          placement = layer->placements().at(param.key());
-        } else {
-          placement = Placement::replicated(param.value().sizes().vec());
-        }
-        if (!apart_along.empty()) {
-          placement = held_apart(std::move(placement), apart_along, prefix + "." + param.key());
-        }
-        out.push_back(PlacedParameter{prefix + "." + param.key(), param.value(),
-                                      std::move(placement), static_cast<int>(b)});
-      }
+  for (size_t b = 0; b < blocks_.size(); ++b) append_parameters(b, seen, out);
+  return out;
+}
+
+void Model::append_parameters(size_t b, std::unordered_set<const void*>& seen,
+                              std::vector<PlacedParameter>& out) const {
+  const auto& [block_name, block] = blocks_[b];
+  // Layers held apart (Layer::held_apart): their prefixes and axes.
+  std::vector<std::pair<std::string, AxisSet>> apart;
+  for (const auto& item : block->named_modules(block_name)) {
+    const auto* layer = dynamic_cast<const Layer*>(item.value().get());
+    if (layer != nullptr && !layer->held_apart().empty()) {
+      apart.emplace_back(item.key() + ".", layer->held_apart());
     }
   }
-  return out;
+  for (const auto& item : block->named_modules(block_name)) {
+    const std::string& prefix = item.key();
+    AxisSet apart_along;
+    for (const auto& [under, axes] : apart) {
+      if ((prefix + ".").compare(0, under.size(), under) == 0) apart_along = apart_along | axes;
+    }
+    const auto* layer = dynamic_cast<const Layer*>(item.value().get());
+    for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+      if (!seen.insert(param.value().unsafeGetTensorImpl()).second) continue;
+      Placement placement;
+      if (layer != nullptr && layer->placements().count(param.key())) {
+        placement = layer->placements().at(param.key());
+      } else {
+        placement = Placement::replicated(param.value().sizes().vec());
+      }
+      if (!apart_along.empty()) {
+        placement = held_apart(std::move(placement), apart_along, prefix + "." + param.key());
+      }
+      out.push_back(PlacedParameter{prefix + "." + param.key(), param.value(),
+                                    std::move(placement), static_cast<int>(b)});
+    }
+  }
 }
 
 std::vector<PlacedParameter> Model::placed_parameters() const {
@@ -170,7 +225,9 @@ std::vector<int> Model::holders_of(const PlacedParameter& parameter) const {
 
 void Model::find_block_reads(const at::Tensor& sample) {
   std::unordered_set<const void*> parameters;
-  for (const auto& p : all_parameters()) parameters.insert(p.tensor.unsafeGetTensorImpl());
+  const std::vector<PlacedParameter> all = all_parameters();
+  for (const auto& p : all) parameters.insert(p.tensor.unsafeGetTensorImpl());
+  const ZerosForFreed zeros_for_freed(all);
   std::vector<std::vector<const void*>> reads(blocks_.size());
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   const at::Tensor rng_state = generator.get_state();
@@ -274,13 +331,19 @@ void check_model_name(const RunConfig& config) {
   if (!problem.empty()) throw ConfigError(located(config, "model.name", problem));
 }
 
-std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory) {
+std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory,
+                                   const BlockBuilt& built) {
   check_model_name(config);
   ModelBuilder builder;
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     builder = registry().at(config.name);
   }
+  struct Scope {
+    const BlockBuilt* saved = t_block_built;
+    ~Scope() { t_block_built = saved; }
+  } scope;
+  t_block_built = &built;
   return builder(config, factory);
 }
 

@@ -48,25 +48,35 @@ void check_precision_runs(const RunConfig& config) {
   }
 }
 
-void cast_parameters(Model& model, at::ScalarType dtype) {
+void cast_parameters(const std::vector<PlacedParameter>& parameters, at::ScalarType dtype) {
   if (dtype == at::kFloat) return;
   torch::NoGradGuard no_grad;
   std::set<const void*> done;  // a tied weight is listed under each name
-  for (auto& p : model.all_parameters()) {
+  for (const auto& p : parameters) {
     if (!done.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
     if (!p.tensor.is_floating_point() || p.tensor.scalar_type() == dtype) continue;
-    p.tensor.set_data(p.tensor.detach().to(dtype));
+    at::Tensor t = p.tensor;
+    t.set_data(t.detach().to(dtype));
+  }
+}
+
+void cast_parameters(Model& model, at::ScalarType dtype) {
+  cast_parameters(model.all_parameters(), dtype);
+}
+
+void move_parameters(const std::vector<PlacedParameter>& parameters, const at::Device& device) {
+  torch::NoGradGuard no_grad;
+  std::set<const void*> done;
+  for (const auto& p : parameters) {
+    if (!done.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+    if (p.tensor.device() == device) continue;
+    at::Tensor t = p.tensor;
+    t.set_data(t.detach().to(device));
   }
 }
 
 void move_parameters(Model& model, const at::Device& device) {
-  torch::NoGradGuard no_grad;
-  std::set<const void*> done;
-  for (auto& p : model.all_parameters()) {
-    if (!done.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
-    if (p.tensor.device() == device) continue;
-    p.tensor.set_data(p.tensor.detach().to(device));
-  }
+  move_parameters(model.all_parameters(), device);
 }
 
 void LossScaler::update(bool overflow) {

@@ -209,9 +209,15 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   // Model states: the memory role's plugin holds them when there is one,
   // else the gradients role's.
   const bool memory = !q.memory.empty();
+  double built = elem * p.params;  // what the build keeps (PluginTerms::built)
+  bool built_into_place = false;
   if (const PluginTerms* t = ask(memory ? "memory" : "gradients", memory ? q.memory : q.gradients,
                                  &PluginTerms::states, missing)) {
     t->states(q, p, r.terms);
+    if (t->built != nullptr) {
+      built = t->built(q, p);
+      built_into_place = true;
+    }
   } else {
     r.terms.push_back(MemoryTerm{"model states", 0, missing});
   }
@@ -308,7 +314,11 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   }
   r.terms.push_back(
       MemoryTerm{"runtime", q.runtime_bytes, "LibTorch, MPI, plugins: " + q.runtime_source});
-  r.build_peak = q.runtime_bytes + elem * p.params + 2 * elem * p.largest;
+  r.build_peak = q.runtime_bytes + built + 2 * elem * p.largest;
+  r.build_detail = std::string("runtime + ") +
+                   (built_into_place ? "what the states' plugin keeps as it builds, one block whole"
+                                     : "local parameters whole") +
+                   " + initialisation temporaries";
   return r;
 }
 

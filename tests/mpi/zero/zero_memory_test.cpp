@@ -9,13 +9,17 @@
 // prefetched one) plus the tied embedding block that the head reads during
 // backward, and the unsharded gradient staging at two blocks.
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <mpi.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
+#include <string>
 
 #include "equivalence.h"
 #include "kolos/core/mesh.h"
+#include "kolos/core/plugin_registry.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 #include "observed_traffic.h"
@@ -108,6 +112,88 @@ TEST(ZeroMemory, Stage3FreesTheWholeParametersBetweenSteps) {
     ++at_rest;
   }
   EXPECT_GT(at_rest, 0);
+}
+
+// A /proc/self/status field ("VmRSS:", "VmHWM:") in bytes.
+int64_t status_bytes(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
+  }
+  ADD_FAILURE() << "no " << key << " in /proc/self/status";
+  return 0;
+}
+
+// VmHWM starts again from the current resident set ("5" in clear_refs).
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+TEST(ZeroMemory, Stage3BuildsTheModelIntoPlace) {
+  // Observed on the process, not on the plugin's accounting: building a
+  // 96-block GPT (about 76 MB in fp32) through zero3's placement_at_build
+  // raises this rank's peak resident memory by its rows of every parameter
+  // and about one block, never by the whole model; what setup() then keeps
+  // is exactly this rank's rows of the same model built whole.
+  const int64_t n = world_size();
+  modules::register_builtin_models();
+  const RunConfig config = testing::tiny_gpt_config(
+      {"model.layers=96", "model.hidden=128", "model.vocab=256", "parallel.zero.stage=3"});
+  MeshShape shape;
+  shape.set(Axis::kDP, n);
+  DeviceMesh mesh(testing::world_group(), shape);
+  auto factory = make_serial_layer_factory();
+  factory->setup(mesh, config);
+  PluginRegistry registry;
+  auto strategy = registry.create<GradientStrategy>("gradients", "zero3");
+  const BlockBuilt place = strategy->placement_at_build(mesh);
+  ASSERT_TRUE(place) << "zero3 builds the model whole";
+
+  malloc_trim(0);
+  const int64_t before = status_bytes("VmRSS:");
+  reset_peak_rss();
+  torch::manual_seed(7);
+  auto model = build_model(config.model, *factory, place);
+  const int64_t rise = status_bytes("VmHWM:") - before;
+
+  int64_t whole = 0;
+  std::map<int, int64_t> block_bytes;
+  for (const auto& p : model->all_parameters()) {
+    EXPECT_EQ(p.tensor.storage().nbytes(), 0u) << p.name << " kept whole after the build";
+    whole += p.tensor.numel() * 4;
+    block_bytes[p.block] += p.tensor.numel() * 4;
+  }
+  int64_t largest = 0;
+  for (const auto& [block, bytes] : block_bytes) largest = std::max(largest, bytes);
+  // This rank's rows, the block being built and its copy of them, and
+  // what the allocator keeps.
+  const int64_t bound = whole / n + 2 * largest + (16 << 20);
+  if (mesh.rank() == 0) {
+    std::printf(
+        "zero3 built into place at N=%lld: whole model %lld B, largest block %lld B, "
+        "peak RSS rose %lld B (bound %lld B)\n",
+        static_cast<long long>(n), static_cast<long long>(whole), static_cast<long long>(largest),
+        static_cast<long long>(rise), static_cast<long long>(bound));
+  }
+  EXPECT_LT(rise, bound) << "building the model held more than this rank's part of it";
+  ASSERT_LT(bound, whole) << "the model is too small to tell";
+
+  ::testing::internal::CaptureStderr();
+  strategy->setup(*model, mesh, config);
+  ::testing::internal::GetCapturedStderr();
+  torch::manual_seed(7);
+  auto reference = build_model(config.model, *factory);
+  std::map<std::string, at::Tensor> whole_of;
+  for (const auto& p : reference->all_parameters()) whole_of[p.name] = p.tensor;
+  int64_t compared = 0;
+  for (const auto& p : strategy->parameters_at_rest()) {
+    const at::Tensor& w = whole_of.at(p.name);
+    const int64_t rows = w.size(0), chunk = (rows + n - 1) / n;
+    const int64_t begin = std::min(rows, mesh.rank() * chunk);
+    const int64_t mine = std::min(rows, begin + chunk) - begin;
+    ASSERT_EQ(p.tensor.size(0), chunk) << p.name;
+    EXPECT_TRUE(at::equal(p.tensor.narrow(0, 0, mine), w.narrow(0, begin, mine))) << p.name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int64_t>(whole_of.size()));
 }
 
 TEST(ZeroMemory, StagesOrderedByWhatTheyKeep) {

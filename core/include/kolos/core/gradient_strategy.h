@@ -95,6 +95,16 @@ class GradientStrategy : public RolePlugin {
  public:
   virtual ~GradientStrategy() = default;
   virtual std::string name() const = 0;
+  // Building into place: a strategy that keeps only part of each parameter
+  // on this rank returns what takes that part from each block as the model
+  // is built (BlockBuilt, model.h), already in the run's precision and on
+  // its device, and frees the rest; setup() then finds those parameters'
+  // memory freed. Empty (the default): the model is built whole and setup()
+  // takes it from there. Called once, before the model is built.
+  virtual BlockBuilt placement_at_build(const DeviceMesh& mesh) {
+    (void)mesh;
+    return nullptr;
+  }
   virtual void setup(Model& model, const DeviceMesh& mesh, const RunConfig& config) = 0;
   virtual void zero_grad() = 0;
   // `sync`: this is the last micro-batch of the step; reduce its gradients.

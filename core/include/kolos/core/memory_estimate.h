@@ -26,10 +26,11 @@ struct MemoryEstimate {
   std::string rank;  // which rank the figures are for ("pipeline stage 0")
   // Steady-state terms, the worst rank; their sum is the training peak.
   std::vector<MemoryTerm> terms;
-  // Peak while the model is built (whole local parameters plus the largest
-  // initialisation temporary, plus the runtime); higher than training for
-  // zero3 on many ranks.
+  // Peak while the model is built (whole local parameters, or what a
+  // plugin that builds into place keeps, plus the largest initialisation
+  // temporaries, plus the runtime).
   double build_peak = 0;
+  std::string build_detail;  // what the build peak holds, for the table
   double training_peak() const;
   double peak() const;  // max(training, build)
   const MemoryTerm& largest() const;

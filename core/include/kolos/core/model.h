@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -72,6 +73,8 @@ class Model : public torch::nn::Module {
   std::vector<PlacedParameter> placed_parameters() const;
   // Every parameter of every block, ignoring any stage assignment.
   std::vector<PlacedParameter> all_parameters() const;
+  // Those of all_parameters() that block `block` owns.
+  std::vector<PlacedParameter> block_parameters(size_t block) const;
 
   // ---- pipeline parallelism -------------------------------------------------
   // `stage_of_block[b]`: the pp rank that runs block b; `stage`: this rank's.
@@ -87,7 +90,10 @@ class Model : public torch::nn::Module {
   // Which parameters each block reads: one probe forward of every block on
   // `sample` (token ids) walks each block's autograd graph back to its input
   // and collects the parameters it reaches (a block may read another's:
-  // tied weights). Needs every parameter whole; leaves the default CPU RNG
+  // tied weights). Only the graph matters, not the values: a parameter
+  // whose memory is freed (tensor_storage.h; ZeRO-3 built it sharded, or
+  // another pipeline stage holds it) reads zeros from one shared buffer
+  // during the probe and is freed again after. Leaves the default CPU RNG
   // as it found it. Also records each block's output shape for `sample`.
   void find_block_reads(const at::Tensor& sample);
   // The forward and backward passes this rank runs in one step, in order,
@@ -112,6 +118,10 @@ class Model : public torch::nn::Module {
   const std::vector<std::vector<const void*>>& block_reads() const { return block_reads_; }
 
  private:
+  // Block b's parameters not in `seen` (added to it), onto `out`.
+  void append_parameters(size_t b, std::unordered_set<const void*>& seen,
+                         std::vector<PlacedParameter>& out) const;
+
   std::vector<std::pair<std::string, LayerPtr>> blocks_;
   LossFn loss_;
   BlockHooks hooks_;
@@ -127,10 +137,19 @@ class Model : public torch::nn::Module {
 using ModelBuilder =
     std::function<std::shared_ptr<Model>(const ModelConfig& config, LayerFactory& factory)>;
 
+// Called by build_model for each block as soon as the builder adds it
+// (Model::add_block), before the builder builds the next: a role that
+// keeps only part of each parameter (ZeRO-3) takes its part there and frees
+// the rest, so that the whole model never sits in one process. `block` is
+// the new block's index in model.blocks().
+using BlockBuilt = std::function<void(Model& model, size_t block)>;
+
 // Registers a model under `name` (the modules library registers "gpt").
 void register_model(const std::string& name, ModelBuilder builder);
 // Builds `[model] name`; ConfigError listing the known models otherwise.
-std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory);
+// `built`, when given, sees each block as it is added (BlockBuilt).
+std::shared_ptr<Model> build_model(const ModelConfig& config, LayerFactory& factory,
+                                   const BlockBuilt& built = nullptr);
 std::vector<std::string> registered_models();
 // ConfigError unless a model named config.name is registered.
 void check_model_name(const ModelConfig& config);

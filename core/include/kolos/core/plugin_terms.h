@@ -138,6 +138,11 @@ struct PluginTerms {
   // layers, sequence: "" when the plugin runs `layout`, else why not (the
   // planner's reason for dropping the candidates that have it).
   std::string (*layout_problem)(const LayoutQuery& layout) = nullptr;
+  // gradients, memory: what a rank holds once the model is built, when the
+  // plugin takes its part of each block as it is built (bytes; the build
+  // peak adds the initialisation's temporaries and the runtime). Without
+  // it every local parameter is built whole.
+  double (*built)(const MemoryQuery&, const RankPiece&) = nullptr;
 };
 
 // Registers `terms` (at load, through KOLOS_PLUGIN_TERMS); a second
@@ -161,9 +166,11 @@ struct RankMemory {
   std::string rank;               // "every rank", "pipeline stage 3"
   std::vector<MemoryTerm> terms;  // the training peak is their sum
   double states = 0;              // of which the model states' terms
-  // Building: every local parameter whole, plus the initialisation's
-  // temporary of the largest global tensor, plus the runtime.
+  // Building: every local parameter whole (or what the states' plugin
+  // keeps of them, PluginTerms::built), plus the initialisation's
+  // temporaries of the largest global tensor, plus the runtime.
   double build_peak = 0;
+  std::string build_detail;     // what the build peak holds, for the table
   double model_parameters = 0;  // the whole model, every rank together
   double training_peak() const;
   double peak() const;  // max(training, build)

@@ -26,13 +26,17 @@ at::ScalarType precision_dtype(const RunConfig& config);
 // and what works.
 void check_precision_runs(const RunConfig& config);
 
-// Every parameter of `model` converted to `dtype` in place (Tensor::set_data:
-// the tensors keep their identity, so tied weights stay tied).
+// Every parameter of `model` (or of one block, as the model is built)
+// converted to `dtype` in place (Tensor::set_data: the tensors keep their
+// identity, so tied weights stay tied).
 void cast_parameters(Model& model, at::ScalarType dtype);
+void cast_parameters(const std::vector<PlacedParameter>& parameters, at::ScalarType dtype);
 
-// Every parameter of `model` moved to `device` in place, the same way (tied
-// weights stay tied; gradients are made on the device by backward).
+// Every parameter of `model` (or of one block) moved to `device` in place,
+// the same way (tied weights stay tied; gradients are made on the device by
+// backward).
 void move_parameters(Model& model, const at::Device& device);
+void move_parameters(const std::vector<PlacedParameter>& parameters, const at::Device& device);
 
 // Dynamic loss scaling as torch.cuda.amp.GradScaler does it: multiply the
 // loss by scale() before backward; after an overflow-free step, count it,
