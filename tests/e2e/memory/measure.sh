@@ -17,6 +17,7 @@
 # 5 steps each: malloc's heap fragments over the first steps and the peak
 # RSS grows with it before it settles (2 steps read up to 8% low).
 write_memory_configs() {
+  mkdir -p nvme
   cat >states.toml <<'TOML'
 [model]
 layers = 4
@@ -106,6 +107,9 @@ memory_heldout_runs=(
   "long-ulysses2-zero2|long.toml|--set parallel.sequence.size=2 --set parallel.zero.stage=2"
   "long-llama-megatron2|long.toml|--set model.name=\"llama\" --set model.kv_heads=2 --set parallel.tensor.size=2 --set parallel.sequence.mode=\"megatron\""
   "long-mixtral-ep2|long.toml|--set model.name=\"mixtral\" --set model.experts=4 --set model.top_k=2 --set parallel.expert.size=2"
+  # [memory]: the states in chunks on NVMe under a budget of a quarter of
+  # them (write_memory_configs makes ./nvme).
+  "wide-chunks-nvme|wide.toml|--set memory.compute_budget=\"200MiB\" --set memory.offload=\"nvme\" --set memory.nvme_dir=\"nvme\""
 )
 
 # measure_memory NAME RANKS CONFIG [OVERRIDES...]: runs CONFIG on RANKS
