@@ -89,6 +89,15 @@ void BlockwiseZero::setup(Model& model, const DeviceMesh& mesh, const RunConfig&
                                                 [this, i] { on_grad_ready(i); }));
   }
   find_block_uses(config);
+  // Reuse keeps up to four rank-major buffers of the largest group: its
+  // gather buffer, its parameters and its gradient staging, and the
+  // prefetched group's gather.
+  for (const auto& g : groups_) {
+    if (g.slots.empty()) continue;
+    const int64_t bytes = domains_[g.domain].ranks * g.shard_numel *
+                          static_cast<int64_t>(g.shard_params.element_size());
+    reuse_.limit = std::max(reuse_.limit, 4 * bytes);
+  }
   for (auto& b : blocks_) b.state = GatherState::kGathered;
   free_all_groups();
   gathered_now_ = gathered_peak_ = 0;
@@ -128,7 +137,7 @@ void BlockwiseZero::on_grad_ready(size_t index) {
   if (grad.defined()) {
     if (!b.staging.defined()) {
       const ShardGroup& g = groups_[s.group];
-      b.staging = torch::zeros({domains_[g.domain].ranks * g.shard_numel}, grad.options());
+      b.staging = take_buffer(domains_[g.domain].ranks * g.shard_numel, grad.options()).zero_();
       track(staging_now_, staging_peak_, bytes_of(b.staging));
     }
     scatter_rows(s, grad, b.staging);
@@ -152,7 +161,7 @@ void BlockwiseZero::launch_ready(bool force) {
       if (!force && b.pending > 0) break;
       const Domain& d = domains_[g.domain];
       if (!b.staging.defined()) {  // no gradient reached this block: reduce zeros
-        b.staging = torch::zeros({d.ranks * g.shard_numel}, g.shard_grads.options());
+        b.staging = take_buffer(d.ranks * g.shard_numel, g.shard_grads.options()).zero_();
         track(staging_now_, staging_peak_, bytes_of(b.staging));
       }
       // train.reduce_dtype = "fp32": the bf16/fp16 staging widened for the
@@ -176,6 +185,7 @@ void BlockwiseZero::complete_oldest() {
   torch::NoGradGuard no_grad;
   groups_[r.group].shard_grads.add_(r.output);
   track(staging_now_, staging_peak_, -bytes_of(r.input));
+  give_buffer(r.input);
 }
 
 void BlockwiseZero::close_micro_batch() {
@@ -274,7 +284,7 @@ void BlockwiseZero::start_gather(size_t index, bool ahead) {
   Block& b = blocks_[index];
   if (g.slots.empty() || b.state != GatherState::kFree) return;
   const Domain& d = domains_[g.domain];
-  b.gather_out = torch::empty({d.ranks * g.shard_numel}, g.shard_params.options());
+  b.gather_out = take_buffer(d.ranks * g.shard_numel, g.shard_params.options());
   gather_stats_.bytes += bytes_of(b.gather_out);
   if (ahead) gather_stats_.bytes_ahead += bytes_of(b.gather_out);
   track(gathered_now_, gathered_peak_, bytes_of(b.gather_out));
@@ -295,12 +305,12 @@ void BlockwiseZero::finish_gather(size_t index) {
   torch::NoGradGuard no_grad;
   for (size_t i : g.slots) {
     Slot& s = slots_[i];
-    allocate_storage(s.param.tensor);
+    allocate_reused(s.param.tensor);
     track(gathered_now_, gathered_peak_, s.bytes());
     gather_rows(s, b.gather_out, alias_of(s.param.tensor));
   }
   track(gathered_now_, gathered_peak_, -bytes_of(b.gather_out));
-  b.gather_out = at::Tensor();
+  give_buffer(b.gather_out);
   b.state = GatherState::kGathered;
 }
 
@@ -311,14 +321,61 @@ void BlockwiseZero::free_group(size_t index) {
     b.gather_work->wait();  // its buffer is in use until then
     b.gather_work.reset();
     track(gathered_now_, gathered_peak_, -bytes_of(b.gather_out));
-    b.gather_out = at::Tensor();
+    give_buffer(b.gather_out);
   } else if (b.state == GatherState::kGathered) {
     for (size_t i : g.slots) {
-      free_storage(slots_[i].param.tensor);
+      free_reused(slots_[i].param.tensor);
       track(gathered_now_, gathered_peak_, -slots_[i].bytes());
     }
   }
   b.state = GatherState::kFree;
+}
+
+at::DataPtr BlockwiseZero::Reuse::take(size_t bytes, c10::Allocator* allocator) {
+  auto it = free.find(bytes);
+  if (it == free.end() || it->second.empty()) return allocator->allocate(bytes);
+  at::DataPtr data = std::move(it->second.back());
+  it->second.pop_back();
+  kept -= static_cast<int64_t>(bytes);
+  return data;
+}
+
+void BlockwiseZero::Reuse::give(size_t bytes, at::DataPtr data) {
+  if (!data || kept + static_cast<int64_t>(bytes) > limit) return;  // freed here
+  kept += static_cast<int64_t>(bytes);
+  free[bytes].push_back(std::move(data));
+}
+
+void BlockwiseZero::allocate_reused(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  s->set_data_ptr_noswap(reuse_.take(nbytes, s->allocator()));
+  s->set_nbytes(nbytes);
+}
+
+void BlockwiseZero::free_reused(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = s->nbytes();
+  at::DataPtr data = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+  reuse_.give(nbytes, std::move(data));
+}
+
+at::Tensor BlockwiseZero::take_buffer(int64_t numel, const at::TensorOptions& options) {
+  const size_t nbytes =
+      static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType());
+  c10::Allocator* allocator = c10::GetAllocator(options.device().type());
+  at::DataPtr data = reuse_.take(nbytes, allocator);
+  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                       std::move(data), allocator, false);
+  return at::empty({0}, options).set_(at::Storage(std::move(storage)), 0, {numel}, {1});
+}
+
+void BlockwiseZero::give_buffer(at::Tensor& t) {
+  if (t.defined() && t.use_count() == 1 && t.storage().use_count() == 1) {
+    free_reused(t);
+  }
+  t = at::Tensor();
 }
 
 void BlockwiseZero::free_all_groups() {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -79,6 +80,28 @@ class BlockwiseZero : public ZeroStrategy {
   void free_group(size_t group);
   void free_all_groups();
 
+  // Memory of gathers and reductions, kept for the next one of the same
+  // size rather than handed back to malloc. A step gathers every block
+  // twice and stages its gradients once, buffers of up to tens of MiB
+  // freed in another order than they were taken, which fragments glibc's
+  // heap (FSDP leaves this to the CUDA caching allocator; zero.md has the
+  // peaks with and without). It keeps at most four rank-major buffers of
+  // the largest group (set-up sizes it).
+  struct Reuse {
+    std::map<size_t, std::vector<at::DataPtr>> free;  // by bytes
+    int64_t kept = 0, limit = 0;                      // bytes
+    at::DataPtr take(size_t bytes, c10::Allocator* allocator);
+    void give(size_t bytes, at::DataPtr data);
+  };
+  // A parameter's storage from / back to reuse_ (as allocate_storage and
+  // free_storage, tensor_storage.h).
+  void allocate_reused(const at::Tensor& t);
+  void free_reused(const at::Tensor& t);
+  // A flat buffer of `numel` elements (uninitialised) from reuse_, and back.
+  at::Tensor take_buffer(int64_t numel, const at::TensorOptions& options);
+  void give_buffer(at::Tensor& t);
+
+  Reuse reuse_;
   bool reshard_after_forward_ = true;
   std::vector<Block> blocks_;
   size_t next_launch_ = 0;  // groups launch last to first: group size-1-next_launch_
