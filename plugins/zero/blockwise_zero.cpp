@@ -349,7 +349,8 @@ void BlockwiseZero::Reuse::give(size_t bytes, at::DataPtr data) {
 void BlockwiseZero::allocate_reused(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  s->set_data_ptr_noswap(reuse_.take(nbytes, s->allocator()));
+  s->set_data_ptr_noswap(s->device().is_cpu() ? reuse_.take(nbytes, s->allocator())
+                                              : s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
 }
 
@@ -358,10 +359,13 @@ void BlockwiseZero::free_reused(const at::Tensor& t) {
   const size_t nbytes = s->nbytes();
   at::DataPtr data = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
   s->set_nbytes(0);
-  reuse_.give(nbytes, std::move(data));
+  // Device memory goes back to its caching allocator, which reuses it
+  // knowing which streams still use it; only host memory is kept here.
+  if (data.device().is_cpu()) reuse_.give(nbytes, std::move(data));
 }
 
 at::Tensor BlockwiseZero::take_buffer(int64_t numel, const at::TensorOptions& options) {
+  if (!options.device().is_cpu()) return torch::empty({numel}, options);  // see free_reused
   const size_t nbytes =
       static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType());
   c10::Allocator* allocator = c10::GetAllocator(options.device().type());

@@ -86,7 +86,8 @@ class BlockwiseZero : public ZeroStrategy {
   // freed in another order than they were taken, which fragments glibc's
   // heap (FSDP leaves this to the CUDA caching allocator; zero.md has the
   // peaks with and without). It keeps at most four rank-major buffers of
-  // the largest group (set-up sizes it).
+  // the largest group (set-up sizes it), and host memory only: on a GPU the
+  // caching allocator reuses device memory, knowing which streams use it.
   struct Reuse {
     std::map<size_t, std::vector<at::DataPtr>> free;  // by bytes
     int64_t kept = 0, limit = 0;                      // bytes

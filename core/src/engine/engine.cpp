@@ -238,7 +238,8 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
       torch::manual_seed(config_.train.seed);
       // Initialised in fp32 (the same values as an fp32 run), then rounded
       // and moved: block by block as they are built when the strategy takes
-      // its part of each (ZeRO-3), else once the model is whole.
+      // its part of each then (placement_at_build), else once the model is
+      // whole.
       const at::ScalarType dtype = precision_dtype(config_);
       const BlockBuilt place = gradients_->placement_at_build(*mesh_);
       BlockBuilt built;
