@@ -138,6 +138,16 @@ TOML
       "$KOLOS" train states.toml --set memory.offload=\"nvme\" --set memory.nvme_dir=\"/proc\"
     expect_failure "memory.offload.*needs memory.nvme_dir" -- \
       "$KOLOS" check states.toml --set memory.offload=\"nvme\"
+    # The file that holds the model while it is built (memory.md, "Memory
+    # used"): a directory it cannot be created in, and one too small for
+    # the model's 57 MiB, each a tmpfs in a mount namespace of the run's own.
+    mkdir -p ro small
+    expect_failure "memory \(chunks\): cannot create the file that holds the model while it is built, in ro: Read-only file system" -- \
+      unshare --mount bash -c 'mount -t tmpfs -o ro,size=1m tmpfs ro && exec "$0" "$@"' \
+      "$KOLOS" train states.toml --set memory.offload=\"nvme\" --set memory.nvme_dir=\"ro\"
+    expect_failure "memory \(chunks\): writing the model as it is built to a file in small failed after [0-9]+ bytes: No space left on device" -- \
+      unshare --mount bash -c 'mount -t tmpfs -o size=1m tmpfs small && exec "$0" "$@"' \
+      "$KOLOS" train states.toml --set memory.offload=\"nvme\" --set memory.nvme_dir=\"small\"
     ;;
   *) fail "unknown case $case_name" ;;
 esac
