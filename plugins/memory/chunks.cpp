@@ -97,7 +97,7 @@ void ChunkedMemory::setup(Model& model, const DeviceMesh& mesh, const RunConfig&
 
 BlockBuilt ChunkedMemory::placement_at_build(const DeviceMesh& mesh) {
   (void)mesh;
-  return [this](Model& model, size_t block) { spill_block(model.block_parameters(block)); };
+  return [this](const std::vector<PlacedParameter>& parameters) { spill_block(parameters); };
 }
 
 void ChunkedMemory::spill_block(const std::vector<PlacedParameter>& parameters) {

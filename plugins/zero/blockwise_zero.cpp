@@ -61,8 +61,8 @@ void BlockwiseZero::configure(const PluginContext& context) {
 }
 
 BlockBuilt BlockwiseZero::placement_at_build(const DeviceMesh& mesh) {
-  return [this, &mesh](Model& model, size_t block) {
-    keep_built_rows(model.block_parameters(block), mesh);
+  return [this, &mesh](const std::vector<PlacedParameter>& parameters) {
+    keep_built_rows(parameters, mesh);
   };
 }
 

@@ -244,11 +244,10 @@ Engine::Engine(RunConfig config, comm::ProcessGroupPtr world, DataFactory make_d
       const BlockBuilt place = gradients_->placement_at_build(*mesh_);
       BlockBuilt built;
       if (place) {
-        built = [&](Model& model, size_t block) {
-          const std::vector<PlacedParameter> parameters = model.block_parameters(block);
+        built = [&](const std::vector<PlacedParameter>& parameters) {
           cast_parameters(parameters, dtype);
           if (device_.is_cuda()) move_parameters(parameters, device_);
-          place(model, block);
+          place(parameters);
         };
       }
       model_ = build_model(config_.model, *factory_, built);

@@ -74,7 +74,9 @@ void Model::add_block(const std::string& name, LayerPtr block, bool repeated) {
   blocks_.emplace_back(name, std::move(block));
   repeated_.push_back(repeated);
   recompute_.push_back(false);
-  if (t_block_built != nullptr && *t_block_built) (*t_block_built)(*this, blocks_.size() - 1);
+  if (t_block_built != nullptr && *t_block_built) {
+    (*t_block_built)(block_parameters(blocks_.size() - 1));
+  }
 }
 
 void Model::set_recompute(const std::string& mode, int64_t every) {

@@ -137,12 +137,12 @@ class Model : public torch::nn::Module {
 using ModelBuilder =
     std::function<std::shared_ptr<Model>(const ModelConfig& config, LayerFactory& factory)>;
 
-// Called by build_model for each block as soon as the builder adds it
-// (Model::add_block), before the builder builds the next: a role that
-// keeps only part of each parameter (ZeRO-3) takes its part there and frees
-// the rest, so that the whole model never sits in one process. `block` is
-// the new block's index in model.blocks().
-using BlockBuilt = std::function<void(Model& model, size_t block)>;
+// Called by build_model with each block's parameters (Model::block_parameters)
+// as soon as the builder adds the block (Model::add_block), before the
+// builder builds the next: a role that keeps only part of each parameter
+// (ZeRO-3) takes its part there and frees the rest, so that the whole model
+// never sits in one process.
+using BlockBuilt = std::function<void(const std::vector<PlacedParameter>& parameters)>;
 
 // Registers a model under `name` (the modules library registers "gpt").
 void register_model(const std::string& name, ModelBuilder builder);
