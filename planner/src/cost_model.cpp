@@ -31,134 +31,43 @@ constexpr double kProductsPerBlock = 6;
 struct Comm {
   double fwd = 0, bwd = 0;  // seconds on the critical path
   double bytes = 0;         // sent by one rank, forward and backward
+  double fwd_bytes = 0;     // of which in the forward pass
 };
 
-// One block's tensor-parallel traffic under the grid modes, term by term as
-// tests/support/tp_volume.h counts it (a differentiable gather or scatter
-// costs its forward twice: the backward is the opposite collective).
-Comm grid_block(const Machine& mach, const ModelShape& m, const Candidate& c, double e) {
-  const int64_t tp = c.tp;
-  int64_t q = 1;
-  const auto grid = [&](int64_t x) {
-    return c.tp_mode == TpMode::k2D     ? x * x
-           : c.tp_mode == TpMode::k2p5D ? x * x * c.tp_depth
-                                        : x * x * x;
-  };
-  while (grid(q) < tp) ++q;
-  const bool three = c.tp_mode == TpMode::k3D;
-  const int64_t nb = c.tp_mode == TpMode::k2D     ? q
-                     : c.tp_mode == TpMode::k2p5D ? q * c.tp_depth
-                                                  : q * q;
-  // Strides of the sub-groups inside the tp block (row-major grid, last
-  // dimension fastest): 2d/2.5d: F over j (1), B over the rest (q).
-  // 3d (i, j, l): l 1, j q, i q².
-  const int64_t sF = 1, sB = q;
-  const double b = static_cast<double>(c.micro_batch), s = static_cast<double>(m.seq_len);
-  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn());
-  const double dq = static_cast<double>(q), dnb = static_cast<double>(nb);
-  Comm out;
-  double t = 0;
-  const Sync sync{SyncPattern::kGrid, tp};
-  auto gather2 = [&](double local, int64_t n, int64_t stride) {
-    t += 2 * collective_time(mach, Collective::kAllGather, static_cast<double>(n) * local * e, n,
-                             stride, 0, sync);
-    out.bytes += 2 * static_cast<double>(n - 1) * local * e;
-  };
-  auto scatter2 = [&](double input, int64_t n, int64_t stride) {
-    t += 2 * collective_time(mach, Collective::kReduceScatter, input * e, n, stride, 0, sync);
-    out.bytes += 2 * static_cast<double>(n - 1) / static_cast<double>(n) * input * e;
-  };
-  auto all_reduce = [&](double numel, int64_t n, int64_t stride) {
-    t += collective_time(mach, Collective::kAllReduce, numel * e, n, stride, 0, sync);
-    out.bytes += 2 * static_cast<double>(n - 1) / static_cast<double>(n) * numel * e;
-  };
-  const double rows = b / dnb * s;
-  auto linear = [&](double in, double outw, bool input_ready) {
-    if (!three) {
-      if (!input_ready) gather2(rows * in / dq, q, sF);
-      gather2(std::ceil(outw / dq / dnb) * in, nb, sB);
-      gather2(std::ceil(outw / dq / dnb), nb, sB);
-    } else {
-      if (!input_ready) gather2(b / (dq * dq) * s * in / dq, q, q);
-      gather2(std::ceil(outw / dq / dq) * in / dq, q, q * q);
-      scatter2(b / dq * s * outw / dq, q, 1);
-      gather2(std::ceil(outw / (dq * dq)), q * q, 1);
-    }
-  };
-  auto norm = [&](double dim) {
-    for (int i = 0; i < 4; ++i) all_reduce(rows, q, sF);
-    gather2(std::ceil(dim / dq / dnb), nb, sB);
-    gather2(std::ceil(dim / dq / dnb), nb, sB);
-  };
-  norm(h);
-  if (!three) {
-    gather2(rows * h / dq, q, sF);
-  } else {
-    gather2(b / (dq * dq) * s * h / dq, q, q);
-  }
-  for (int i = 0; i < 3; ++i) linear(h, h, true);
-  linear(h, h, false);
-  norm(h);
-  linear(h, f, false);
-  linear(f, h, false);
-  out.fwd = t / 2;
-  out.bwd = t / 2;
-  return out;
+double call_time(const Machine& mach, const CollectiveCall& c) {
+  return c.count * collective_time(mach, c.op, c.bytes, c.n, c.stride, 0, Sync{c.sync, c.span});
 }
 
-// The sequence plugin's traffic per block and micro-batch
-// (docs/sequence-parallel.md); ring hops overlap the attention they feed.
-Comm sequence_block(const Machine& mach, const ModelShape& m, const Candidate& c, double e,
-                    double attention_fwd) {
+// The calls of `site` timed, by pass. A call that hides behind the
+// attention core it feeds (a ring's hop) costs what exceeds
+// `attention_fwd` (backward: twice it); kPass calls are left to the caller,
+// in `*pass_fwd` and `*pass_bwd`.
+Comm price(const Machine& mach, const std::vector<CollectiveCall>& calls, CallSite site,
+           double attention_fwd = 0, double* pass_fwd = nullptr, double* pass_bwd = nullptr) {
   Comm out;
-  if (c.sp <= 1) return out;
-  const double X = e * static_cast<double>(c.micro_batch) * static_cast<double>(m.seq_len) /
-                   static_cast<double>(c.sp) * static_cast<double>(m.hidden) /
-                   static_cast<double>(c.tp);
-  auto ulysses = [&](int64_t a, int64_t stride) {
-    if (a <= 1) return;
-    const double t = collective_time(mach, Collective::kAllToAll, 3 * X, a, stride) +
-                     collective_time(mach, Collective::kAllToAll, X, a, stride);
-    out.fwd += t;
-    out.bwd += t;
-    out.bytes += 2 * 4 * X * static_cast<double>(a - 1) / static_cast<double>(a);
-  };
-  auto ring = [&](int64_t r, int64_t stride) {
-    if (r <= 1) return;
-    // A hop to the ring's neighbour; the slowest hop (across domains when
-    // the ring spans them) paces every step.
-    auto hop = [&](double bytes) {
-      return collective_time(mach, Collective::kSendRecv, bytes, r, stride, 0,
-                             Sync{SyncPattern::kRing, r});
-    };
-    const double dr = static_cast<double>(r);
-    const double fwd = (dr - 1) * hop(2 * X);
-    const double bwd = (dr - 1) * hop(2 * X) + dr * hop(2 * X * 4 / e);
-    out.fwd += std::max(0.0, fwd - attention_fwd);
-    out.bwd += std::max(0.0, bwd - 2 * attention_fwd);
-    out.bytes += 2 * (dr - 1) * 2 * X + dr * 2 * X * 4 / e;
-  };
-  switch (c.sp_mode) {
-    case SpMode::kUlysses:
-      ulysses(c.sp, c.tp);
-      break;
-    case SpMode::kRing:
-      ring(c.sp, c.tp);
-      break;
-    case SpMode::kHybrid:
-      ulysses(c.ulysses, c.tp);
-      ring(c.sp / c.ulysses, c.tp * c.ulysses);
-      break;
-    default:
-      break;
+  double behind_f = 0, behind_b = 0;
+  for (const CollectiveCall& c : calls) {
+    if (c.site != site) continue;
+    const double t = call_time(mach, c);
+    out.bytes += c.sent();
+    if (!c.backward) out.fwd_bytes += c.sent();
+    if (c.hides == Hides::kAttention) {
+      (c.backward ? behind_b : behind_f) += t;
+    } else if (c.hides == Hides::kPass && pass_fwd != nullptr) {
+      *(c.backward ? pass_bwd : pass_fwd) += t;
+    } else {
+      (c.backward ? out.bwd : out.fwd) += t;
+    }
   }
+  out.fwd += std::max(0.0, behind_f - attention_fwd);
+  out.bwd += std::max(0.0, behind_b - 2 * attention_fwd);
   return out;
 }
 
 // One block's forward and backward arithmetic for one micro-batch on one
 // rank of candidate c (its tensor and sequence split), by the rates.
-void block_times(const Workload& w, const Machine& mach, const Candidate& c, double* fwd,
-                 double* bwd) {
+void block_times(const Workload& w, const Machine& mach, const Candidate& c, const MemoryQuery& q,
+                 double* fwd, double* bwd) {
   const ModelShape& m = w.model;
   const MachineRates& R = mach.rates;
   const double e = w.element_bytes();
@@ -166,7 +75,6 @@ void block_times(const Workload& w, const Machine& mach, const Candidate& c, dou
   const double b = static_cast<double>(c.micro_batch), s = static_cast<double>(m.seq_len);
   const double h = static_cast<double>(m.hidden);
   const double split = tp * sp;
-  const bool megatron = c.sp_mode == SpMode::kMegatron;
   const BlockFlops fl = block_forward_flops(m, b);
   const double gemm_f = fl.gemm / split / R.gemm_rate(fl.gemm / split / kProductsPerBlock) +
                         kOpsPerBlock * R.op_seconds;
@@ -175,7 +83,9 @@ void block_times(const Workload& w, const Machine& mach, const Candidate& c, dou
   const double norms_bytes = e * 10 * bsh;
   const double softmax_bytes = e * 4 * b * static_cast<double>(m.heads) * s * s;
   const double wide_bytes = e * 2 * b * s * static_cast<double>(m.ffn());
-  const double norm_split = c.tp_mode == TpMode::k1D && !megatron ? sp : split;
+  // The norms and the residual stream split as the tensors at the block's
+  // boundary do.
+  const double norm_split = sp * boundary_split(q);
   const double elem_f =
       (norms_bytes / norm_split + (softmax_bytes + wide_bytes) / split) / R.elementwise_bytes;
   *fwd = gemm_f + att_f + elem_f;
@@ -199,7 +109,7 @@ double block_seconds(const ModelShape& m, const MachineRates& rates, double b, d
   Candidate c;
   c.micro_batch = static_cast<int64_t>(b);
   double f = 0, bw = 0;
-  block_times(w, Machine{cluster, r}, c, &f, &bw);
+  block_times(w, Machine{cluster, r}, c, memory_query(w, c), &f, &bw);
   return f + bw;
 }
 
@@ -212,13 +122,14 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   const double b = static_cast<double>(c.micro_batch), s = static_cast<double>(m.seq_len);
   const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
   const double split = tp * sp;
-  const bool megatron = c.sp_mode == SpMode::kMegatron;
-  const double tokens = s / sp;  // positions per rank outside attention (megatron: sp = 1)
+  const double tokens = s / sp;  // positions per rank outside attention
+  // The run as its plugins see it: they say what they send.
+  const MemoryQuery q = memory_query(w, c);
 
   // One block, one micro-batch: arithmetic (block_times), scaled by the
   // calibration's measured block factor.
   double block_f = 0, block_b = 0;
-  block_times(w, mach, c, &block_f, &block_b);
+  block_times(w, mach, c, q, &block_f, &block_b);
   // The fixed part: a third forward, two thirds backward, as the arithmetic.
   block_f = block_f * R.block_factor + R.block_fixed / 3;
   block_b = block_b * R.block_factor + 2 * R.block_fixed / 3;
@@ -234,22 +145,12 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   const bool shared = R.cores > 0 && R.cores < node_ranks;
   const double overlap = shared ? 0.0 : kReductionOverlap;
 
-  // One block, one micro-batch: tensor- and sequence-parallel traffic.
-  Comm tpc;
-  if (c.tp > 1) {
-    if (c.tp_mode == TpMode::k1D) {
-      // Two all-reduces of [b, s, h] forward, two backward (megatron: an
-      // all-gather and a reduce-scatter in place of each, the same bytes).
-      const double X = e * bsh;
-      const double t = collective_time(mach, Collective::kAllReduce, X, c.tp, 1);
-      tpc.fwd = 2 * t;
-      tpc.bwd = 2 * t;
-      tpc.bytes = 4 * 2 * (tp - 1) / tp * X;
-    } else {
-      tpc = grid_block(mach, m, c, e);
-    }
-  }
-  const Comm spc = sequence_block(mach, m, c, e, shared ? 0.0 : att_f);
+  // One block, one micro-batch: the layers' and the sequence plugin's
+  // traffic (a ring's hops hide behind the attention they feed).
+  const std::vector<CollectiveCall> tp_calls = plugin_traffic(q.layers, q);
+  const std::vector<CollectiveCall> sp_calls = plugin_traffic(q.sequence, q);
+  const Comm tpc = price(mach, tp_calls, CallSite::kBlock);
+  const Comm spc = price(mach, sp_calls, CallSite::kBlock, shared ? 0.0 : att_f);
   if (c.recompute == Recompute::kFull) {
     block_b += block_f;
   } else if (c.recompute == Recompute::kSelective) {
@@ -259,9 +160,13 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   double block_bytes_tp = tpc.bytes, block_bytes_sp = spc.bytes;
   if (c.recompute == Recompute::kFull) {
     comm_b += tpc.fwd + spc.fwd;  // the recomputed forward's collectives
-    block_bytes_tp += tpc.bytes / 2;
-    block_bytes_sp += spc.bytes / 2;
+    block_bytes_tp += tpc.fwd_bytes;
+    block_bytes_sp += spc.fwd_bytes;
   }
+  // The layers' calls at the embedding (forward, the first stage) and the
+  // head (the last).
+  const Comm embedding_c = price(mach, tp_calls, CallSite::kEmbedding);
+  const Comm head_c = price(mach, tp_calls, CallSite::kHead);
 
   // Virtual stages: blocks, the embedding on the first, the logits on the last.
   const int64_t S = c.pp * c.chunks;
@@ -270,46 +175,31 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   const double head_f = R.block_factor * (logit / R.gemm_rate(logit) +
                                           (e * 3 + 12) * b * tokens * V / tp / R.elementwise_bytes);
   const double embed_f = 3 * e * b * tokens * h / R.elementwise_bytes;
-  const int64_t grad_group = c.dp * c.sp;  // the gradients role's dp x sp, stride tp
-  const double gN = static_cast<double>(grad_group);
   std::vector<StageTimes> stages(S);
   std::vector<double> arith_f(S), arith_b(S), params(S);
-  double zero_bytes_micro = 0;  // zero2/3: sent per micro-batch, all stages of this rank
+  double grad_bytes_micro = 0;  // the gradients plugin's, per micro-batch, the first rank's stages
   for (int64_t vs = 0; vs < S; ++vs) {
     double af = nb * block_f, ab = nb * block_b, cf = nb * comm_f, cb = nb * comm_b;
     double p = nb * m.block_params() / tp;
     if (vs == 0) {
       af += embed_f;
       p += m.embedding_params() / tp;
-      if (c.tp > 1 && c.tp_mode == TpMode::k1D) {
-        cf += collective_time(mach, Collective::kAllReduce, e * bsh, c.tp, 1);
-      }
+      cf += embedding_c.fwd, cb += embedding_c.bwd;
     }
     if (vs == S - 1) {
       af += head_f;
       ab += 2 * head_f;
       p += m.head_params() / tp + (S > 1 ? V * h / tp : 0);
-      if (c.tp > 1 && c.tp_mode == TpMode::k1D) {
-        cb += collective_time(mach, Collective::kAllReduce, e * bsh, c.tp, 1);
-      }
+      cf += head_c.fwd, cb += head_c.bwd;
     }
-    // ZeRO-2: a reduce-scatter of the stage's gradients per micro-batch;
-    // ZeRO-3 also gathers the parameters before forward and backward. Each
-    // hides behind its pass up to kReductionOverlap.
-    if (c.zero >= 2 && grad_group > 1) {
-      const double X = e * p;
-      const double rs = collective_time(mach, Collective::kReduceScatter, X, grad_group, c.tp);
-      double gf = 0, gb = rs;
-      zero_bytes_micro += (gN - 1) / gN * X;
-      if (c.zero == 3) {
-        const double ag = collective_time(mach, Collective::kAllGather, X, grad_group, c.tp);
-        gf += ag;
-        gb += ag;
-        zero_bytes_micro += 2 * (gN - 1) / gN * X;
-      }
-      cf += std::max(0.0, gf - overlap * (af + cf));
-      cb += std::max(0.0, gb - overlap * (ab + cb));
-    }
+    // The gradients plugin's calls per micro-batch over the stage's
+    // parameters (ZeRO-2's reduce-scatter, ZeRO-3's gathers): each hides
+    // behind its pass up to kReductionOverlap.
+    double gf = 0, gb = 0;
+    const Comm g = price(mach, gradient_traffic(q, e * p), CallSite::kMicroBatch, 0, &gf, &gb);
+    if (vs % c.pp == 0) grad_bytes_micro += g.bytes;
+    cf += g.fwd + std::max(0.0, gf - overlap * (af + cf));
+    cb += g.bwd + std::max(0.0, gb - overlap * (ab + cb));
     arith_f[vs] = af;
     arith_b[vs] = ab;
     params[vs] = p;
@@ -323,7 +213,7 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   }
 
   // Pipeline transfers: one activation per micro-batch and boundary each way.
-  const double X_pp = e * b * tokens * h / (c.tp_mode != TpMode::k1D || megatron ? tp : 1);
+  const double X_pp = e * b * tokens * h / boundary_split(q);
   const int64_t pp_stride = c.dp * c.sp * c.tp;
   const double t_pp =
       c.pp > 1 ? collective_time(mach, Collective::kSendRecv, X_pp, 2, pp_stride) : 0;
@@ -380,31 +270,15 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
     }
   }
 
-  // dp / ZeRO after the step's last backward (rank 0 holds the most: the embedding).
+  // The gradients plugin's calls after the step's last backward, over the
+  // first rank's parameters (it holds the most: the embedding).
   const double Xg = e * params_rank0;
-  double dp_exposed = 0, dp_bytes = 0;
-  if (grad_group > 1) {
-    const double ar = collective_time(mach, Collective::kAllReduce, Xg, grad_group, c.tp);
-    const double ag = collective_time(mach, Collective::kAllGather, Xg, grad_group, c.tp);
-    const double hide = overlap * backward_rank0;
-    switch (c.zero) {
-      case 0:
-        dp_exposed = std::max(0.0, ar - hide);
-        dp_bytes = 2 * (gN - 1) / gN * Xg;
-        break;
-      case 1:
-        dp_exposed = std::max(0.0, ar - hide) + ag;
-        dp_bytes = 3 * (gN - 1) / gN * Xg;
-        break;
-      case 2:
-        dp_exposed = ag;
-        dp_bytes = (gN - 1) / gN * Xg + M * zero_bytes_micro;
-        break;
-      default:
-        dp_bytes = M * zero_bytes_micro;
-    }
-  }
-  const double opt_params = params_rank0 / (c.zero >= 1 ? gN : 1.0);
+  double hidden = 0, unused = 0;
+  const Comm step_c = price(mach, gradient_traffic(q, Xg), CallSite::kStep, 0, &unused, &hidden);
+  const double dp_exposed =
+      step_c.fwd + step_c.bwd + unused + std::max(0.0, hidden - overlap * backward_rank0);
+  const double dp_bytes = step_c.bytes + M * grad_bytes_micro;
+  const double opt_params = params_rank0 * optimizer_share(q);
   const double optimizer =
       (1 - c.offload) * opt_params * optimizer_bytes_per_param(e) / R.elementwise_bytes;
   const double off_params = c.offload * params_rank0;
@@ -438,15 +312,15 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   }
   p.memory = memory_per_rank(w, c, mach.cluster, &p.memory_parts);
   const double blocks_rank = static_cast<double>(m.layers) / static_cast<double>(c.pp);
-  p.bytes_tp = M * blocks_rank * block_bytes_tp;
-  if (c.tp > 1 && c.tp_mode == TpMode::k1D) p.bytes_tp += M * 2 * (tp - 1) / tp * e * bsh;
+  p.bytes_tp = M * blocks_rank * block_bytes_tp + M * embedding_c.bytes;
+  if (c.pp == 1) p.bytes_tp += M * head_c.bytes;
   p.bytes_sp = M * blocks_rank * block_bytes_sp;
   p.bytes_dp = dp_bytes;
   p.bytes_pp = c.pp > 1 ? 2 * M * static_cast<double>(c.chunks) * X_pp : 0;
   p.bytes_sent = p.bytes_tp + p.bytes_sp + p.bytes_dp + p.bytes_pp;
   const Cluster& cl = mach.cluster;
   p.crossing_groups = spans_nodes(cl, c.tp, 1) + spans_nodes(cl, c.sp, c.tp) +
-                      spans_nodes(cl, grad_group, c.tp) + spans_nodes(cl, c.pp, pp_stride);
+                      spans_nodes(cl, c.dp * c.sp, c.tp) + spans_nodes(cl, c.pp, pp_stride);
   p.model_flops_per_gpu = megatron_step_flops(m, static_cast<double>(w.global_batch)) / p.step /
                           static_cast<double>(c.ranks());
   return p;

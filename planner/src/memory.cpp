@@ -15,10 +15,9 @@ namespace kolos::planner {
 RoleChoice plugins_of(const Candidate& c, bool memory_role) {
   RoleSettings roles;
   roles.tensor_size = c.tp;
-  roles.tensor_mode = to_string(c.tp_mode);
-  // Megatron's sequence parallelism has no sp axis: it splits over tp.
+  roles.tensor_mode = c.tp_mode;
   roles.sequence_size = c.sp;
-  roles.sequence_mode = c.sp_mode == SpMode::kNone ? "" : to_string(c.sp_mode);
+  roles.sequence_mode = c.sp_mode;
   roles.pipeline_size = c.pp;
   roles.zero_stage = c.zero;
   roles.memory = memory_role || c.offload > 0;
@@ -40,6 +39,9 @@ MemoryQuery memory_query(const Workload& w, const Candidate& c, double runtime_b
   q.layers = plugins.layers, q.sequence = plugins.sequence, q.pipeline = plugins.pipeline;
   q.gradients = plugins.gradients;  // q.memory below, once the states are known
   q.settings = w.settings;
+  // The layouts' variants, for the plugins that read them.
+  q.settings["parallel.tensor.depth"] = std::to_string(c.tp_depth);
+  q.settings["parallel.sequence.ulysses"] = std::to_string(c.ulysses);
   if (c.pp > 1) {
     q.settings["parallel.pipeline.schedule"] = to_string(c.schedule);
     q.settings["parallel.pipeline.chunks"] = std::to_string(c.chunks);

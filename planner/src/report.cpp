@@ -4,53 +4,13 @@
 #include <sstream>
 
 #include "kolos/planner/search.h"
+#include "schedule_kind.h"
 
 namespace kolos::planner {
 
-const char* to_string(TpMode mode) {
-  switch (mode) {
-    case TpMode::k1D:
-      return "1d";
-    case TpMode::k2D:
-      return "2d";
-    case TpMode::k2p5D:
-      return "2.5d";
-    case TpMode::k3D:
-      return "3d";
-  }
-  return "?";
-}
-
-const char* to_string(SpMode mode) {
-  switch (mode) {
-    case SpMode::kNone:
-      return "-";
-    case SpMode::kUlysses:
-      return "ulysses";
-    case SpMode::kRing:
-      return "ring";
-    case SpMode::kMegatron:
-      return "megatron";
-    case SpMode::kHybrid:
-      return "hybrid";
-  }
-  return "?";
-}
-
 const char* to_string(Schedule kind) {
-  switch (kind) {
-    case Schedule::kNone:
-      return "-";
-    case Schedule::kGPipe:
-      return "gpipe";
-    case Schedule::k1F1B:
-      return "1f1b";
-    case Schedule::kInterleaved:
-      return "interleaved";
-    case Schedule::kZeroBubble:
-      return "zb";
-  }
-  return "?";
+  // The schedules library's names (kolos/schedules/plan.h).
+  return kind == Schedule::kNone ? "-" : pipeline::to_string(schedule_kind(kind));
 }
 
 const char* to_string(Recompute kind) {
@@ -70,17 +30,17 @@ namespace {
 std::string tp_text(const Candidate& c) {
   std::string out = std::to_string(c.tp);
   if (c.tp > 1) {
-    out += "(" + std::string(to_string(c.tp_mode));
-    if (c.tp_mode == TpMode::k2p5D) out += " d" + std::to_string(c.tp_depth);
+    out += "(" + c.tp_mode;
+    if (c.tp_depth > 1) out += " d" + std::to_string(c.tp_depth);
     out += ")";
   }
   return out;
 }
 
 std::string sp_text(const Candidate& c) {
-  if (c.sp_mode == SpMode::kNone) return std::to_string(c.sp);
-  std::string out = std::to_string(c.sp) + "(" + to_string(c.sp_mode);
-  if (c.sp_mode == SpMode::kHybrid) out += " a" + std::to_string(c.ulysses);
+  if (c.sp_mode.empty()) return std::to_string(c.sp);
+  std::string out = std::to_string(c.sp) + "(" + c.sp_mode;
+  if (c.ulysses > 1) out += " a" + std::to_string(c.ulysses);
   return out + ")";
 }
 

@@ -16,6 +16,7 @@
 #include "kolos/core/plugin_terms.h"
 #include "kolos/planner/cost_model.h"
 #include "kolos/schedules/plan.h"
+#include "schedule_kind.h"
 
 namespace kolos::planner {
 namespace {
@@ -28,24 +29,6 @@ std::vector<int64_t> divisors(int64_t n) {
   return out;
 }
 
-// The tensor modes' shapes of tp ranks: 1d, a square (2d), d x q x q
-// (2.5d), a cube (3d). Whether a model fits one is its plugin's to say.
-struct TpChoice {
-  TpMode mode;
-  int64_t depth = 1;  // 2.5d's d
-};
-
-std::vector<TpChoice> tp_choices(int64_t tp) {
-  std::vector<TpChoice> out{{TpMode::k1D, 1}};
-  if (tp < 4) return out;
-  if (exact_root(tp, 2)) out.push_back({TpMode::k2D, 1});
-  for (int64_t d = 2; d * 4 <= tp; ++d) {
-    if (tp % d == 0 && exact_root(tp / d, 2) >= 2) out.push_back({TpMode::k2p5D, d});
-  }
-  if (exact_root(tp, 3) >= 2) out.push_back({TpMode::k3D, 1});
-  return out;
-}
-
 // A plugin's verdict on a layout ("" fine); a plugin without layout rules
 // (the serial built-in, no sequence plugin) takes every layout.
 std::string layout_problem(const std::string& plugin, const LayoutQuery& layout) {
@@ -53,21 +36,14 @@ std::string layout_problem(const std::string& plugin, const LayoutQuery& layout)
   return t != nullptr && t->layout_problem != nullptr ? t->layout_problem(layout) : "";
 }
 
-struct SpChoice {
-  SpMode mode;
-  int64_t ulysses = 1;
-};
-
-std::vector<SpChoice> sp_choices(int64_t sp, int64_t tp, TpMode tp_mode) {
-  if (sp == 1) {
-    std::vector<SpChoice> out{{SpMode::kNone}};
-    if (tp > 1 && tp_mode == TpMode::k1D) out.push_back({SpMode::kMegatron});
-    return out;
-  }
-  std::vector<SpChoice> out{{SpMode::kUlysses}, {SpMode::kRing}};
-  for (int64_t a = 2; a < sp; ++a) {
-    if (sp % a == 0) out.push_back({SpMode::kHybrid, a});
-  }
+// The sequence layouts for sp ranks beside `tensor`: none when sp = 1, and
+// what every sequence plugin offers.
+std::vector<LayoutQuery> sequence_layouts(const LayoutQuery& tensor, int64_t sp) {
+  LayoutQuery mesh = tensor;
+  mesh.sp = sp;
+  std::vector<LayoutQuery> out;
+  if (sp == 1) out.push_back(mesh);
+  for (LayoutQuery& l : offered_layouts("sequence", mesh)) out.push_back(std::move(l));
   return out;
 }
 
@@ -105,19 +81,16 @@ struct Tally {
   }
 };
 
-std::string lcm_text(int64_t a) { return std::to_string(std::lcm<int64_t>(2, a)); }
-
 bool matches(const Fixed& f, const Candidate& c) {
   if (f.pp && *f.pp != c.pp) return false;
   if (f.dp && *f.dp != c.dp) return false;
-  if (f.sp && *f.sp != (c.sp_mode == SpMode::kMegatron ? c.tp : c.sp)) return false;
+  // A sequence plugin that runs with sp = 1 splits over the tensor group.
+  if (f.sp && *f.sp != (!c.sp_mode.empty() && c.sp == 1 ? c.tp : c.sp)) return false;
   if (f.tp && *f.tp != c.tp) return false;
-  // A fixed mode asks for its axis: a grid mode needs tp > 1, a schedule pp > 1.
-  if (f.tp_mode && (c.tp > 1 || *f.tp_mode != "1d") &&
-      (c.tp == 1 || *f.tp_mode != to_string(c.tp_mode))) {
-    return false;
-  }
-  if (f.sp_mode && *f.sp_mode != to_string(c.sp_mode)) return false;
+  // A fixed mode asks for its axis: a mode offered only on several tensor
+  // ranks (a grid) needs tp > 1; a schedule pp > 1.
+  if (f.tp_mode && *f.tp_mode != c.tp_mode) return false;
+  if (f.sp_mode && *f.sp_mode != c.sp_mode) return false;
   if (f.schedule && (c.pp == 1 || *f.schedule != to_string(c.schedule))) return false;
   return true;
 }
@@ -159,14 +132,18 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
     const auto schedules = schedule_choices(pp, opt.max_chunks);
     for (const int64_t tp : divisors(N / pp)) {
       if (fx.tp && *fx.tp != tp) continue;
-      for (const TpChoice& tc : tp_choices(tp)) {
+      LayoutQuery mesh;
+      mesh.heads = m.heads, mesh.kv_heads = m.kv(), mesh.inner = m.ffn();
+      mesh.seq = m.seq_len, mesh.tp = tp;
+      // The layouts the layers' and the sequence plugins offer.
+      for (const LayoutQuery& tc : offered_layouts("layers", mesh)) {
         for (const int64_t sp : divisors(N / pp / tp)) {
           const int64_t dp = N / pp / tp / sp;
-          for (const SpChoice& sc : sp_choices(sp, tp, tc.mode)) {
+          for (LayoutQuery layout : sequence_layouts(tc, sp)) {
             Candidate c;
             c.pp = pp, c.dp = dp, c.sp = sp, c.tp = tp;
-            c.tp_mode = tc.mode, c.tp_depth = tc.depth;
-            c.sp_mode = sc.mode, c.ulysses = sc.ulysses;
+            c.tp_mode = layout.tensor_mode, c.tp_depth = layout.depth;
+            c.sp_mode = layout.sequence_mode, c.ulysses = layout.ulysses;
             if (!matches(fx, c)) continue;
             std::vector<int64_t> mbs = opt.micro_batches;
             if (fx.micro_batch) mbs = {*fx.micro_batch};
@@ -177,11 +154,6 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
             // The tensor and sequence plugins' own rules (their terms,
             // kolos/core/plugin_terms.h).
             const RoleChoice plugins = plugins_of(c);
-            LayoutQuery layout;
-            layout.heads = m.heads, layout.kv_heads = m.kv(), layout.inner = m.ffn();
-            layout.seq = m.seq_len, layout.tp = tp, layout.sp = sp;
-            layout.tensor_mode = to_string(tc.mode), layout.depth = tc.depth;
-            layout.ulysses = sc.ulysses;
             if (const std::string bad = layout_problem(plugins.layers, layout); !bad.empty()) {
               tally.drop(bad, kStageTensor, below_mesh);
               continue;
@@ -190,6 +162,14 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
               tally.drop(bad, kStageSequence, below_mesh);
               continue;
             }
+            // Selective recomputation drops the attention's probabilities:
+            // none where the sequence plugin keeps none.
+            const AttentionMemory attention =
+                attention_memory(memory_query(w, c), 1, static_cast<double>(m.seq_len / sp));
+            const std::string no_selective =
+                attention.probabilities > 0
+                    ? ""
+                    : "recompute: selective is none under the " + attention.kernel;
             for (const int64_t mb : mbs) {
               c.micro_batch = mb;
               if (w.global_batch % (mb * dp) != 0) {
@@ -228,12 +208,8 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                   continue;
                 }
                 if (pp > 1) {
-                  const pipeline::ScheduleKind kinds[] = {
-                      pipeline::ScheduleKind::kGPipe, pipeline::ScheduleKind::kGPipe,
-                      pipeline::ScheduleKind::k1F1B, pipeline::ScheduleKind::kInterleaved,
-                      pipeline::ScheduleKind::kZeroBubble};
                   const std::string problem = pipeline::plan_problem(
-                      kinds[static_cast<int>(sch.kind)], static_cast<int>(pp),
+                      schedule_kind(sch.kind), static_cast<int>(pp),
                       static_cast<int>(c.microbatches), static_cast<int>(sch.chunks));
                   if (!problem.empty()) {
                     tally.drop(sch.kind == Schedule::kInterleaved && c.microbatches >= pp
@@ -255,10 +231,8 @@ SearchResult search(const Workload& w, const Machine& mach, const SearchOptions&
                         tally.drop("zero: no data-parallel group to shard over", kStageMode, 1);
                         continue;
                       }
-                      if (rec == Recompute::kSelective &&
-                          (sc.mode == SpMode::kRing || sc.mode == SpMode::kHybrid)) {
-                        tally.drop("recompute: selective is none under ring/hybrid attention",
-                                   kStageMode, 1);
+                      if (rec == Recompute::kSelective && !no_selective.empty()) {
+                        tally.drop(no_selective, kStageMode, 1);
                         continue;
                       }
                       std::vector<MemoryPart> parts;

@@ -7,26 +7,50 @@
 #include <sstream>
 
 #include "kolos/core/error.h"
+#include "kolos/core/plugin_terms.h"
 
 namespace kolos::planner {
 
 std::string family_of(const Candidate& c) {
   std::string out = "tp=";
-  out += c.tp > 1 ? to_string(c.tp_mode) : "none";
+  out += c.tp > 1 ? c.tp_mode : "none";
   out += " sp=";
-  out += c.sp_mode == SpMode::kMegatron ? "megatron" : c.sp > 1 ? to_string(c.sp_mode) : "none";
+  out += c.sp_mode.empty() ? "none" : c.sp_mode;
   out += " zero=" + std::to_string(c.zero);
   out += " pp=";
   out += c.pp > 1 ? to_string(c.schedule) : "none";
   return out;
 }
 
+namespace {
+
+// "none" and the words of every registered plugin of `role` that offers
+// layouts (PluginTerms::mode).
+std::vector<std::string> modes_of(const std::string& role) {
+  std::vector<std::string> out = {"none"};
+  for (const std::string& name : plugin_terms_names()) {
+    const PluginTerms* t = plugin_terms(name);
+    if (t->role == role && t->layouts != nullptr) out.push_back(t->mode);
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : ", ") + w;
+  return out;
+}
+
+}  // namespace
+
 bool valid_family(const std::string& text, std::string* why) {
   // Every family family_of can write, enumerated: the file's check and its
-  // error message come from the same table.
-  static const std::vector<std::string> tp = {"none", "1d", "2d", "2.5d", "3d"};
-  static const std::vector<std::string> sp = {"none", "ulysses", "ring", "megatron", "hybrid"};
-  static const std::vector<std::string> pp = {"none", "gpipe", "1f1b", "interleaved", "zb"};
+  // error message come from the same lists.
+  static const std::vector<std::string> tp = modes_of("layers");
+  static const std::vector<std::string> sp = modes_of("sequence");
+  static const std::vector<std::string> pp = {
+      "none", to_string(Schedule::kGPipe), to_string(Schedule::k1F1B),
+      to_string(Schedule::kInterleaved), to_string(Schedule::kZeroBubble)};
   std::istringstream in(text);
   std::string parts[4], extra;
   in >> parts[0] >> parts[1] >> parts[2] >> parts[3];
@@ -40,9 +64,8 @@ bool valid_family(const std::string& text, std::string* why) {
                   value(parts[2], "zero", {"0", "1", "2", "3"}) && value(parts[3], "pp", pp);
   if (!ok && why != nullptr) {
     *why = "\"" + text +
-           "\" is not a plan family; expected \"tp=T sp=S zero=Z pp=P\" with T one of none, 1d, "
-           "2d, 2.5d, 3d; S one of none, ulysses, ring, megatron, hybrid; Z 0-3; P one of none, "
-           "gpipe, 1f1b, interleaved, zb";
+           "\" is not a plan family; expected \"tp=T sp=S zero=Z pp=P\" with T one of " +
+           joined(tp) + "; S one of " + joined(sp) + "; Z 0-3; P one of " + joined(pp);
   }
   return ok;
 }

@@ -43,11 +43,11 @@ const Row kRows[] = {
 
 std::string layout(const Candidate& c) {
   std::string out = "tp " + std::to_string(c.tp);
-  if (c.tp > 1 && c.tp_mode != TpMode::k1D) out += std::string(" ") + to_string(c.tp_mode);
+  if (c.tp > 1 && c.tp_mode != "1d") out += " " + c.tp_mode;
   out += " pp " + std::to_string(c.pp) + " dp " + std::to_string(c.dp);
-  if (c.sp > 1 || c.sp_mode == SpMode::kMegatron) {
-    out += std::string(" sp ") + std::to_string(c.sp) + " " + to_string(c.sp_mode);
-    if (c.sp_mode == SpMode::kHybrid) out += " a" + std::to_string(c.ulysses);
+  if (!c.sp_mode.empty()) {
+    out += " sp " + std::to_string(c.sp) + " " + c.sp_mode;
+    if (c.ulysses > 1) out += " a" + std::to_string(c.ulysses);
   }
   if (c.pp > 1) {
     out += std::string(" ") + to_string(c.schedule);
@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
       SearchOptions published = opt;
       published.fixed.tp = r.tp, published.fixed.pp = r.pp, published.fixed.sp = 1;
       published.fixed.zero = 0, published.fixed.recompute = "full";
-      published.fixed.tp_mode = "1d", published.fixed.sp_mode = "-";
+      published.fixed.tp_mode = "1d", published.fixed.sp_mode = "";
       const SearchResult pub = search(w, machine, published);
       const SearchResult own = search(w, machine, opt);
       const int64_t dp = r.gpus / (r.tp * r.pp);

@@ -30,6 +30,7 @@
 #include "kolos/core/plugin_registry.h"
 #include "kolos/core/roles.h"
 #include "kolos/core/runtime.h"
+#include "kolos/core/sequence_modes.h"
 #include "kolos/planner/search.h"
 #include "kolos/planner/tune.h"
 
@@ -132,10 +133,8 @@ std::vector<std::string> overrides_of(const pl::Candidate& c) {
       "train.micro_batch=" + std::to_string(c.micro_batch),
       std::string("train.recompute=") + quoted(pl::to_string(c.recompute))};
   if (c.tp > 1) {
-    o.push_back(std::string("parallel.tensor.mode=") + quoted(pl::to_string(c.tp_mode)));
-    if (c.tp_mode == pl::TpMode::k2p5D) {
-      o.push_back("parallel.tensor.depth=" + std::to_string(c.tp_depth));
-    }
+    o.push_back("parallel.tensor.mode=" + quoted(c.tp_mode));
+    if (c.tp_depth > 1) o.push_back("parallel.tensor.depth=" + std::to_string(c.tp_depth));
   }
   if (c.pp > 1) {
     o.push_back(std::string("parallel.pipeline.schedule=") + quoted(pl::to_string(c.schedule)));
@@ -143,17 +142,10 @@ std::vector<std::string> overrides_of(const pl::Candidate& c) {
       o.push_back("parallel.pipeline.chunks=" + std::to_string(c.chunks));
     }
   }
-  if (c.sp_mode == pl::SpMode::kMegatron) {
-    o.push_back("parallel.sequence.size=1");
-    o.push_back("parallel.sequence.mode=\"megatron\"");
-  } else {
-    o.push_back("parallel.sequence.size=" + std::to_string(c.sp));
-    if (c.sp > 1)
-      o.push_back(std::string("parallel.sequence.mode=") + quoted(pl::to_string(c.sp_mode)));
-    if (c.sp_mode == pl::SpMode::kHybrid) {
-      o.push_back("parallel.sequence.ulysses=" + std::to_string(c.ulysses));
-    }
-  }
+  // A sequence mode over the tensor group runs with size 1.
+  o.push_back("parallel.sequence.size=" + std::to_string(c.sp));
+  if (!c.sp_mode.empty()) o.push_back("parallel.sequence.mode=" + quoted(c.sp_mode));
+  if (c.ulysses > 1) o.push_back("parallel.sequence.ulysses=" + std::to_string(c.ulysses));
   return o;
 }
 
@@ -162,21 +154,15 @@ pl::Candidate candidate_of(const RunConfig& config, const RunPlan& plan) {
   pl::Candidate c;
   c.pp = plan.shape.pp, c.dp = plan.shape.dp, c.sp = plan.shape.sp, c.tp = plan.shape.tp;
   const auto& p = config.parallel;
-  const std::string& tm = p.tensor.mode;
-  c.tp_mode = tm == "2d"     ? pl::TpMode::k2D
-              : tm == "2.5d" ? pl::TpMode::k2p5D
-              : tm == "3d"   ? pl::TpMode::k3D
-                             : pl::TpMode::k1D;
-  if (c.tp_mode == pl::TpMode::k2p5D) config.section("parallel.tensor").read("depth", c.tp_depth);
-  const std::string& sm = p.sequence.mode;
-  if (sm == "megatron") {
-    c.sp_mode = pl::SpMode::kMegatron;
-  } else if (c.sp > 1) {
-    c.sp_mode = sm == "ring"     ? pl::SpMode::kRing
-                : sm == "hybrid" ? pl::SpMode::kHybrid
-                                 : pl::SpMode::kUlysses;
-    if (c.sp_mode == pl::SpMode::kHybrid)
+  c.tp_mode = p.tensor.mode;
+  if (given(config, "parallel.tensor", "depth")) {
+    config.section("parallel.tensor").read("depth", c.tp_depth);
+  }
+  if (sequence_splits(p.sequence)) {
+    c.sp_mode = p.sequence.mode;
+    if (given(config, "parallel.sequence", "ulysses")) {
       config.section("parallel.sequence").read("ulysses", c.ulysses);
+    }
   }
   if (c.pp > 1) {
     std::string s = "1f1b";
@@ -319,8 +305,19 @@ class Autoplan final : public Planner {
     const RunPlan plan = plan_run(reference, ranks);
     const pl::Workload w = workload_of(reference);
     const pl::Candidate c = candidate_of(reference, plan);
-    const bool grid = c.tp > 1 && c.tp_mode != pl::TpMode::k1D;
-    const bool ring = c.sp > 1 && c.sp_mode == pl::SpMode::kRing && c.tp == 1;
+    // What the reference's collectives wait for, as its plugins issue them.
+    // A tensor grid's, or (without a tensor group) a ring's.
+    bool grid = false, ring = false;
+    int64_t grid_span = 0, ring_span = 0;
+    const MemoryQuery q = pl::memory_query(w, c);
+    for (const std::string& plugin : {q.layers, q.sequence}) {
+      for (const CollectiveCall& call : plugin_traffic(plugin, q)) {
+        if (call.sync == SyncPattern::kGrid) grid = true, grid_span = call.span;
+        if (call.sync == SyncPattern::kRing) ring = true, ring_span = call.span;
+      }
+    }
+    ring = ring && !grid && c.tp == 1;
+    const int64_t span = grid ? grid_span : ring_span;
     std::string what;
     if (!grid && !ring) {
       mach.rates.step_factor = 1;
@@ -332,7 +329,6 @@ class Autoplan final : public Planner {
       what = line.str();
     } else {
       std::map<int64_t, double>& table = grid ? mach.rates.grid_sync : mach.rates.ring_sync;
-      const int64_t span = grid ? c.tp : c.sp;
       table[span] = 0;
       const double without = pl::predict(w, mach, c).step;
       const double probe = 1e-3;

@@ -5,8 +5,12 @@
 // over their q x q (x d) ranks. Layouts (docs/tensor-parallel.md): heads,
 // kv heads and the MLP's width split over tp (1d) or the grid's side q,
 // and a grid's micro-batch over its batch blocks (2d: q, 2.5d: d x q, 3d:
-// q x q). Torch-free, in libkolos_plugin_terms.
+// q x q). For the planner: the layouts each mode offers for tp ranks and
+// the collectives a rank issues per block. Torch-free, in
+// libkolos_plugin_terms.
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "kolos/core/plugin_terms.h"
 
@@ -55,12 +59,156 @@ std::string three_d_layout(const LayoutQuery& l) {
   return divides(l, q, q * q);
 }
 
+// The layouts each mode offers for tp ranks: 1d any, the grids a square
+// (2d), d x q x q for every d from 2 (2.5d), a cube (3d), each of sides >= 2.
+void one_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
+  LayoutQuery l = mesh;
+  l.tensor_mode = "1d", l.depth = 1;
+  out.push_back(l);
+}
+
+void two_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
+  if (exact_root(mesh.tp, 2) < 2) return;
+  LayoutQuery l = mesh;
+  l.tensor_mode = "2d", l.depth = 1;
+  out.push_back(l);
+}
+
+void two_and_half_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
+  for (int64_t d = 2; d * 4 <= mesh.tp; ++d) {
+    if (mesh.tp % d != 0 || exact_root(mesh.tp / d, 2) < 2) continue;
+    LayoutQuery l = mesh;
+    l.tensor_mode = "2.5d", l.depth = d;
+    out.push_back(l);
+  }
+}
+
+void three_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
+  if (exact_root(mesh.tp, 3) < 2) return;
+  LayoutQuery l = mesh;
+  l.tensor_mode = "3d", l.depth = 1;
+  out.push_back(l);
+}
+
+// tp1d: per block two all-reduces of the rank's [b, s/sp, h] activations
+// forward (after attention's and the MLP's row layers) and two backward
+// (the column layers' input gradients); the embedding's forward and the
+// head's backward one each. Megatron sequence parallelism swaps each for
+// an all-gather and a reduce-scatter of the same bytes.
+void one_d_traffic(const MemoryQuery& q, std::vector<CollectiveCall>& out) {
+  if (q.tp <= 1) return;
+  const ModelDims& m = q.model;
+  CollectiveCall c;
+  c.op = Collective::kAllReduce;
+  c.bytes = q.element_bytes * static_cast<double>(q.micro_batch) * m.seq /
+            static_cast<double>(q.sp) * m.hidden;
+  c.n = q.tp, c.stride = 1;
+  c.count = 2;
+  out.push_back(c);
+  c.backward = true;
+  out.push_back(c);
+  c.count = 1;
+  c.site = CallSite::kHead;
+  out.push_back(c);
+  c.site = CallSite::kEmbedding, c.backward = false;
+  out.push_back(c);
+}
+
+// The grids' traffic per block, term by term as tests/support/tp_volume.h
+// counts it: each layer gathers its input over the grid's row (unless it
+// has it), its weight and bias over the batch blocks (3d: reduce-scatters
+// its output over the row), each norm all-reduces its statistics over the
+// row. A differentiable gather or scatter runs the opposite collective in
+// backward, of the same bytes. `side`: the grid's q; `batch_blocks`: 2d q,
+// 2.5d d x q, 3d q x q. Sub-groups (row-major grid, last index fastest):
+// 2d/2.5d rows stride 1, batch blocks stride q; 3d (i, j, l) l 1, j q, i q².
+void grid_traffic(const MemoryQuery& q, int64_t side, int64_t batch_blocks, bool three,
+                  std::vector<CollectiveCall>& out) {
+  const ModelDims& m = q.model;
+  const double e = q.element_bytes, b = static_cast<double>(q.micro_batch), s = m.seq;
+  const double h = m.hidden, f = m.inner;
+  const double dq = static_cast<double>(side), dnb = static_cast<double>(batch_blocks);
+  const auto call = [&](Collective op, double bytes, int64_t n, int64_t stride, double count) {
+    CollectiveCall c;
+    c.op = op, c.bytes = bytes, c.n = n, c.stride = stride, c.count = count;
+    c.sync = SyncPattern::kGrid, c.span = q.tp;
+    out.push_back(c);
+    c.backward = true;
+    out.push_back(c);
+  };
+  // Forward and its opposite in backward.
+  const auto gather2 = [&](double local, int64_t n, int64_t stride) {
+    call(Collective::kAllGather, static_cast<double>(n) * local * e, n, stride, 1);
+  };
+  const auto scatter2 = [&](double input, int64_t n, int64_t stride) {
+    call(Collective::kReduceScatter, input * e, n, stride, 1);
+  };
+  const int64_t sF = 1, sB = side;
+  const double rows = b / dnb * s;
+  const auto linear = [&](double in, double width, bool input_ready) {
+    if (!three) {
+      if (!input_ready) gather2(rows * in / dq, side, sF);
+      gather2(std::ceil(width / dq / dnb) * in, batch_blocks, sB);
+      gather2(std::ceil(width / dq / dnb), batch_blocks, sB);
+    } else {
+      if (!input_ready) gather2(b / (dq * dq) * s * in / dq, side, side);
+      gather2(std::ceil(width / dq / dq) * in / dq, side, side * side);
+      scatter2(b / dq * s * width / dq, side, 1);
+      gather2(std::ceil(width / (dq * dq)), side * side, 1);
+    }
+  };
+  // Four all-reduces of a norm's statistics over the row: two forward, two
+  // backward.
+  const auto norm = [&](double dim) {
+    call(Collective::kAllReduce, rows * e, side, sF, 2);
+    gather2(std::ceil(dim / dq / dnb), batch_blocks, sB);
+    gather2(std::ceil(dim / dq / dnb), batch_blocks, sB);
+  };
+  norm(h);
+  if (!three) {
+    gather2(rows * h / dq, side, sF);
+  } else {
+    gather2(b / (dq * dq) * s * h / dq, side, side);
+  }
+  for (int i = 0; i < 3; ++i) linear(h, h, true);
+  linear(h, h, false);
+  norm(h);
+  linear(h, f, false);
+  linear(f, h, false);
+}
+
+void two_d_traffic(const MemoryQuery& q, std::vector<CollectiveCall>& out) {
+  const int64_t side = exact_root(q.tp, 2);
+  grid_traffic(q, side, side, false, out);
+}
+
+void two_and_half_d_traffic(const MemoryQuery& q, std::vector<CollectiveCall>& out) {
+  const int64_t d = std::stoll(q.setting("parallel.tensor.depth", "1"));
+  const int64_t side = exact_root(q.tp / d, 2);
+  grid_traffic(q, side, side * d, false, out);
+}
+
+void three_d_traffic(const MemoryQuery& q, std::vector<CollectiveCall>& out) {
+  const int64_t side = exact_root(q.tp, 3);
+  grid_traffic(q, side, side * side, true, out);
+}
+
+PluginTerms terms(const char* name, const char* mode, TensorCut (*cut)(const MemoryQuery&),
+                  std::string (*problem)(const LayoutQuery&),
+                  void (*layouts)(const LayoutQuery&, std::vector<LayoutQuery>&),
+                  void (*traffic)(const MemoryQuery&, std::vector<CollectiveCall>&)) {
+  PluginTerms t;
+  t.name = name, t.role = "layers", t.mode = mode;
+  t.cut = cut, t.layout_problem = problem, t.layouts = layouts, t.traffic = traffic;
+  return t;
+}
+
 }  // namespace
 
-KOLOS_PLUGIN_TERMS(PluginTerms{"tp1d", "layers", one_d, nullptr, nullptr, nullptr, one_d_layout});
-KOLOS_PLUGIN_TERMS(PluginTerms{"tp2d", "layers", grid, nullptr, nullptr, nullptr, two_d_layout});
-KOLOS_PLUGIN_TERMS(PluginTerms{"tp2p5d", "layers", grid, nullptr, nullptr, nullptr,
-                               two_and_half_d_layout});
-KOLOS_PLUGIN_TERMS(PluginTerms{"tp3d", "layers", grid, nullptr, nullptr, nullptr, three_d_layout});
+KOLOS_PLUGIN_TERMS(terms("tp1d", "1d", one_d, one_d_layout, one_d_layouts, one_d_traffic));
+KOLOS_PLUGIN_TERMS(terms("tp2d", "2d", grid, two_d_layout, two_d_layouts, two_d_traffic));
+KOLOS_PLUGIN_TERMS(terms("tp2p5d", "2.5d", grid, two_and_half_d_layout, two_and_half_d_layouts,
+                         two_and_half_d_traffic));
+KOLOS_PLUGIN_TERMS(terms("tp3d", "3d", grid, three_d_layout, three_d_layouts, three_d_traffic));
 
 }  // namespace kolos

@@ -1,4 +1,5 @@
-// ZeRO's memory terms (kolos/core/plugin_terms.h). Stages shard over the
+// ZeRO's terms (kolos/core/plugin_terms.h): memory and, for the planner,
+// the collectives of each stage. Stages shard over the
 // data-parallel group dp x sp (ranks of one sequence group hold the same
 // parameters): 1 the optimizer's states, 2 also the gradients, 3 also the
 // parameters. Torch-free, in libkolos_plugin_terms.
@@ -54,16 +55,66 @@ double zero3_built(const MemoryQuery& q, const RankPiece& p) {
   return q.element_bytes * p.params / shards(q) + 4 * p.block;
 }
 
+// The collectives over the group dp x sp (stride tp) of `bytes`.
+CollectiveCall over_group(const MemoryQuery& q, Collective op, double bytes, CallSite site,
+                          bool backward, Hides hides) {
+  CollectiveCall c;
+  c.op = op, c.bytes = bytes, c.n = q.dp * q.sp, c.stride = q.tp;
+  c.site = site, c.backward = backward, c.hides = hides;
+  return c;
+}
+
+// Stage 1: the gradients all-reduced from the backward's hooks (hidden
+// behind it), the updated shards all-gathered after the optimizer.
+void zero1_traffic(const MemoryQuery& q, double bytes, std::vector<CollectiveCall>& out) {
+  if (q.dp * q.sp <= 1) return;
+  out.push_back(over_group(q, Collective::kAllReduce, bytes, CallSite::kStep, true, Hides::kPass));
+  out.push_back(
+      over_group(q, Collective::kAllGather, bytes, CallSite::kStep, false, Hides::kNothing));
+}
+
+// Stage 2: each micro-batch's gradients reduce-scattered in its backward;
+// the shards all-gathered after the optimizer.
+void zero2_traffic(const MemoryQuery& q, double bytes, std::vector<CollectiveCall>& out) {
+  if (q.dp * q.sp <= 1) return;
+  out.push_back(
+      over_group(q, Collective::kReduceScatter, bytes, CallSite::kMicroBatch, true, Hides::kPass));
+  out.push_back(
+      over_group(q, Collective::kAllGather, bytes, CallSite::kStep, false, Hides::kNothing));
+}
+
+// Stage 3: each micro-batch gathers the parameters before forward and
+// again before backward, and reduce-scatters the gradients.
+void zero3_traffic(const MemoryQuery& q, double bytes, std::vector<CollectiveCall>& out) {
+  if (q.dp * q.sp <= 1) return;
+  const CallSite micro = CallSite::kMicroBatch;
+  out.push_back(over_group(q, Collective::kAllGather, bytes, micro, false, Hides::kPass));
+  out.push_back(over_group(q, Collective::kAllGather, bytes, micro, true, Hides::kPass));
+  out.push_back(over_group(q, Collective::kReduceScatter, bytes, micro, true, Hides::kPass));
+}
+
+// Each rank steps its shard of the optimizer.
+double sharded(const MemoryQuery& q) { return 1 / shards(q); }
+
+PluginTerms terms(const char* name,
+                  void (*states)(const MemoryQuery&, const RankPiece&, std::vector<MemoryTerm>&),
+                  void (*traffic)(const MemoryQuery&, double, std::vector<CollectiveCall>&)) {
+  PluginTerms t;
+  t.name = name, t.role = "gradients";
+  t.states = states, t.gradient_traffic = traffic, t.optimizer_share = sharded;
+  return t;
+}
+
 PluginTerms zero3_terms() {
-  PluginTerms t{"zero3", "gradients", nullptr, nullptr, nullptr, zero3_states};
+  PluginTerms t = terms("zero3", zero3_states, zero3_traffic);
   t.built = zero3_built;
   return t;
 }
 
 }  // namespace
 
-KOLOS_PLUGIN_TERMS(PluginTerms{"zero1", "gradients", nullptr, nullptr, nullptr, zero1_states});
-KOLOS_PLUGIN_TERMS(PluginTerms{"zero2", "gradients", nullptr, nullptr, nullptr, zero2_states});
+KOLOS_PLUGIN_TERMS(terms("zero1", zero1_states, zero1_traffic));
+KOLOS_PLUGIN_TERMS(terms("zero2", zero2_states, zero2_traffic));
 KOLOS_PLUGIN_TERMS(zero3_terms());
 
 }  // namespace kolos

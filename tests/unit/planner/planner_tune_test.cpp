@@ -44,12 +44,12 @@ const char* kCalibration =
 TEST(PlannerTune, FamiliesNameTensorSequenceZeroAndSchedule) {
   Candidate c;
   EXPECT_EQ(family_of(c), "tp=none sp=none zero=0 pp=none");
-  c.tp = 4, c.tp_mode = TpMode::k2D, c.zero = 2;
+  c.tp = 4, c.tp_mode = "2d", c.zero = 2;
   EXPECT_EQ(family_of(c), "tp=2d sp=none zero=2 pp=none");
-  c.tp = 2, c.tp_mode = TpMode::k1D, c.sp_mode = SpMode::kMegatron;
+  c.tp = 2, c.tp_mode = "1d", c.sp_mode = "megatron";
   EXPECT_EQ(family_of(c), "tp=1d sp=megatron zero=2 pp=none");
   c = Candidate{};
-  c.sp = 2, c.sp_mode = SpMode::kRing, c.pp = 2, c.schedule = Schedule::kInterleaved, c.chunks = 2;
+  c.sp = 2, c.sp_mode = "ring", c.pp = 2, c.schedule = Schedule::kInterleaved, c.chunks = 2;
   EXPECT_EQ(family_of(c), "tp=none sp=ring zero=0 pp=interleaved");
   // Sizes, micro-batches and recomputation are not part of the family.
   Candidate d = c;

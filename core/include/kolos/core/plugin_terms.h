@@ -1,5 +1,6 @@
-// What each plugin knows about the memory a rank holds, and the one function
-// that adds it up.
+// What each plugin knows about itself (the memory a rank holds, the layouts
+// it runs, the collectives it issues), and the one function that adds up
+// the memory.
 //
 // A plugin's terms live in its own folder (plugins/<dir>/*_terms.cpp),
 // torch-free, and register under the plugin's name with KOLOS_PLUGIN_TERMS.
@@ -23,6 +24,11 @@
 //   the memory role     the model states instead of the gradients role.
 // A chosen plugin that registered no terms is named in the result as "not
 // counted", never estimated as another plugin.
+//
+// The planner (planner/src/search.cpp, cost_model.cpp) also asks the
+// layers' and sequence plugins which layouts they offer for a mesh
+// (layouts, layout_problem) and every role's plugin what it sends
+// (traffic, gradient_traffic): it times the calls, and names no plugin.
 #pragma once
 
 #include <cstdint>
@@ -121,7 +127,48 @@ struct LayoutQuery {
   std::string tensor_mode = "1d";  // [parallel.tensor] mode
   int64_t depth = 1;               // 2.5d: d of d x q x q
   int64_t ulysses = 1;             // hybrid: the Ulysses degree a of sp = a x r
+  std::string sequence_mode;       // [parallel.sequence] mode ("" none)
   int64_t micro_batch = 0;
+};
+
+// What the planner prices (planner/cost_model.h): each role's collectives,
+// as data. The plugin says what it sends, over which ranks and when; the
+// planner's cost model times each call on its cluster.
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
+// With fewer cores than ranks, what a collective waits for its peers to be
+// scheduled, by the pattern its plugin issues it in (the calibration's sync
+// tables): alone (kGroup: by its own group's size), as one of a tensor
+// grid's row and column collectives (kGrid), as a ring's hop (kRing).
+enum class SyncPattern { kGroup, kGrid, kRing };
+// Where a call is issued: per micro-batch, but kStep.
+enum class CallSite {
+  kBlock,       // layers, sequence: in each transformer block
+  kEmbedding,   // layers: at the embedding (the first pipeline stage)
+  kHead,        // layers: at the head (the last pipeline stage)
+  kMicroBatch,  // gradients: over one pipeline stage's parameters
+  kStep,        // gradients: once per step, over the rank's parameters
+};
+// What a call's time may hide behind.
+enum class Hides {
+  kNothing,    // on the critical path
+  kAttention,  // the attention core it feeds (a ring's hops)
+  kPass,       // its pass, up to the planner's overlap share (kStep: the last backward)
+};
+struct CollectiveCall {
+  Collective op = Collective::kAllReduce;
+  // The whole buffer: the all-reduce's input, the all-gather's output, the
+  // reduce-scatter's input, the all-to-all's send buffer; kSendRecv: the
+  // message.
+  double bytes = 0;
+  int64_t n = 1, stride = 1;  // the group: n ranks spaced stride apart in rank order
+  CallSite site = CallSite::kBlock;
+  bool backward = false;  // issued in the backward pass, else the forward (kStep: unused)
+  double count = 1;       // calls per site and pass
+  Hides hides = Hides::kNothing;
+  SyncPattern sync = SyncPattern::kGroup;
+  int64_t span = 0;  // kGrid, kRing: the grid's or the ring's ranks
+  // Bytes one rank sends for all `count` calls.
+  double sent() const;
 };
 
 // A plugin's terms. A role's plugin fills the hooks of its role.
@@ -143,6 +190,27 @@ struct PluginTerms {
   // peak adds the initialisation's temporaries and the runtime). Without
   // it every local parameter is built whole.
   double (*built)(const MemoryQuery&, const RankPiece&) = nullptr;
+
+  // For the planner.
+  // layers, sequence: the word that selects the plugin in its section
+  // ([parallel.tensor] mode "2.5d", [parallel.sequence] mode "ring").
+  std::string mode;
+  // layers, sequence: appends the layouts the plugin offers for the mesh
+  // sizes of `mesh` (the sequence role also sees the tensor mode), each
+  // with its mode and variant filled in (tensor_mode and depth, or
+  // sequence_mode and ulysses). The planner asks layout_problem about the
+  // model's sizes afterwards.
+  void (*layouts)(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) = nullptr;
+  // layers, sequence: one rank's collectives for one micro-batch (sites
+  // kBlock, kEmbedding, kHead).
+  void (*traffic)(const MemoryQuery&, std::vector<CollectiveCall>& out) = nullptr;
+  // gradients: the collectives over `parameter_bytes` of parameters, per
+  // micro-batch (kMicroBatch) and per step (kStep).
+  void (*gradient_traffic)(const MemoryQuery&, double parameter_bytes,
+                           std::vector<CollectiveCall>& out) = nullptr;
+  // gradients: the share of a rank's parameters its optimizer steps
+  // (nullptr: all of them).
+  double (*optimizer_share)(const MemoryQuery&) = nullptr;
 };
 
 // Registers `terms` (at load, through KOLOS_PLUGIN_TERMS); a second
@@ -160,6 +228,28 @@ int64_t exact_root(int64_t n, int k);
 // tokens x seq probabilities (the serial core, ulysses after its all-to-all,
 // megatron).
 AttentionMemory dense_attention_memory(const MemoryQuery& q, double micro, double tokens);
+
+// The layouts every registered plugin of `role` ("layers", "sequence")
+// offers for `mesh` (PluginTerms::layouts), in the order of their names.
+std::vector<LayoutQuery> offered_layouts(const std::string& role, const LayoutQuery& mesh);
+// The collectives of the plugin `name` for one micro-batch
+// (PluginTerms::traffic); none for "" or a plugin without the hook, and
+// then `*priced` (when given) is false.
+std::vector<CollectiveCall> plugin_traffic(const std::string& name, const MemoryQuery& q,
+                                           bool* priced = nullptr);
+// The gradients plugin's collectives over `parameter_bytes`, and the share
+// of the parameters its optimizer steps.
+std::vector<CollectiveCall> gradient_traffic(const MemoryQuery& q, double parameter_bytes,
+                                             bool* priced = nullptr);
+double optimizer_share(const MemoryQuery& q);
+// The divisor over the tensor group of the tensors at a block's boundary
+// and its norms (what a pipeline stage sends, what the norms compute on):
+// the layers plugin's cut, or the whole tensor group when the sequence
+// plugin splits them over it.
+double boundary_split(const MemoryQuery& q);
+// What one block's attention keeps, by the sequence plugin (the dense core
+// without one).
+AttentionMemory attention_memory(const MemoryQuery& q, double micro, double tokens);
 
 // One rank's memory at its high point.
 struct RankMemory {

@@ -8,25 +8,23 @@
 
 namespace kolos::planner {
 
-enum class TpMode { k1D, k2D, k2p5D, k3D };
-enum class SpMode { kNone, kUlysses, kRing, kMegatron, kHybrid };
 enum class Schedule { kNone, kGPipe, k1F1B, kInterleaved, kZeroBubble };
 enum class Recompute { kNone, kSelective, kFull };
 
-const char* to_string(TpMode mode);     // "1d", "2d", "2.5d", "3d"
-const char* to_string(SpMode mode);     // "-", "ulysses", "ring", "megatron", "hybrid"
 const char* to_string(Schedule kind);   // "-", "gpipe", "1f1b", "interleaved", "zb"
 const char* to_string(Recompute kind);  // "none", "selective", "full"
 
 // Mesh sizes follow kolos's mesh: pp, dp, sp, tp outermost first, and rank
-// ((p·DP + d)·SP + s)·TP + t. Megatron sequence parallelism has no sp axis
-// (sp = 1) and splits over the tensor group.
+// ((p·DP + d)·SP + s)·TP + t. The tensor and sequence layouts are what the
+// layers' and sequence plugins offer (PluginTerms::layouts), in their
+// sections' words; a sequence plugin that splits over the tensor group
+// (sequence_over_tensor, kolos/core/sequence_modes.h) runs with sp = 1.
 struct Candidate {
   int64_t pp = 1, dp = 1, sp = 1, tp = 1;
-  TpMode tp_mode = TpMode::k1D;
-  int64_t tp_depth = 1;  // 2.5d: the depth d of d·q·q
-  SpMode sp_mode = SpMode::kNone;
-  int64_t ulysses = 1;  // hybrid: the Ulysses degree a of sp = a·r
+  std::string tp_mode = "1d";  // [parallel.tensor] mode
+  int64_t tp_depth = 1;        // [parallel.tensor] depth (2.5d's d of d·q·q)
+  std::string sp_mode;         // [parallel.sequence] mode; "" none
+  int64_t ulysses = 1;         // [parallel.sequence] ulysses (hybrid's a of sp = a·r)
   Schedule schedule = Schedule::kNone;
   int64_t microbatches = 1;  // M per step and dp rank
   int64_t chunks = 1;        // V, interleaved only

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "kolos/core/plugin_terms.h"
+
 namespace kolos::planner {
 
 struct Cluster {
@@ -45,7 +47,8 @@ struct Cluster {
   int64_t devices() const { return nodes * devices_per_node; }
 };
 
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
+// What the plugins issue (kolos/core/plugin_terms.h).
+using Collective = ::kolos::Collective;
 const char* to_string(Collective op);
 
 // Time of one collective step: alpha + bytes / beta.

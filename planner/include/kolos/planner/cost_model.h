@@ -27,11 +27,10 @@ struct Machine {
 };
 
 // With fewer cores than ranks, what a collective waits for its peers to be
-// scheduled, by the pattern its layer issues it in (the calibration's
-// sync tables): alone (kGroup: by its own group's size), as one of a tensor
-// grid's row and column collectives (kGrid: by the tensor group's size), as
-// a ring's hop (kRing: by the ring's size).
-enum class SyncPattern { kGroup, kGrid, kRing };
+// scheduled (kolos::SyncPattern, as the plugin that issues it says:
+// kGroup by its own group's size, kGrid by the tensor group's, kRing by the
+// ring's).
+using SyncPattern = ::kolos::SyncPattern;
 struct Sync {
   SyncPattern pattern = SyncPattern::kGroup;
   int64_t span = 0;  // the grid's or the ring's ranks (kGrid, kRing)

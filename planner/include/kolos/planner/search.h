@@ -1,10 +1,12 @@
 // The search: every valid Candidate for N ranks, pruned by memory first,
 // ranked by predicted step time.
 //
-// Enumeration: pp x dp x sp x tp = N; tp modes 1d (any size), 2d (q·q), 2.5d
-// (d·q·q, d > 1), 3d (q·q·q); sp modes ulysses, ring, hybrid (every Ulysses
-// degree a with 1 < a < sp), and megatron (on tp1d, no sp axis); pipeline
-// schedules gpipe, 1f1b, interleaved (chunks 2, 4, ...), zb; ZeRO 0-3;
+// Enumeration: pp x dp x sp x tp = N; the tensor and sequence layouts the
+// layers' and sequence plugins offer for tp and sp (PluginTerms::layouts;
+// the shipped ones: tp 1d, 2d, 2.5d, 3d; sp ulysses, ring, hybrid, and
+// megatron over a 1d tensor group with sp = 1), whose rules on the model
+// (layout_problem) drop the rest; pipeline schedules gpipe, 1f1b,
+// interleaved (chunks 2, 4, ...), zb; ZeRO 0-3;
 // recompute none/selective/full; the micro-batch sizes in options; the
 // offload fractions in options. A candidate is dropped at the first
 // constraint it breaks, and the drop is counted by reason (structure first,
