@@ -83,9 +83,7 @@ std::string megatron_layout(const LayoutQuery& l) {
 // tensor group of 1d.
 void offer(const LayoutQuery& mesh, const char* mode, int64_t ulysses,
            std::vector<LayoutQuery>& out) {
-  LayoutQuery l = mesh;
-  l.sequence_mode = mode, l.ulysses = ulysses;
-  out.push_back(l);
+  offer_layout(mesh, "sequence", mode, ulysses, out);
 }
 
 void ulysses_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
@@ -170,9 +168,8 @@ PluginTerms terms(const char* name,
                   std::string (*problem)(const LayoutQuery&),
                   void (*layouts)(const LayoutQuery&, std::vector<LayoutQuery>&),
                   void (*traffic)(const MemoryQuery&, std::vector<CollectiveCall>&)) {
-  PluginTerms t;
-  t.name = name, t.role = "sequence", t.mode = name;
-  t.attention = attention, t.layout_problem = problem, t.layouts = layouts, t.traffic = traffic;
+  PluginTerms t = layout_plugin_terms(name, "sequence", name, problem, layouts, traffic);
+  t.attention = attention;
   return t;
 }
 

@@ -61,33 +61,27 @@ std::string three_d_layout(const LayoutQuery& l) {
 
 // The layouts each mode offers for tp ranks: 1d any, the grids a square
 // (2d), d x q x q for every d from 2 (2.5d), a cube (3d), each of sides >= 2.
+void offer(const LayoutQuery& mesh, const char* mode, int64_t depth,
+           std::vector<LayoutQuery>& out) {
+  offer_layout(mesh, "layers", mode, depth, out);
+}
+
 void one_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
-  LayoutQuery l = mesh;
-  l.tensor_mode = "1d", l.depth = 1;
-  out.push_back(l);
+  offer(mesh, "1d", 1, out);
 }
 
 void two_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
-  if (exact_root(mesh.tp, 2) < 2) return;
-  LayoutQuery l = mesh;
-  l.tensor_mode = "2d", l.depth = 1;
-  out.push_back(l);
+  if (exact_root(mesh.tp, 2) >= 2) offer(mesh, "2d", 1, out);
 }
 
 void two_and_half_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
   for (int64_t d = 2; d * 4 <= mesh.tp; ++d) {
-    if (mesh.tp % d != 0 || exact_root(mesh.tp / d, 2) < 2) continue;
-    LayoutQuery l = mesh;
-    l.tensor_mode = "2.5d", l.depth = d;
-    out.push_back(l);
+    if (mesh.tp % d == 0 && exact_root(mesh.tp / d, 2) >= 2) offer(mesh, "2.5d", d, out);
   }
 }
 
 void three_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
-  if (exact_root(mesh.tp, 3) < 2) return;
-  LayoutQuery l = mesh;
-  l.tensor_mode = "3d", l.depth = 1;
-  out.push_back(l);
+  if (exact_root(mesh.tp, 3) >= 2) offer(mesh, "3d", 1, out);
 }
 
 // tp1d: per block two all-reduces of the rank's [b, s/sp, h] activations
@@ -197,9 +191,8 @@ PluginTerms terms(const char* name, const char* mode, TensorCut (*cut)(const Mem
                   std::string (*problem)(const LayoutQuery&),
                   void (*layouts)(const LayoutQuery&, std::vector<LayoutQuery>&),
                   void (*traffic)(const MemoryQuery&, std::vector<CollectiveCall>&)) {
-  PluginTerms t;
-  t.name = name, t.role = "layers", t.mode = mode;
-  t.cut = cut, t.layout_problem = problem, t.layouts = layouts, t.traffic = traffic;
+  PluginTerms t = layout_plugin_terms(name, "layers", mode, problem, layouts, traffic);
+  t.cut = cut;
   return t;
 }
 

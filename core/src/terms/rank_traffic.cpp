@@ -27,6 +27,27 @@ double CollectiveCall::sent() const {
   return count * one;
 }
 
+PluginTerms layout_plugin_terms(const std::string& name, const std::string& role,
+                                const std::string& mode, std::string (*problem)(const LayoutQuery&),
+                                void (*layouts)(const LayoutQuery&, std::vector<LayoutQuery>&),
+                                void (*traffic)(const MemoryQuery&, std::vector<CollectiveCall>&)) {
+  PluginTerms t;
+  t.name = name, t.role = role, t.mode = mode;
+  t.layout_problem = problem, t.layouts = layouts, t.traffic = traffic;
+  return t;
+}
+
+void offer_layout(const LayoutQuery& mesh, const std::string& role, const char* mode,
+                  int64_t variant, std::vector<LayoutQuery>& out) {
+  LayoutQuery l = mesh;
+  if (role == "sequence") {
+    l.sequence_mode = mode, l.ulysses = variant;
+  } else {
+    l.tensor_mode = mode, l.depth = variant;
+  }
+  out.push_back(l);
+}
+
 std::vector<LayoutQuery> offered_layouts(const std::string& role, const LayoutQuery& mesh) {
   std::vector<LayoutQuery> out;
   for (const std::string& name : plugin_terms_names()) {

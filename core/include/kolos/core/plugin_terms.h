@@ -229,6 +229,18 @@ int64_t exact_root(int64_t n, int k);
 // megatron).
 AttentionMemory dense_attention_memory(const MemoryQuery& q, double micro, double tokens);
 
+// A layers' or sequence plugin's terms for the planner: its name, role,
+// mode word, layout rules, offered layouts and traffic (the caller adds
+// its role's memory hook).
+PluginTerms layout_plugin_terms(const std::string& name, const std::string& role,
+                                const std::string& mode, std::string (*problem)(const LayoutQuery&),
+                                void (*layouts)(const LayoutQuery&, std::vector<LayoutQuery>&),
+                                void (*traffic)(const MemoryQuery&, std::vector<CollectiveCall>&));
+// Appends `mesh` as a plugin of `role` offers it: its mode word and its
+// variant (layers: the tensor mode and the depth; sequence: the sequence
+// mode and the Ulysses degree).
+void offer_layout(const LayoutQuery& mesh, const std::string& role, const char* mode,
+                  int64_t variant, std::vector<LayoutQuery>& out);
 // The layouts every registered plugin of `role` ("layers", "sequence")
 // offers for `mesh` (PluginTerms::layouts), in the order of their names.
 std::vector<LayoutQuery> offered_layouts(const std::string& role, const LayoutQuery& mesh);
