@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "kolos/planner/tune.h"
 
@@ -147,8 +148,9 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
 
   // One block, one micro-batch: the layers' and the sequence plugin's
   // traffic (a ring's hops hide behind the attention they feed).
-  const std::vector<CollectiveCall> tp_calls = plugin_traffic(q.layers, q);
-  const std::vector<CollectiveCall> sp_calls = plugin_traffic(q.sequence, q);
+  bool tp_priced = true, sp_priced = true, grad_priced = true;
+  const std::vector<CollectiveCall> tp_calls = plugin_traffic(q.layers, q, &tp_priced);
+  const std::vector<CollectiveCall> sp_calls = plugin_traffic(q.sequence, q, &sp_priced);
   const Comm tpc = price(mach, tp_calls, CallSite::kBlock);
   const Comm spc = price(mach, sp_calls, CallSite::kBlock, shared ? 0.0 : att_f);
   if (c.recompute == Recompute::kFull) {
@@ -274,7 +276,8 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   // first rank's parameters (it holds the most: the embedding).
   const double Xg = e * params_rank0;
   double hidden = 0, unused = 0;
-  const Comm step_c = price(mach, gradient_traffic(q, Xg), CallSite::kStep, 0, &unused, &hidden);
+  const Comm step_c =
+      price(mach, gradient_traffic(q, Xg, &grad_priced), CallSite::kStep, 0, &unused, &hidden);
   const double dp_exposed =
       step_c.fwd + step_c.bwd + unused + std::max(0.0, hidden - overlap * backward_rank0);
   const double dp_bytes = step_c.bytes + M * grad_bytes_micro;
@@ -286,6 +289,14 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
                          off_params * optimizer_bytes_per_param(e) / kHostOptimizerBytes;
 
   Prediction p;
+  for (const auto& [priced, role, name] :
+       {std::tuple{tp_priced, "layers", q.layers}, std::tuple{sp_priced, "sequence", q.sequence},
+        std::tuple{grad_priced, "gradients", q.gradients}}) {
+    if (!priced) {
+      p.unpriced.push_back(std::string(role) + " plugin `" + name +
+                           "` says nothing of what it sends: its traffic is not priced");
+    }
+  }
   // Shared cores can make the makespan shorter than the busiest rank's
   // time at the shared rate: its compute and communication then shrink in
   // proportion, with no bubble.

@@ -1,6 +1,7 @@
 // Names, one-line descriptions and the plan table.
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include "kolos/planner/search.h"
@@ -106,6 +107,11 @@ std::string format_plans(const SearchResult& r, const Workload& w, const Machine
                     : fixed(q.model_flops_per_gpu / 1e12, 1))
           << " |\n";
     }
+    std::set<std::string> unpriced;
+    for (const RankedPlan& p : r.plans)
+      unpriced.insert(p.prediction.unpriced.begin(), p.prediction.unpriced.end());
+    for (const std::string& u : unpriced) out << "\nNot priced: " << u << ".";
+    if (!unpriced.empty()) out << "\n";
     if (r.top < r.plans.size()) {
       out << "\nRows " << r.top + 1 << "-" << r.plans.size()
           << ": the best plan of each other layout (pp, dp, sp and tp with their modes).\n";

@@ -48,6 +48,9 @@ PluginTerms x_terms() {
 
 KOLOS_PLUGIN_TERMS(x_terms());
 
+// A layers plugin whose terms say nothing of its traffic (tensor mode "y").
+KOLOS_PLUGIN_TERMS(PluginTerms{"tpy", "layers"});
+
 }  // namespace
 
 TEST(PlannerPluginCosts, ARegisteredLayersPluginIsOfferedPricedAndNamed) {
@@ -81,6 +84,27 @@ TEST(PlannerPluginCosts, ARegisteredLayersPluginIsOfferedPricedAndNamed) {
   EXPECT_DOUBLE_EQ(twice.bytes_tp, 2 * once.bytes_tp);
   EXPECT_GT(twice.comm, once.comm);
   EXPECT_GT(twice.step, once.step);
+}
+
+// A plugin that does not say what it sends is named in the prediction and
+// in the plan table, not priced as another.
+TEST(PlannerPluginCosts, APluginWithoutTrafficIsNamedNotGuessed) {
+  const Workload w = fixtures::small_workload();
+  const Machine mach = fixtures::test_machine(1);
+  Candidate c;
+  c.dp = 2, c.tp = 2, c.tp_mode = "y", c.microbatches = 32, c.micro_batch = 1;
+  const Prediction p = predict(w, mach, c);
+  ASSERT_EQ(p.unpriced.size(), 1u);
+  EXPECT_EQ(p.unpriced[0],
+            "layers plugin `tpy` says nothing of what it sends: its traffic is "
+            "not priced");
+  EXPECT_EQ(p.bytes_tp, 0);
+  SearchResult r;
+  r.plans.push_back({c, p});
+  r.top = 1;
+  EXPECT_NE(format_plans(r, w, mach).find("Not priced: layers plugin `tpy`"), std::string::npos);
+  c.tp_mode = "x";
+  EXPECT_TRUE(predict(w, mach, c).unpriced.empty());
 }
 
 // Every shipped plugin the planner can offer also says what it sends, and

@@ -71,6 +71,9 @@ struct Prediction {
   // standard deviation of ln measured/predicted).
   double feedback = 1;
   double uncertainty = 0;
+  // A chosen plugin that says nothing of what it sends (no traffic hook in
+  // its terms): named here, its collectives left out of `comm`.
+  std::vector<std::string> unpriced;
 };
 
 }  // namespace kolos::planner
