@@ -207,22 +207,20 @@ int calibrate_command(const std::vector<std::string>& args, int argc, char** arg
               << "\n";
     return launch_calibration(config_path, overrides, ranks, mpirun);
   }
-  install_stop_handlers();
-  Runtime runtime(&argc, &argv);
-  return run_guarded(runtime, [&] {
-    RunConfig config;
-    const std::shared_ptr<Planner> planner =
-        load_planner_agreed(runtime, config_path, overrides, make_planner, config);
-    const auto start = std::chrono::steady_clock::now();
-    calibrate_machine(runtime, *planner, config_path, overrides, config);
-    const std::string path = planner->calibration_path(runtime.size());
-    if (runtime.rank() == 0) {
-      std::fprintf(stderr, "kolos calibrate: %d ranks measured in %.1f s -> %s\n", runtime.size(),
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                   path.c_str());
-    }
-    return 0;
-  });
+  return planner_worker(
+      argc, argv, config_path, overrides, make_planner,
+      [&](const Runtime& runtime, Planner& planner, const RunConfig& config) {
+        const auto start = std::chrono::steady_clock::now();
+        calibrate_machine(runtime, planner, config_path, overrides, config);
+        const std::string path = planner.calibration_path(runtime.size());
+        if (runtime.rank() == 0) {
+          std::fprintf(
+              stderr, "kolos calibrate: %d ranks measured in %.1f s -> %s\n", runtime.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              path.c_str());
+        }
+        return 0;
+      });
 }
 
 }  // namespace kolos::cli

@@ -138,17 +138,21 @@ std::string broadcast_text(std::string text) {
   return text;
 }
 
-std::shared_ptr<Planner> load_planner_agreed(const Runtime& runtime, const std::string& path,
-                                             const std::vector<std::string>& overrides,
-                                             const PlannerFactory& make_planner,
-                                             RunConfig& config) {
-  std::shared_ptr<Planner> planner;
-  modules::register_builtin_models();
-  agreed(*runtime.world(), [&] {
-    config = load_run_config(path, overrides);
-    planner = make_planner(config);
+int planner_worker(int argc, char** argv, const std::string& path,
+                   const std::vector<std::string>& overrides, const PlannerFactory& make_planner,
+                   const PlannerBody& body) {
+  install_stop_handlers();
+  Runtime runtime(&argc, &argv);
+  return run_guarded(runtime, [&] {
+    RunConfig config;
+    std::shared_ptr<Planner> planner;
+    modules::register_builtin_models();
+    agreed(*runtime.world(), [&] {
+      config = load_run_config(path, overrides);
+      planner = make_planner(config);
+    });
+    return body(runtime, *planner, config);
   });
-  return planner;
 }
 
 Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& config,
@@ -324,45 +328,44 @@ std::string trials_json(const Tuned& tuned) {
 int plan_tune_worker(int argc, char** argv, const std::string& config_path,
                      const std::vector<std::string>& overrides, bool json,
                      const PlannerFactory& make_planner) {
-  install_stop_handlers();
-  Runtime runtime(&argc, &argv);
-  return run_guarded(runtime, [&] {
-    RunConfig config;
-    const std::shared_ptr<Planner> planner =
-        load_planner_agreed(runtime, config_path, overrides, make_planner, config);
-    const Tuned tuned = plan_and_tune(runtime, *planner, config, config_path, overrides);
-    if (runtime.rank() != 0) return 0;
-    const PlanReport& r = tuned.report;
-    if (json) {
-      std::ostringstream chosen;
-      chosen.precision(9);
-      chosen << "{\"describe\":\"" << tuned.chosen.describe
-             << "\",\"predicted_step_s\":" << tuned.chosen.step_s << ",\"measured_step_s\":"
-             << (tuned.pick >= 0 ? tuned.trials[static_cast<size_t>(tuned.pick)].measured_s : 0.0)
-             << ",\"overrides\":[";
-      for (size_t i = 0; i < tuned.chosen.overrides.size(); ++i) {
-        std::string o;
-        for (const char ch : tuned.chosen.overrides[i]) {
-          if (ch == '"' || ch == '\\') o += '\\';
-          o += ch;
+  return planner_worker(
+      argc, argv, config_path, overrides, make_planner,
+      [&](const Runtime& runtime, Planner& planner, const RunConfig& config) {
+        const Tuned tuned = plan_and_tune(runtime, planner, config, config_path, overrides);
+        if (runtime.rank() != 0) return 0;
+        const PlanReport& r = tuned.report;
+        if (json) {
+          std::ostringstream chosen;
+          chosen.precision(9);
+          chosen << "{\"describe\":\"" << tuned.chosen.describe
+                 << "\",\"predicted_step_s\":" << tuned.chosen.step_s << ",\"measured_step_s\":"
+                 << (tuned.pick >= 0 ? tuned.trials[static_cast<size_t>(tuned.pick)].measured_s
+                                     : 0.0)
+                 << ",\"overrides\":[";
+          for (size_t i = 0; i < tuned.chosen.overrides.size(); ++i) {
+            std::string o;
+            for (const char ch : tuned.chosen.overrides[i]) {
+              if (ch == '"' || ch == '\\') o += '\\';
+              o += ch;
+            }
+            chosen << (i ? "," : "") << '"' << o << '"';
+          }
+          chosen << "]}";
+          std::cout << r.json.substr(0, r.json.size() - 1) << ",\"tuning\":" << trials_json(tuned)
+                    << ",\"chosen\":" << chosen.str() << "}\n";
+          return 0;
         }
-        chosen << (i ? "," : "") << '"' << o << '"';
-      }
-      chosen << "]}";
-      std::cout << r.json.substr(0, r.json.size() - 1) << ",\"tuning\":" << trials_json(tuned)
-                << ",\"chosen\":" << chosen.str() << "}\n";
-      return 0;
-    }
-    std::cout << "kolos: " << config_path << " on " << runtime.size() << " ranks, planned for "
-              << r.text << "\n"
-              << (tuned.trials.empty() ? "kolos: plan --tune: fewer than two finalists; nothing "
-                                         "to try\n"
-                                       : format_trials(tuned, "plan --tune"))
-              << "\nthe pick as a run:";
-    for (const auto& o : tuned.chosen.overrides) std::cout << " --set " << o;
-    std::cout << "\n";
-    return 0;
-  });
+        std::cout << "kolos: " << config_path << " on " << runtime.size() << " ranks, planned for "
+                  << r.text << "\n"
+                  << (tuned.trials.empty()
+                          ? "kolos: plan --tune: fewer than two finalists; nothing "
+                            "to try\n"
+                          : format_trials(tuned, "plan --tune"))
+                  << "\nthe pick as a run:";
+        for (const auto& o : tuned.chosen.overrides) std::cout << " --set " << o;
+        std::cout << "\n";
+        return 0;
+      });
 }
 
 }  // namespace kolos::cli

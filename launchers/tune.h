@@ -68,12 +68,15 @@ int plan_tune_worker(int argc, char** argv, const std::string& config_path,
 // Rank 0's `text` on every rank of the world (collective).
 std::string broadcast_text(std::string text);
 
-// Every rank registers the built-in models, loads config file `path` with
-// `overrides` into `config` and makes its planner; the errors are agreed
-// (AgreedError on every rank).
-std::shared_ptr<Planner> load_planner_agreed(const Runtime& runtime, const std::string& path,
-                                             const std::vector<std::string>& overrides,
-                                             const PlannerFactory& make_planner, RunConfig& config);
+// One rank of a planner's job (`kolos calibrate --worker`, `kolos plan
+// --tune`): MPI started, the stop handlers installed, and on every rank
+// the built-in models registered, config file `path` loaded with
+// `overrides` and its planner made, the errors agreed (AgreedError on
+// every rank); then `body`, under run_guarded (its exit code).
+using PlannerBody = std::function<int(const Runtime&, Planner&, const RunConfig&)>;
+int planner_worker(int argc, char** argv, const std::string& path,
+                   const std::vector<std::string>& overrides, const PlannerFactory& make_planner,
+                   const PlannerBody& body);
 
 // The finalists' table and the pick, for the log ("kolos: PREFIX: ..." lines).
 std::string format_trials(const Tuned& tuned, const std::string& prefix);

@@ -24,6 +24,18 @@ expect_failure() {
   echo "ok: exit $rc, message matches /$regex/"
 }
 
+# wait_for_lines FILE N [TRIES]: waits (0.1 s a try, 600 tries unless
+# given) until FILE has at least N lines, such as a run's metrics after N
+# steps; fails (returns 1) when it does not get there.
+wait_for_lines() {
+  local file=$1 n=$2 tries=${3:-600}
+  for _ in $(seq 1 "$tries"); do
+    [[ -s $file && $(wc -l <"$file") -ge $n ]] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # tiny_gpt_model: the [model] table of the 2-layer GPT the e2e cases train,
 # the harness's tiny_gpt_config (tests/support/tiny_gpt.toml).
 tiny_gpt_model() { cat "$(dirname "${BASH_SOURCE[0]}")/../support/tiny_gpt.toml"; }

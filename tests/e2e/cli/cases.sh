@@ -56,10 +56,7 @@ stopped_rank() {
     --set log.progress=off --set "log.metrics=$metrics" --set train.seed=$marker "$@" \
     >out.txt 2>err.txt &
   local pid=$! vpid="" p
-  for _ in $(seq 1 1200); do
-    [[ -s $metrics && $(wc -l <"$metrics") -ge 3 ]] && break
-    sleep 0.1
-  done
+  wait_for_lines "$metrics" 3 1200
   [[ -s $metrics ]] || { kill -9 $pid; cat err.txt; fail "n=$n: the run wrote no metrics"; }
   # The victim, by its rank in the launcher's environment (a few tries: a
   # loaded machine may show the process before /proc has its environment).
@@ -232,10 +229,7 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     "$KOLOS" run -n 2 "$tiny" --set train.steps=100000 --set log.metrics=m.jsonl \
       --set log.progress=off >out.txt 2>err.txt &
     pid=$!
-    for _ in $(seq 1 600); do
-      [[ -s m.jsonl && $(wc -l <m.jsonl) -ge 3 ]] && break
-      sleep 0.1
-    done
+    wait_for_lines m.jsonl 3
     [[ -s m.jsonl ]] || { kill -9 $pid; fail "the run wrote no metrics"; }
     kill -USR1 $pid
     timeout 60 tail --pid=$pid -f /dev/null || { kill -9 $pid; fail "did not stop within 60 s"; }
@@ -348,10 +342,7 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     "$KOLOS" run -n 2 "$tiny" --set train.seed=4242017 --set train.steps=100000 --set log.metrics=m.jsonl \
       --set log.progress=off >out.txt 2>err.txt &
     pid=$!
-    for _ in $(seq 1 600); do
-      [[ -s m.jsonl && $(wc -l <m.jsonl) -ge 3 ]] && break
-      sleep 0.1
-    done
+    wait_for_lines m.jsonl 3
     victim=$(pgrep -f -n "train.seed=4242017") || { kill -9 $pid; fail "no rank process found"; }
     kill -9 "$victim"
     timeout 60 tail --pid=$pid -f /dev/null || { kill -9 $pid; fail "job still running 60 s after a rank was killed"; }
