@@ -300,16 +300,19 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
                                    att.kernel + ") + 2 largest weight gradients " +
                                    format_bytes(weights)});
   // What the process holds beyond the live tensors: the allocator's freed
-  // but kept memory (glibc malloc keeps heap chunks), MPI's internal buffers
-  // for the large collectives, dp/zero1's bucket rebuild after the first
-  // backward. One allowance, fitted (docs/reliability.md); not derived.
+  // but kept memory (glibc malloc keeps heap chunks), in proportion to the
+  // tensors, and a fixed part: MPI's buffers, the compute and
+  // communication threads and their malloc arenas, dp/zero1's bucket
+  // rebuild after the first backward. Fitted together (docs/reliability.md);
+  // not derived.
   const double host = r.host(), tensors = r.training_peak() - host;
-  const std::string share = std::to_string(std::lround(100 * kAllocatorAllowance)) + "%";
-  r.terms.push_back(MemoryTerm{"allocator, buffers", kAllocatorAllowance * tensors,
-                               share + " of the tensors: freed memory the allocator keeps, MPI "
-                                       "buffers (fitted)"});
+  const std::string share = std::to_string(std::lround(100 * kAllocatorShare)) + "%";
+  r.terms.push_back(MemoryTerm{"allocator, buffers", kAllocatorShare * tensors + kProcessBuffers,
+                               share + " of the tensors + " + format_bytes(kProcessBuffers) +
+                                   ": freed memory the allocator keeps, MPI buffers, threads "
+                                   "(fitted)"});
   if (host > 0) {
-    r.terms.push_back(MemoryTerm{"allocator, host", kAllocatorAllowance * host,
+    r.terms.push_back(MemoryTerm{"allocator, host", kAllocatorShare * host,
                                  share + " of the host tier's tensors", /*host=*/true});
   }
   r.terms.push_back(

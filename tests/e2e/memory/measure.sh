@@ -110,6 +110,12 @@ memory_heldout_runs=(
   # [memory]: the states in chunks on NVMe under a budget of a quarter of
   # them (write_memory_configs makes ./nvme).
   "wide-chunks-nvme|wide.toml|--set memory.compute_budget=\"200MiB\" --set memory.offload=\"nvme\" --set memory.nvme_dir=\"nvme\""
+  # Small runs of the fit set's models (tens to a few hundred MiB of
+  # tensors), where the process's fixed part is a large share.
+  "small-dp|activations.toml|--set train.micro_batch=2 --set train.global_batch=4"
+  "small-ulysses2|activations.toml|--set train.micro_batch=2 --set train.global_batch=4 --set parallel.sequence.size=2"
+  "small-tp2-full|activations.toml|--set train.micro_batch=1 --set train.global_batch=2 --set parallel.tensor.size=2 --set train.recompute=\"full\""
+  "small-states-zero2|states.toml|--set model.hidden=256 --set model.vocab=2048 --set parallel.zero.stage=2"
 )
 
 # measure_memory NAME RANKS CONFIG [OVERRIDES...]: runs CONFIG on RANKS
