@@ -177,6 +177,9 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   const double head_f = R.block_factor * (logit / R.gemm_rate(logit) +
                                           (e * 3 + 12) * b * tokens * V / tp / R.elementwise_bytes);
   const double embed_f = 3 * e * b * tokens * h / R.elementwise_bytes;
+  // The gradients plugin's calls per byte of parameters (their bytes scale
+  // with the stage's).
+  const std::vector<CollectiveCall> grad_unit = gradient_traffic(q, 1.0, &grad_priced);
   std::vector<StageTimes> stages(S);
   std::vector<double> arith_f(S), arith_b(S), params(S);
   double grad_bytes_micro = 0;  // the gradients plugin's, per micro-batch, the first rank's stages
@@ -198,7 +201,9 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
     // parameters (ZeRO-2's reduce-scatter, ZeRO-3's gathers): each hides
     // behind its pass up to kReductionOverlap.
     double gf = 0, gb = 0;
-    const Comm g = price(mach, gradient_traffic(q, e * p), CallSite::kMicroBatch, 0, &gf, &gb);
+    std::vector<CollectiveCall> stage_calls = grad_unit;
+    for (CollectiveCall& call : stage_calls) call.bytes *= e * p;
+    const Comm g = price(mach, stage_calls, CallSite::kMicroBatch, 0, &gf, &gb);
     if (vs % c.pp == 0) grad_bytes_micro += g.bytes;
     cf += g.fwd + std::max(0.0, gf - overlap * (af + cf));
     cb += g.bwd + std::max(0.0, gb - overlap * (ab + cb));
@@ -276,8 +281,9 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   // first rank's parameters (it holds the most: the embedding).
   const double Xg = e * params_rank0;
   double hidden = 0, unused = 0;
-  const Comm step_c =
-      price(mach, gradient_traffic(q, Xg, &grad_priced), CallSite::kStep, 0, &unused, &hidden);
+  std::vector<CollectiveCall> step_calls = grad_unit;
+  for (CollectiveCall& call : step_calls) call.bytes *= Xg;
+  const Comm step_c = price(mach, step_calls, CallSite::kStep, 0, &unused, &hidden);
   const double dp_exposed =
       step_c.fwd + step_c.bwd + unused + std::max(0.0, hidden - overlap * backward_rank0);
   const double dp_bytes = step_c.bytes + M * grad_bytes_micro;

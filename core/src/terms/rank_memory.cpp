@@ -179,7 +179,13 @@ AttentionMemory dense_attention_memory(const MemoryQuery& q, double micro, doubl
 }
 
 // The roles' built-ins: a run without a tensor split, without a pipeline.
-KOLOS_PLUGIN_TERMS(PluginTerms{"serial", "layers", [](const MemoryQuery&) { return TensorCut{}; }});
+// The serial layers send nothing.
+PluginTerms serial_terms() {
+  PluginTerms t{"serial", "layers", [](const MemoryQuery&) { return TensorCut{}; }};
+  t.traffic = [](const MemoryQuery&, std::vector<CollectiveCall>&) {};
+  return t;
+}
+KOLOS_PLUGIN_TERMS(serial_terms());
 KOLOS_PLUGIN_TERMS(PluginTerms{"single-stage", "pipeline", nullptr, nullptr,
                                [](const MemoryQuery&, int64_t) { return 1.0; }});
 

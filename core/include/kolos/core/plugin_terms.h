@@ -205,7 +205,8 @@ struct PluginTerms {
   // kBlock, kEmbedding, kHead).
   void (*traffic)(const MemoryQuery&, std::vector<CollectiveCall>& out) = nullptr;
   // gradients: the collectives over `parameter_bytes` of parameters, per
-  // micro-batch (kMicroBatch) and per step (kStep).
+  // micro-batch (kMicroBatch) and per step (kStep), their bytes in
+  // proportion to parameter_bytes (the planner asks once, per byte).
   void (*gradient_traffic)(const MemoryQuery&, double parameter_bytes,
                            std::vector<CollectiveCall>& out) = nullptr;
   // gradients: the share of a rank's parameters its optimizer steps
