@@ -124,8 +124,8 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
   const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
   const double split = tp * sp;
   const double tokens = s / sp;  // positions per rank outside attention
-  // The run as its plugins see it: they say what they send.
-  const MemoryQuery q = memory_query(w, c);
+  // The run as its plugins see it: they say what they send and hold.
+  const MemoryQuery q = memory_query(w, c, mach.cluster.runtime_bytes);
 
   // One block, one micro-batch: arithmetic (block_times), scaled by the
   // calibration's measured block factor.
@@ -327,7 +327,7 @@ Prediction predict(const Workload& w, const Machine& mach, const Candidate& c,
       *part *= R.step_factor * p.feedback;
     }
   }
-  p.memory = memory_per_rank(w, c, mach.cluster, &p.memory_parts);
+  p.memory = memory_per_rank(q, mach.cluster, &p.memory_parts);
   const double blocks_rank = static_cast<double>(m.layers) / static_cast<double>(c.pp);
   p.bytes_tp = M * blocks_rank * block_bytes_tp + M * embedding_c.bytes;
   if (c.pp == 1) p.bytes_tp += M * head_c.bytes;

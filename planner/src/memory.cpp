@@ -91,8 +91,12 @@ double memory_per_rank(const Workload& w, const Candidate& c, std::vector<Memory
 
 double memory_per_rank(const Workload& w, const Candidate& c, const Cluster& cluster,
                        std::vector<MemoryPart>* parts, double* host_bytes) {
-  return rank_bytes(rank_memory(memory_query(w, c, cluster.runtime_bytes)), cluster.host_is_device,
-                    parts, host_bytes);
+  return memory_per_rank(memory_query(w, c, cluster.runtime_bytes), cluster, parts, host_bytes);
+}
+
+double memory_per_rank(const MemoryQuery& q, const Cluster& cluster, std::vector<MemoryPart>* parts,
+                       double* host_bytes) {
+  return rank_bytes(rank_memory(q), cluster.host_is_device, parts, host_bytes);
 }
 
 }  // namespace kolos::planner

@@ -90,6 +90,10 @@ double memory_per_rank(const Workload& w, const Candidate& c, std::vector<Memory
 // its device (Cluster::host_is_device) the host tier counted in.
 double memory_per_rank(const Workload& w, const Candidate& c, const Cluster& cluster,
                        std::vector<MemoryPart>* parts, double* host_bytes = nullptr);
+// The same for a query already made with the cluster's runtime bytes
+// (memory_query(w, c, cluster.runtime_bytes)).
+double memory_per_rank(const MemoryQuery& q, const Cluster& cluster, std::vector<MemoryPart>* parts,
+                       double* host_bytes = nullptr);
 
 // The whole prediction. Not thread-safe: the pipeline plans it simulates
 // are cached in a process-wide table. `simulate_pipeline`: run the pipeline plugin's
