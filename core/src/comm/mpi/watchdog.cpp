@@ -30,6 +30,7 @@ constexpr int kVerdictTag = 2;
 constexpr int kMaxNamed = 8;          // silent ranks a verdict carries
 constexpr size_t kMaxOutstanding = 64;  // unfinished heartbeat sends before skipping some
 constexpr int kHostLength = 64;
+constexpr milliseconds kDrainFor(10000);  // stop() waits this long for the peers' last messages
 
 std::atomic<int64_t> g_step{-1};
 // Run before MPI_Abort when an operation times out (NCCL communicators).
@@ -95,6 +96,8 @@ class Watchdog {
     for (int r = 0; r < size; ++r) hosts_.emplace_back(all.data() + r * kHostLength);
     const auto now = Clock::now();
     last_seen_.assign(size, now);
+    sent_to_.assign(size, 0);
+    received_from_.assign(size, 0);
     last_verdict_ = now;
     last_tick_ = now;
     frozen_at_ = Clock::time_point{};
@@ -113,15 +116,17 @@ class Watchdog {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
-    // Heartbeats are a few bytes (sent eagerly): they complete at once; a
-    // send that does not is released, not waited for.
+    const bool drained = drain();
+    // A send still unfinished (its peer never arrived) is released, not
+    // waited for.
     for (Outgoing& out : outgoing_) {
       int done = 0;
       MPI_Test(&out.request, &done, MPI_STATUS_IGNORE);
       if (!done && out.request != MPI_REQUEST_NULL) MPI_Request_free(&out.request);
     }
     outgoing_.clear();
-    MPI_Comm_free(&comm_);
+    // An unfinished exchange of counts still uses the communicator.
+    if (drained) MPI_Comm_free(&comm_);
   }
 
   bool running() const { return running_.load(std::memory_order_acquire); }
@@ -157,6 +162,54 @@ class Watchdog {
     }
   }
 
+  // Receives the heartbeats and verdicts still in flight when every rank
+  // stops: each rank learns how many messages every peer sent it and takes
+  // those it has not received. Left in MPI, they would stay unmatched (UCX
+  // warns of each one at MPI_Finalize). Bounded by kDrainFor: a peer that
+  // does not stop in time is not waited for. True when the counts' exchange
+  // finished.
+  bool drain() {
+    std::vector<int> expected(size_, 0);
+    MPI_Request counts = MPI_REQUEST_NULL;
+    if (MPI_Ialltoall(sent_to_.data(), 1, MPI_INT, expected.data(), 1, MPI_INT, comm_, &counts) !=
+        MPI_SUCCESS) {
+      return true;  // nothing pending on the communicator
+    }
+    const auto deadline = Clock::now() + kDrainFor;
+    bool exchanged = false;
+    for (;;) {
+      if (!exchanged) {
+        int done = 0;
+        MPI_Test(&counts, &done, MPI_STATUS_IGNORE);
+        exchanged = done != 0;
+      }
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &status) == MPI_SUCCESS && flag) {
+        int count = 0;
+        MPI_Get_count(&status, MPI_INT, &count);
+        std::vector<int> data(std::max(count, 1));
+        MPI_Recv(data.data(), count, MPI_INT, status.MPI_SOURCE, status.MPI_TAG, comm_,
+                 MPI_STATUS_IGNORE);
+        ++received_from_[status.MPI_SOURCE];
+        continue;
+      }
+      bool outgoing_done = true;
+      for (Outgoing& out : outgoing_) {
+        int done = 0;
+        MPI_Test(&out.request, &done, MPI_STATUS_IGNORE);
+        outgoing_done = outgoing_done && done != 0;
+      }
+      if (exchanged && outgoing_done &&
+          std::equal(expected.begin(), expected.end(), received_from_.begin(),
+                     [](int sent, int received) { return received >= sent; })) {
+        return true;
+      }
+      if (Clock::now() >= deadline) return exchanged;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
   // ---- heartbeats (this thread only) ----------------------------------------
 
   void send(std::vector<int> data, int to, int tag) {
@@ -174,7 +227,9 @@ class Watchdog {
     if (MPI_Isend(out.data.data(), static_cast<int>(out.data.size()), MPI_INT, to, tag, comm_,
                   &out.request) != MPI_SUCCESS) {
       outgoing_.pop_back();
+      return;
     }
+    ++sent_to_[to];
   }
 
   void beat() {
@@ -207,6 +262,7 @@ class Watchdog {
       MPI_Get_count(&status, MPI_INT, &count);
       std::vector<int> data(std::max(count, 1));
       MPI_Recv(data.data(), count, MPI_INT, status.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE);
+      ++received_from_[status.MPI_SOURCE];
       const auto now = Clock::now();
       if (rank_ == 0) {
         last_seen_[status.MPI_SOURCE] = now;
@@ -313,6 +369,8 @@ class Watchdog {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::deque<Outgoing> outgoing_;
   std::vector<Clock::time_point> last_seen_;
+  std::vector<int> sent_to_;        // messages sent to each rank
+  std::vector<int> received_from_;  // messages received from each rank
   Clock::time_point last_verdict_;
   Clock::time_point last_tick_;            // the loop's previous round
   Clock::time_point frozen_at_;            // when this process last found itself frozen
