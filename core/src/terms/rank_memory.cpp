@@ -187,7 +187,7 @@ PluginTerms serial_terms() {
 }
 KOLOS_PLUGIN_TERMS(serial_terms());
 KOLOS_PLUGIN_TERMS(PluginTerms{"single-stage", "pipeline", nullptr, nullptr,
-                               [](const MemoryQuery&, int64_t) { return 1.0; }});
+                               [](const MemoryQuery&, int64_t, std::string*) { return 1.0; }});
 
 double RankMemory::training_peak() const {
   double total = 0;
@@ -249,9 +249,10 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
     }
   }
   double flight = 1;
+  std::string schedule;  // the pipeline's words for its schedule
   if (q.pp > 1) {
     if (const PluginTerms* t = ask("pipeline", q.pipeline, &PluginTerms::in_flight, missing)) {
-      flight = t->in_flight(q, stage);
+      flight = t->in_flight(q, stage, &schedule);
     } else {
       unknown.push_back(missing + " (one micro-batch in flight taken)");
     }
@@ -284,7 +285,7 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   }
   if (q.pp > 1) {
     detail += ", " + fmt_count(flight) + " micro-batches in flight (" +
-              q.setting("parallel.pipeline.schedule", "1f1b") + ")";
+              (schedule.empty() ? q.pipeline : schedule) + ")";
   }
   if (p.head) {
     // The logits, their log-softmax and its gradient (vocabulary cut by tp).

@@ -178,7 +178,9 @@ struct PluginTerms {
   TensorCut (*cut)(const MemoryQuery&) = nullptr;  // layers
   AttentionMemory (*attention)(const MemoryQuery&, double micro,
                                double tokens) = nullptr;             // sequence
-  double (*in_flight)(const MemoryQuery&, int64_t stage) = nullptr;  // pipeline
+  // pipeline: the micro-batches whose activations `stage` holds at once,
+  // and (when the pointer is given) the schedule that says so, in words.
+  double (*in_flight)(const MemoryQuery&, int64_t stage, std::string* schedule) = nullptr;
   // gradients, memory: appends "parameters", "gradients", "optimizer
   // states" (or the memory role's tiers) for `piece`.
   void (*states)(const MemoryQuery&, const RankPiece&, std::vector<MemoryTerm>&) = nullptr;
