@@ -55,6 +55,7 @@ MemoryQuery memory_query(const Workload& w, const Candidate& c, double runtime_b
   q.recompute_every = w.recompute_every;
   q.runtime_bytes = runtime_bytes;
   q.runtime_source = "the cluster file's runtime_bytes";
+  q.details = false;  // the planner reads the bytes alone
   if (w.memory_role) {
     q.memory = plugins.memory;
   } else if (c.offload > 0) {

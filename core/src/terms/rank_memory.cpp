@@ -88,6 +88,7 @@ RankPiece piece_of(const MemoryQuery& q, int64_t stage) {
   const double tp = static_cast<double>(q.tp);
   RankPiece p;
   p.stage = stage;
+  p.details = q.details;
   p.blocks = std::ceil(m.layers / static_cast<double>(q.pp));
   if (stage == q.pp - 1) p.blocks = m.layers - p.blocks * static_cast<double>(q.pp - 1);
   p.blocks = std::max(0.0, p.blocks);
@@ -132,7 +133,9 @@ std::string MemoryQuery::setting(const std::string& key, const std::string& fall
   return it == settings.end() ? fallback : it->second;
 }
 
-std::string RankPiece::count() const { return fmt_count(params) + " local parameters"; }
+std::string RankPiece::count() const {
+  return details ? fmt_count(params) + " local parameters" : std::string();
+}
 
 void register_plugin_terms(const PluginTerms& terms) {
   Registry& r = registry();
@@ -206,7 +209,7 @@ double RankMemory::peak() const { return std::max(training_peak(), build_peak); 
 RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   const ModelDims& m = q.model;
   RankMemory r;
-  r.rank = q.pp > 1 ? "pipeline stage " + std::to_string(stage) : "every rank";
+  if (q.details) r.rank = q.pp > 1 ? "pipeline stage " + std::to_string(stage) : "every rank";
   const double elem = q.element_bytes, tp = static_cast<double>(q.tp);
   const RankPiece p = piece_of(q, stage);
   r.model_parameters = m.layers * block_params(m, m.experts) + embedding_params(m) + head_params(m);
@@ -268,22 +271,25 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   const double rest = 4 * bsh + wide * micro * tokens * m.inner + att.saved;
   const double per_block = elem * (norms / cut.norms + rest / cut.rest);
   double act = p.blocks * per_block * flight;
-  std::string detail =
-      "micro-batch " + std::to_string(q.micro_batch) + ", " + fmt_count(p.blocks) + " blocks";
+  std::string detail;
+  if (q.details) {
+    detail =
+        "micro-batch " + std::to_string(q.micro_batch) + ", " + fmt_count(p.blocks) + " blocks";
+  }
   const double chosen = recomputed_blocks(q, stage, p.blocks);
   if (chosen > 0 && q.recompute == "full") {
     // A recomputed block keeps its input only; in backward one block at a
     // time holds its activations again.
     const double input = elem * bsh / cut.kept_input;
     act = (chosen * input + (p.blocks - chosen) * per_block) * flight + per_block;
-    detail += " (" + fmt_count(chosen) + " recomputed: their inputs + one block)";
+    if (q.details) detail += " (" + fmt_count(chosen) + " recomputed: their inputs + one block)";
   } else if (chosen > 0 && q.recompute == "selective" && att.probabilities > 0) {
     // A recomputed attention core keeps q, k, v (counted) but not its
     // probabilities.
     act -= chosen * elem * att.probabilities / cut.rest * flight;
-    detail += " (" + fmt_count(chosen) + " without attention probabilities)";
+    if (q.details) detail += " (" + fmt_count(chosen) + " without attention probabilities)";
   }
-  if (q.pp > 1) {
+  if (q.pp > 1 && q.details) {
     detail += ", " + fmt_count(flight) + " micro-batches in flight (" +
               (schedule.empty() ? q.pipeline : schedule) + ")";
   }
@@ -294,18 +300,19 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
     const double per_logit = q.mixed() ? 2 * elem + 3 * 4 : 3 * elem;
     const double logits = per_logit * micro * tokens * m.vocab / tp;
     act += logits;
-    detail += " + logits " + format_bytes(logits);
+    if (q.details) detail += " + logits " + format_bytes(logits);
   }
-  for (const auto& u : unknown) detail += "; " + u;
+  for (const auto& u : unknown) detail += (detail.empty() ? "" : "; ") + u;
   r.terms.push_back(MemoryTerm{"activations", act, detail});
   // Backward's temporaries at their high point: the attention core's and
   // the gradients of the largest weights (the embedding's dense gradient and
   // the tied head's) before they are added into the buffers that keep them.
   const double weights = 2 * elem * p.largest / tp;
-  r.terms.push_back(MemoryTerm{"temporaries", att.backward + weights,
-                               "attention gradients " + format_bytes(att.backward) + " (" +
-                                   att.kernel + ") + 2 largest weight gradients " +
-                                   format_bytes(weights)});
+  r.terms.push_back(MemoryTerm{
+      "temporaries", att.backward + weights,
+      q.details ? "attention gradients " + format_bytes(att.backward) + " (" + att.kernel +
+                      ") + 2 largest weight gradients " + format_bytes(weights)
+                : std::string()});
   // What the process holds beyond the live tensors: the allocator's freed
   // but kept memory (glibc malloc keeps heap chunks), in proportion to the
   // tensors, and a fixed part: MPI's buffers, the compute and
@@ -313,22 +320,30 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   // rebuild after the first backward. Fitted together (docs/reliability.md);
   // not derived.
   const double host = r.host(), tensors = r.training_peak() - host;
-  const std::string share = std::to_string(std::lround(100 * kAllocatorShare)) + "%";
+  const std::string share =
+      q.details ? std::to_string(std::lround(100 * kAllocatorShare)) + "%" : std::string();
   r.terms.push_back(MemoryTerm{"allocator, buffers", kAllocatorShare * tensors + kProcessBuffers,
-                               share + " of the tensors + " + format_bytes(kProcessBuffers) +
-                                   ": freed memory the allocator keeps, MPI buffers, threads "
-                                   "(fitted)"});
+                               q.details
+                                   ? share + " of the tensors + " + format_bytes(kProcessBuffers) +
+                                         ": freed memory the allocator keeps, MPI buffers, "
+                                         "threads (fitted)"
+                                   : std::string()});
   if (host > 0) {
     r.terms.push_back(MemoryTerm{"allocator, host", kAllocatorShare * host,
-                                 share + " of the host tier's tensors", /*host=*/true});
+                                 q.details ? share + " of the host tier's tensors" : std::string(),
+                                 /*host=*/true});
   }
   r.terms.push_back(
-      MemoryTerm{"runtime", q.runtime_bytes, "LibTorch, MPI, plugins: " + q.runtime_source});
+      MemoryTerm{"runtime", q.runtime_bytes,
+                 q.details ? "LibTorch, MPI, plugins: " + q.runtime_source : std::string()});
   r.build_peak = q.runtime_bytes + built + 2 * elem * p.largest;
-  r.build_detail = std::string("runtime + ") +
-                   (built_into_place ? "what the states' plugin keeps as it builds, one block whole"
-                                     : "local parameters whole") +
-                   " + initialisation temporaries";
+  if (q.details) {
+    r.build_detail =
+        std::string("runtime + ") +
+        (built_into_place ? "what the states' plugin keeps as it builds, one block whole"
+                          : "local parameters whole") +
+        " + initialisation temporaries";
+  }
   return r;
 }
 

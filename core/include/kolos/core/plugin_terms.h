@@ -79,6 +79,9 @@ struct MemoryQuery {
   double bucket_bytes = 0;   // [parallel] bucket size
   double runtime_bytes = 0;  // the process before the model exists
   std::string runtime_source = "measured in this process";  // for the table
+  // The terms' texts (MemoryTerm::detail and the like); the planner's search
+  // asks for the bytes alone, a million times.
+  bool details = true;
 
   bool mixed() const { return element_bytes < 4; }  // fp32 masters beside bf16/fp16
   // A plugin key's text, or `fallback` when the run does not set it.
@@ -93,7 +96,8 @@ struct RankPiece {
   double block = 0;    // one block's local parameters
   double largest = 0;  // the largest global tensor (built whole to initialise)
   bool embeddings = false, head = false;
-  // "1.2M local parameters": for the terms' details.
+  bool details = true;  // MemoryQuery::details
+  // "1.2M local parameters": for the terms' details ("" without them).
   std::string count() const;
 };
 
