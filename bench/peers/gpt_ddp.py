@@ -89,6 +89,28 @@ def parse_args(argv=None):
     return check_args(p, a, a.ranks)
 
 
+def linear(i, o, std, bias=True):
+    """nn.Linear(i, o) initialised as kolos's layers are: weight N(0, std),
+    bias zero."""
+    import torch.nn as nn
+
+    m = nn.Linear(i, o, bias=bias)
+    nn.init.normal_(m.weight, 0.0, std)
+    if bias:
+        nn.init.zeros_(m.bias)
+    return m
+
+
+def attention_projections(module, a, out_std):
+    """Sets kolos's attention projections on `module`, in its creation order:
+    q_proj, k_proj, v_proj (std --init-std) and o_proj (std `out_std`), each
+    Linear(hidden, hidden) with a bias."""
+    module.q_proj = linear(a.hidden, a.hidden, a.init_std)
+    module.k_proj = linear(a.hidden, a.hidden, a.init_std)
+    module.v_proj = linear(a.hidden, a.hidden, a.init_std)
+    module.o_proj = linear(a.hidden, a.hidden, out_std)
+
+
 def build_model(a):
     import torch
     import torch.nn as nn
@@ -96,20 +118,11 @@ def build_model(a):
 
     out_std = a.init_std / math.sqrt(2.0 * a.layers)
 
-    def linear(i, o, std):
-        m = nn.Linear(i, o, bias=True)
-        nn.init.normal_(m.weight, 0.0, std)
-        nn.init.zeros_(m.bias)
-        return m
-
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
             self.heads, self.head_dim = a.heads, a.hidden // a.heads
-            self.q_proj = linear(a.hidden, a.hidden, a.init_std)
-            self.k_proj = linear(a.hidden, a.hidden, a.init_std)
-            self.v_proj = linear(a.hidden, a.hidden, a.init_std)
-            self.o_proj = linear(a.hidden, a.hidden, out_std)
+            attention_projections(self, a, out_std)
 
         def forward(self, x):
             b, t, _ = x.shape

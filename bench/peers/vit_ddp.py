@@ -64,21 +64,11 @@ def build_model(a):
 
     out_std = a.init_std / math.sqrt(2.0 * a.layers)
 
-    def linear(i, o, std, bias=True):
-        m = nn.Linear(i, o, bias=bias)
-        nn.init.normal_(m.weight, 0.0, std)
-        if bias:
-            nn.init.zeros_(m.bias)
-        return m
-
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
             self.heads = a.heads
-            self.q_proj = linear(a.hidden, a.hidden, a.init_std)
-            self.k_proj = linear(a.hidden, a.hidden, a.init_std)
-            self.v_proj = linear(a.hidden, a.hidden, a.init_std)
-            self.o_proj = linear(a.hidden, a.hidden, out_std)
+            gpt_ddp.attention_projections(self, a, out_std)
 
         def forward(self, x):
             b, t, h = x.shape
@@ -96,8 +86,8 @@ def build_model(a):
             self.ln_1 = nn.LayerNorm(a.hidden, eps=a.norm_eps)
             self.attn = Attention()
             self.ln_2 = nn.LayerNorm(a.hidden, eps=a.norm_eps)
-            self.up_proj = linear(a.hidden, a.mlp_ratio * a.hidden, a.init_std)
-            self.down_proj = linear(a.mlp_ratio * a.hidden, a.hidden, out_std)
+            self.up_proj = gpt_ddp.linear(a.hidden, a.mlp_ratio * a.hidden, a.init_std)
+            self.down_proj = gpt_ddp.linear(a.mlp_ratio * a.hidden, a.hidden, out_std)
 
         def forward(self, x):
             h = x + self.attn(self.ln_1(x))
@@ -107,12 +97,13 @@ def build_model(a):
         def __init__(self):
             super().__init__()
             side = a.image_size // a.patch_size
-            self.patch_proj = linear(a.patch_size ** 2 * a.channels, a.hidden, a.init_std)
+            patch_dim = a.patch_size ** 2 * a.channels
+            self.patch_proj = gpt_ddp.linear(patch_dim, a.hidden, a.init_std)
             self.cls_token = nn.Parameter(torch.randn(a.hidden) * a.init_std)
             self.pos_embed = nn.Parameter(torch.randn(side * side + 1, a.hidden) * a.init_std)
             self.h = nn.ModuleList(Block() for _ in range(a.layers))
             self.ln_f = nn.LayerNorm(a.hidden, eps=a.norm_eps)
-            self.classifier = linear(a.hidden, a.classes, a.init_std, bias=False)
+            self.classifier = gpt_ddp.linear(a.hidden, a.classes, a.init_std, bias=False)
 
         def forward(self, pixels, labels=None):  # [B, H, W, C] float
             """The logits, or with labels the mean cross entropy."""

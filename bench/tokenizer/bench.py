@@ -78,15 +78,23 @@ def main():
         m = re.search(r"bytes in ([0-9.]+) s", run.stdout)
         kolos_times.append(float(m.group(1)))
 
-    def run_python():
-        nonlocal python_ids
+    def read_and_encode(as_lines):
+        """The package reads and encodes the documents, timed together: one
+        text per document, or (as_lines) one per line, its newline kept.
+        Returns the seconds and the encodings."""
         start = time.perf_counter()
         texts = []
         for p in docs:
             with open(p, "rb") as f:
-                texts.append(f.read().decode("utf-8", errors="replace"))
+                text = f.read().decode("utf-8", errors="replace")
+            texts += text.splitlines(keepends=True) if as_lines else [text]
         encodings = tok.encode_batch(texts)
-        python_times.append(time.perf_counter() - start)
+        return time.perf_counter() - start, encodings
+
+    def run_python():
+        nonlocal python_ids
+        seconds, encodings = read_and_encode(as_lines=False)
+        python_times.append(seconds)
         ids = []
         for i, e in enumerate(encodings):
             if i:
@@ -99,13 +107,8 @@ def main():
         # the package's fast case. Token boundaries differ at line ends, so
         # this is a throughput reference, not an identity check.
         nonlocal line_tokens
-        start = time.perf_counter()
-        texts = []
-        for p in docs:
-            with open(p, "rb") as f:
-                texts += f.read().decode("utf-8", errors="replace").splitlines(keepends=True)
-        encodings = tok.encode_batch(texts)
-        line_times.append(time.perf_counter() - start)
+        seconds, encodings = read_and_encode(as_lines=True)
+        line_times.append(seconds)
         line_tokens = sum(len(e.ids) for e in encodings)
 
     for r in range(reps):

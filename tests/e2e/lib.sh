@@ -1,5 +1,6 @@
 # Shared by the e2e case scripts (source it): a fresh working directory
-# removed on exit, OpenMPI allowed as root, and the failure checks.
+# removed on exit, OpenMPI allowed as root, the failure checks and the
+# project's Python environment (use_venv).
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -7,6 +8,18 @@ cd "$work" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# use_venv MODULE...: sets PY to the Python of the project's virtual
+# environment ($KOLOS_VENV, made by scripts/install-venv.sh); fails unless
+# it imports every MODULE.
+use_venv() {
+  local modules
+  modules=$(printf '%s, ' "$@")
+  modules=${modules%, }
+  PY=${KOLOS_VENV:-}/bin/python
+  "$PY" -c "import $modules" 2>/dev/null ||
+    fail "no usable Python environment at '${KOLOS_VENV:-}' ($modules): run scripts/install-venv.sh (make test does)"
+}
 
 # expect_failure REGEX -- CMD...: CMD must fail cleanly: a non-zero exit, no
 # signal or crash, no hang (it runs under `timeout`), and REGEX on stderr

@@ -66,6 +66,23 @@ assert last < first - 0.5, "loss did not fall"
 PY
 }
 
+# submit_and_stop: submits job.sbatch (its id in $jid) and, once it trains
+# (3 rows in m.jsonl), sends its batch shell SIGUSR1: the stop request that
+# --signal=B:USR1@N sends before the time limit.
+submit_and_stop() {
+  jid=$(submit job.sbatch)
+  wait_metrics m.jsonl 3 60
+  scancel --batch --signal=USR1 "$jid" || fail "scancel --signal=USR1"
+}
+
+# check_dp_job OUTPUT RANKS METRICS STEPS: the job ran RANKS data-parallel
+# ranks and trained (check_trained).
+check_dp_job() {
+  grep -q "$2 ranks" "$1" || fail "the job did not run $2 ranks"
+  grep -q "mesh pp=1 dp=$2" "$1" || fail "no dp=$2 mesh in $1"
+  check_trained "$1" "$3" "$4"
+}
+
 # submit SBATCH-ARGS...: prints the job id.
 submit() { sbatch --parsable "$@" || fail "sbatch $* refused the job"; }
 
@@ -83,10 +100,7 @@ case "$case_name" in
     [[ $rc -ne 124 ]] || fail "the job did not finish within 120 s"
     [[ $rc -eq 0 ]] || fail "sbatch --wait: exit $rc"
     [[ $(job_field "$jid" ExitCode) == 0:0 ]] || fail "job exit code $(job_field "$jid" ExitCode)"
-    out=kolos-tiny-$jid.out
-    grep -q "2 ranks" "$out" || fail "the job did not run 2 ranks"
-    grep -q "mesh pp=1 dp=2" "$out" || fail "no dp=2 mesh in $out"
-    check_trained "$out" m.jsonl 40
+    check_dp_job "kolos-tiny-$jid.out" 2 m.jsonl 40
     ;;
   template_4_tasks_overcommit)
     # The template itself, 4 ranks on 2 CPUs, options on the sbatch command line.
@@ -97,10 +111,7 @@ case "$case_name" in
     state=$(wait_job "$jid" 120)
     [[ $state == COMPLETED && $(job_field "$jid" ExitCode) == 0:0 ]] ||
       fail "job $jid: $state, exit $(job_field "$jid" ExitCode)"
-    out=kolos-four-$jid.out
-    grep -q "4 ranks" "$out" || fail "the job did not run 4 ranks"
-    grep -q "mesh pp=1 dp=4" "$out" || fail "no dp=4 mesh in $out"
-    check_trained "$out" m.jsonl 30
+    check_dp_job "kolos-four-$jid.out" 4 m.jsonl 30
     ;;
   stop_not_requeued)
     # SIGUSR1 to the batch shell (what --signal=B:USR1@N sends before the
@@ -109,9 +120,7 @@ case "$case_name" in
     start_slurm
     "$KOLOS" slurm gen "$tiny" --job-name stop --set train.steps=1000000 --set log.progress=off \
       --set "log.metrics=$work/m.jsonl" -o job.sbatch || fail "kolos slurm gen"
-    jid=$(submit job.sbatch)
-    wait_metrics m.jsonl 3 60
-    scancel --batch --signal=USR1 "$jid" || fail "scancel --signal=USR1"
+    submit_and_stop
     state=$(wait_job "$jid" 60)
     out=kolos-stop-$jid.out
     cat "$out"
@@ -131,9 +140,7 @@ case "$case_name" in
     "$KOLOS" slurm gen "$tiny" --job-name requeue --requeue always --max-requeues 1 \
       --set train.steps=1000000 --set log.progress=off --set "log.metrics=$work/m.jsonl" \
       -o job.sbatch || fail "kolos slurm gen"
-    jid=$(submit job.sbatch)
-    wait_metrics m.jsonl 3 60
-    scancel --batch --signal=USR1 "$jid" || fail "scancel --signal=USR1"
+    submit_and_stop
     for _ in $(seq 1 240); do
       [[ $(job_field "$jid" Restarts) == 1 && $(job_field "$jid" JobState) == RUNNING ]] && break
       sleep 0.25
@@ -165,9 +172,7 @@ case "$case_name" in
     steps=200
     "$KOLOS" slurm gen "$tiny" --job-name resume --checkpoint-dir ckpt --set train.steps=$steps \
       --set log.progress=off --set "log.metrics=$work/m.jsonl" -o job.sbatch || fail "kolos slurm gen"
-    jid=$(submit job.sbatch)
-    wait_metrics m.jsonl 3 60
-    scancel --batch --signal=USR1 "$jid" || fail "scancel --signal=USR1"
+    submit_and_stop
     state=$(wait_job "$jid" 120)
     out=kolos-resume-$jid.out
     cat "$out"

@@ -62,19 +62,15 @@ void check_expert_axis(const RunConfig& c, const ConfigSection& root) {
 void check_roles(const RunConfig& c) {
   const ConfigSection root = c.section("");
   const auto& by_role = c.plugins.by_role;
-  if (c.model.name == "vit" && c.parallel.sequence.size > 1) {
-    root.fail_at_any({"parallel.sequence", "model.name"},
-                     "parallel.sequence.size = " + std::to_string(c.parallel.sequence.size) +
-                         ": model.name = \"vit\" attends bidirectionally and the sequence "
-                         "strategies (ulysses, ring, megatron, hybrid) attend causally only; "
-                         "set parallel.sequence.size = 1.");
-  }
-  if (c.model.name == "dit" && c.parallel.sequence.size > 1) {
-    root.fail_at_any({"parallel.sequence", "model.name"},
-                     "parallel.sequence.size = " + std::to_string(c.parallel.sequence.size) +
-                         ": model.name = \"dit\" attends bidirectionally (and carries its "
-                         "conditioning as one token of the sequence) while the sequence "
-                         "strategies attend causally only; set parallel.sequence.size = 1.");
+  const bool dit = c.model.name == "dit";
+  if ((dit || c.model.name == "vit") && c.parallel.sequence.size > 1) {
+    root.fail_at_any(
+        {"parallel.sequence", "model.name"},
+        "parallel.sequence.size = " + std::to_string(c.parallel.sequence.size) +
+            ": model.name = \"" + c.model.name + "\" attends bidirectionally" +
+            (dit ? " (and carries its conditioning as one token of the sequence)" : "") +
+            " and the sequence strategies (ulysses, ring, megatron, hybrid) attend "
+            "causally only; set parallel.sequence.size = 1.");
   }
   if (c.model.name == "mixtral") check_moe_roles(c, root);
   if (c.parallel.expert.size > 1) check_expert_axis(c, root);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/model_checks.h"
 #include "kolos/core/error.h"
 
 namespace kolos::modules {
@@ -278,12 +279,7 @@ DitDraw dit_draw(const ModelConfig& c, const std::vector<int64_t>& keys) {
 }
 
 std::shared_ptr<Model> build_dit(const ModelConfig& c, LayerFactory& factory) {
-  KOLOS_CHECK_KIND(kConfig, c.hidden % c.heads == 0, "model.hidden = ", c.hidden,
-                   " is not divisible by model.heads = ", c.heads);
-  KOLOS_CHECK_KIND(kConfig, c.image_size > 0 && c.patch_size > 0 && c.channels > 0 && c.classes > 1,
-                   "model.name = \"dit\" needs model.image_size, patch_size, channels and classes");
-  KOLOS_CHECK_KIND(kConfig, c.image_size % c.patch_size == 0, "model.image_size = ", c.image_size,
-                   " is not divisible by model.patch_size = ", c.patch_size);
+  check_image_model(c, "dit");
   KOLOS_CHECK_KIND(kConfig, c.diffusion_steps >= 2, "model.diffusion_steps = ", c.diffusion_steps,
                    ": at least 2");
   auto model = std::make_shared<Model>();

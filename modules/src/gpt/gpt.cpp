@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "common/model_checks.h"
+#include "common/pre_norm_block.h"
 #include "kolos/core/error.h"
 #include "kolos/modules/dit.h"
 #include "kolos/modules/llama.h"
@@ -31,26 +33,15 @@ class GptEmbedding : public Layer {
   LayerPtr wte_, wpe_;
 };
 
-class GptBlock : public Layer {
- public:
-  GptBlock(LayerFactory& factory, const ModelConfig& c) {
-    // GPT-2: residual output projections scaled by 1/sqrt(2 * layers).
-    const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
-    ln_1_ = register_module("ln_1", factory.layer_norm(c.hidden));
-    attn_ = register_module("attn",
-                            factory.attention(AttentionSpec{c.hidden, c.heads, c.init_std, out_std}));
-    ln_2_ = register_module("ln_2", factory.layer_norm(c.hidden));
-    mlp_ = register_module(
-        "mlp", factory.mlp(MlpSpec{c.hidden, c.mlp_ratio * c.hidden, c.init_std, out_std}));
-  }
-  at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor h = x + attn_->forward(ln_1_->forward(x));
-    return h + mlp_->forward(ln_2_->forward(h));
-  }
-
- private:
-  LayerPtr ln_1_, attn_, ln_2_, mlp_;
-};
+// GPT-2: residual output projections scaled by 1/sqrt(2 * layers).
+LayerPtr gpt_block(LayerFactory& factory, const ModelConfig& c) {
+  const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+  return std::make_shared<PreNormBlock>(PreNormBlock::Parts{
+      factory.layer_norm(c.hidden),
+      factory.attention(AttentionSpec{c.hidden, c.heads, c.init_std, out_std}),
+      factory.layer_norm(c.hidden),
+      factory.mlp(MlpSpec{c.hidden, c.mlp_ratio * c.hidden, c.init_std, out_std})});
+}
 
 // Final norm and the LM head tied to the token embedding: the embedding is
 // held, not registered, so its weight is one parameter of the "embed" block.
@@ -73,14 +64,12 @@ class GptHead : public Layer {
 }  // namespace
 
 std::shared_ptr<Model> build_gpt(const ModelConfig& c, LayerFactory& factory) {
-  KOLOS_CHECK_KIND(kConfig, c.hidden % c.heads == 0, "model.hidden = ", c.hidden,
-                   " is not divisible by model.heads = ", c.heads);
+  check_heads(c);
   auto model = std::make_shared<Model>();
   auto embed = std::make_shared<GptEmbedding>(factory, c);
   model->add_block("embed", embed);
   for (int64_t i = 0; i < c.layers; ++i) {
-    model->add_block("h." + std::to_string(i), std::make_shared<GptBlock>(factory, c),
-                     /*repeated=*/true);
+    model->add_block("h." + std::to_string(i), gpt_block(factory, c), /*repeated=*/true);
   }
   model->add_block("head", std::make_shared<GptHead>(factory, c, embed->token_embedding()));
   model->set_loss([&factory](const at::Tensor& logits, const at::Tensor& targets) {

@@ -53,11 +53,8 @@ HfModel gpt_to_hf_gpt2(const ModelConfig& c, const NamedTensors& weights) {
                                  std::to_string(c.layers) + "?");
 
   std::ostringstream json;
-  json.precision(17);
-  json << "{\n"
-       << "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
-       << "  \"model_type\": \"gpt2\",\n"
-       << "  \"vocab_size\": " << c.vocab << ",\n"
+  hf_detail::open_config(json, hf.architecture, "gpt2");
+  json << "  \"vocab_size\": " << c.vocab << ",\n"
        << "  \"n_positions\": " << c.seq_len << ",\n"
        << "  \"n_embd\": " << h << ",\n"
        << "  \"n_layer\": " << c.layers << ",\n"
@@ -72,10 +69,8 @@ HfModel gpt_to_hf_gpt2(const ModelConfig& c, const NamedTensors& weights) {
        << "  \"embd_pdrop\": 0.0,\n"
        << "  \"attn_pdrop\": 0.0,\n"
        << "  \"initializer_range\": " << c.init_std << ",\n"
-       << "  \"tie_word_embeddings\": true,\n"
-       << "  \"torch_dtype\": \"float32\"\n"
-       << "}\n";
-  hf.config_json = json.str();
+       << "  \"tie_word_embeddings\": true,\n";
+  hf.config_json = hf_detail::close_config(json);
   return hf;
 }
 
@@ -92,10 +87,7 @@ ImportedModel gpt2_from_hf(const Config& config, const NamedTensors& tensors) {
   c.vocab = config.integer("vocab_size");
   c.seq_len = config.integer("n_positions", config.integer("n_ctx", 1024));
   c.init_std = config.number("initializer_range", c.init_std);
-  if (c.hidden <= 0 || c.layers <= 0 || c.heads <= 0 || c.hidden % c.heads != 0) {
-    config.refuse("n_head", "n_embd = " + std::to_string(c.hidden) +
-                                " must be a positive multiple of n_head");
-  }
+  check_sizes(config, c, {"n_embd", "n_layer", "n_head"});
   const int64_t inner = config.integer("n_inner", 4 * c.hidden);
   if (inner % c.hidden != 0) {
     config.refuse("n_inner", "kolos's gpt has an MLP of model.mlp_ratio x hidden; n_inner = " +

@@ -69,6 +69,28 @@ bool Config::boolean(const std::string& key, bool fallback) const {
   return json_[key].get<bool>();
 }
 
+void check_sizes(const Config& config, const ModelConfig& c, const SizeKeys& keys) {
+  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0) {
+    config.refuse(keys.heads, keys.hidden + " = " + std::to_string(c.hidden) +
+                                  " must be a positive multiple of " + keys.heads);
+  }
+  if (c.layers <= 0) config.refuse(keys.layers, "must be positive");
+}
+
+void open_config(std::ostringstream& json, const std::string& architecture,
+                 const std::string& model_type) {
+  json.precision(17);
+  json << "{\n"
+       << "  \"architectures\": [\"" << architecture << "\"],\n"
+       << "  \"model_type\": \"" << model_type << "\",\n";
+}
+
+std::string close_config(std::ostringstream& json) {
+  json << "  \"torch_dtype\": \"float32\"\n"
+       << "}\n";
+  return json.str();
+}
+
 }  // namespace hf_detail
 
 HfModel to_hf(const ModelConfig& model, const NamedTensors& weights) {

@@ -1,10 +1,11 @@
 // What the Hugging Face conversions share: taking named tensors with their
-// shapes checked, and reading config.json's keys with the key named in
-// every error.
+// shapes checked, reading config.json's keys with the key named in every
+// error, and writing config.json.
 #pragma once
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,22 @@ class Config {
   std::string where_;
   std::string prefix_;
 };
+
+// config.json's keys for a transformer's width, depth and attention heads.
+struct SizeKeys {
+  std::string hidden, layers, heads;
+};
+// Refuses sizes no kolos transformer has: a hidden size that is not a
+// positive multiple of the heads, or no layers (naming the key at fault).
+void check_sizes(const Config& config, const ModelConfig& c, const SizeKeys& keys);
+
+// config.json, written in transformers' layout: open_config starts the
+// object (doubles at full precision, "architectures" and "model_type"), the
+// caller writes its keys, each line ending ",\n", and close_config ends it
+// with the dtype of every export (float32) and returns the text.
+void open_config(std::ostringstream& json, const std::string& architecture,
+                 const std::string& model_type);
+std::string close_config(std::ostringstream& json);
 
 ImportedModel gpt2_from_hf(const Config& config, const NamedTensors& tensors);
 ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors);

@@ -98,11 +98,8 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
   const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
   const int64_t f = c.ffn_hidden > 0 ? c.ffn_hidden : default_ffn_hidden(c.hidden);
   std::ostringstream json;
-  json.precision(17);
-  json << "{\n"
-       << "  \"architectures\": [\"" << hf.architecture << "\"],\n"
-       << "  \"model_type\": \"" << (mixtral ? "mixtral" : "llama") << "\",\n"
-       << "  \"vocab_size\": " << c.vocab << ",\n"
+  hf_detail::open_config(json, hf.architecture, mixtral ? "mixtral" : "llama");
+  json << "  \"vocab_size\": " << c.vocab << ",\n"
        << "  \"hidden_size\": " << c.hidden << ",\n"
        << "  \"intermediate_size\": " << f << ",\n"
        << "  \"num_hidden_layers\": " << c.layers << ",\n"
@@ -126,9 +123,7 @@ HfModel llama_to_hf_llama(const ModelConfig& c, const NamedTensors& weights) {
          << "  \"router_jitter_noise\": 0.0,\n"
          << "  \"output_router_logits\": false,\n";
   }
-  json << "  \"torch_dtype\": \"float32\"\n"
-       << "}\n";
-  hf.config_json = json.str();
+  hf.config_json = hf_detail::close_config(json);
   return hf;
 }
 
@@ -172,10 +167,7 @@ ImportedModel llama_from_hf(const Config& config, const NamedTensors& tensors) {
   c.rope_theta = config.number("rope_theta", 10000.0);
   c.norm_eps = config.number("rms_norm_eps", 1e-6);
   c.init_std = config.number("initializer_range", c.init_std);
-  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0) {
-    config.refuse("num_attention_heads", "hidden_size = " + std::to_string(c.hidden) +
-                                             " must be a positive multiple of it");
-  }
+  check_sizes(config, c, {"hidden_size", "num_hidden_layers", "num_attention_heads"});
   if (config.has("head_dim") && config.integer("head_dim") != c.hidden / c.heads) {
     config.refuse("head_dim", "kolos's llama has head_dim = hidden_size / num_attention_heads = " +
                                   std::to_string(c.hidden / c.heads));

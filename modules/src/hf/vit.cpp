@@ -83,11 +83,8 @@ HfModel vit_to_hf_vit(const ModelConfig& c, const NamedTensors& weights) {
       "ViT", "is this checkpoint's model a vit with layers = " + std::to_string(c.layers) + "?");
 
   std::ostringstream json;
-  json.precision(17);
-  json << "{\n"
-       << "  \"architectures\": [\"ViTForImageClassification\"],\n"
-       << "  \"model_type\": \"vit\",\n"
-       << "  \"image_size\": " << c.image_size << ",\n"
+  hf_detail::open_config(json, hf.architecture, "vit");
+  json << "  \"image_size\": " << c.image_size << ",\n"
        << "  \"patch_size\": " << c.patch_size << ",\n"
        << "  \"num_channels\": " << c.channels << ",\n"
        << "  \"hidden_size\": " << c.hidden << ",\n"
@@ -112,10 +109,8 @@ HfModel vit_to_hf_vit(const ModelConfig& c, const NamedTensors& weights) {
   for (int64_t i = 0; i < c.classes; ++i) {
     json << (i ? ", " : "") << "\"LABEL_" << i << "\": " << i;
   }
-  json << "},\n"
-       << "  \"torch_dtype\": \"float32\"\n"
-       << "}\n";
-  hf.config_json = json.str();
+  json << "},\n";
+  hf.config_json = hf_detail::close_config(json);
   return hf;
 }
 
@@ -133,10 +128,7 @@ ImportedModel vit_from_hf(const Config& config, const NamedTensors& tensors) {
   c.patch_size = config.integer("patch_size", 16);
   c.channels = config.integer("num_channels", 3);
   c.init_std = config.number("initializer_range", c.init_std);
-  if (c.hidden <= 0 || c.layers <= 0 || c.heads <= 0 || c.hidden % c.heads != 0) {
-    config.refuse("num_attention_heads", "hidden_size = " + std::to_string(c.hidden) +
-                                             " must be a positive multiple of it");
-  }
+  check_sizes(config, c, {"hidden_size", "num_hidden_layers", "num_attention_heads"});
   if (c.image_size <= 0 || c.patch_size <= 0 || c.image_size % c.patch_size != 0) {
     config.refuse("patch_size", "kolos's vit cuts image_size = " + std::to_string(c.image_size) +
                                     " into whole square patches; patch_size must divide it");

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <tuple>
 
+#include "common/model_checks.h"
+#include "common/pre_norm_block.h"
 #include "kolos/core/aux_loss.h"
 #include "kolos/core/error.h"
 #include "kolos/core/experts.h"
@@ -209,30 +211,19 @@ class MoeMlp : public Layer {
   LayerPtr shared_;  // shared experts, or null
 };
 
-class LlamaBlock : public Layer {
- public:
-  LlamaBlock(LayerFactory& factory, const ModelConfig& c, int64_t index) {
-    const bool moe = is_moe_block(c, index);
-    // Hugging Face's LLaMA initialises every linear layer N(0, init_std),
-    // without GPT-2's residual scaling.
-    AttentionSpec attention{c.hidden, c.heads, c.init_std, c.init_std};
-    attention.kv_heads = c.kv_heads;
-    attention.bias = false;
-    attention.rope_theta = c.rope_theta;
-    ln_1_ = register_module("ln_1", factory.rms_norm(c.hidden, c.norm_eps));
-    attn_ = register_module("attn", factory.attention(attention));
-    ln_2_ = register_module("ln_2", factory.rms_norm(c.hidden, c.norm_eps));
-    mlp_ = register_module("mlp", moe ? LayerPtr(std::make_shared<MoeMlp>(factory, c, index))
-                                      : LayerPtr(std::make_shared<SwiGluMlp>(factory, c)));
-  }
-  at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor h = x + attn_->forward(ln_1_->forward(x));
-    return h + mlp_->forward(ln_2_->forward(h));
-  }
-
- private:
-  LayerPtr ln_1_, attn_, ln_2_, mlp_;
-};
+// Hugging Face's LLaMA initialises every linear layer N(0, init_std),
+// without GPT-2's residual scaling.
+LayerPtr llama_block(LayerFactory& factory, const ModelConfig& c, int64_t index) {
+  AttentionSpec attention{c.hidden, c.heads, c.init_std, c.init_std};
+  attention.kv_heads = c.kv_heads;
+  attention.bias = false;
+  attention.rope_theta = c.rope_theta;
+  return std::make_shared<PreNormBlock>(PreNormBlock::Parts{
+      factory.rms_norm(c.hidden, c.norm_eps), factory.attention(attention),
+      factory.rms_norm(c.hidden, c.norm_eps),
+      is_moe_block(c, index) ? LayerPtr(std::make_shared<MoeMlp>(factory, c, index))
+                             : LayerPtr(std::make_shared<SwiGluMlp>(factory, c))});
+}
 
 class LlamaHead : public Layer {
  public:
@@ -251,8 +242,7 @@ class LlamaHead : public Layer {
 std::shared_ptr<Model> build_llama(const ModelConfig& c, LayerFactory& factory) {
   // load_run_config checks these at their keys and resolves the defaults; a
   // ModelConfig built in code gets the same rules here.
-  KOLOS_CHECK_KIND(kConfig, c.hidden % c.heads == 0, "model.hidden = ", c.hidden,
-                   " is not divisible by model.heads = ", c.heads);
+  check_heads(c);
   KOLOS_CHECK_KIND(kConfig, c.kv_heads > 0 && c.heads % c.kv_heads == 0,
                    "model.kv_heads = ", c.kv_heads, " does not divide model.heads = ", c.heads);
   KOLOS_CHECK_KIND(kConfig, (c.hidden / c.heads) % 2 == 0,
@@ -264,9 +254,7 @@ std::shared_ptr<Model> build_llama(const ModelConfig& c, LayerFactory& factory) 
   model->add_block("embed", std::make_shared<LlamaEmbedding>(factory, c));
   for (int64_t i = 0; i < c.layers; ++i) {
     // Repeated: the blocks train.recompute may recompute.
-    model->add_block("h." + std::to_string(i),
-                     std::make_shared<LlamaBlock>(factory, c, i),
-                     /*repeated=*/true);
+    model->add_block("h." + std::to_string(i), llama_block(factory, c, i), /*repeated=*/true);
   }
   model->add_block("head", std::make_shared<LlamaHead>(factory, c));
   model->set_loss([&factory](const at::Tensor& logits, const at::Tensor& targets) {

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "common/model_checks.h"
+#include "common/pre_norm_block.h"
 #include "kolos/core/error.h"
 
 namespace kolos::modules {
@@ -62,27 +64,16 @@ Activation vit_activation(const std::string& name) {
   return Activation::kGeluTanh;
 }
 
-class VitBlock : public Layer {
- public:
-  VitBlock(LayerFactory& factory, const ModelConfig& c) {
-    const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
-    AttentionSpec attention{c.hidden, c.heads, c.init_std, out_std};
-    attention.causal = false;
-    MlpSpec mlp{c.hidden, c.mlp_ratio * c.hidden, c.init_std, out_std};
-    mlp.activation = vit_activation(c.activation);
-    ln_1_ = register_module("ln_1", factory.layer_norm(c.hidden, c.norm_eps));
-    attn_ = register_module("attn", factory.attention(attention));
-    ln_2_ = register_module("ln_2", factory.layer_norm(c.hidden, c.norm_eps));
-    mlp_ = register_module("mlp", factory.mlp(mlp));
-  }
-  at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor h = x + attn_->forward(ln_1_->forward(x));
-    return h + mlp_->forward(ln_2_->forward(h));
-  }
-
- private:
-  LayerPtr ln_1_, attn_, ln_2_, mlp_;
-};
+LayerPtr vit_block(LayerFactory& factory, const ModelConfig& c) {
+  const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+  AttentionSpec attention{c.hidden, c.heads, c.init_std, out_std};
+  attention.causal = false;
+  MlpSpec mlp{c.hidden, c.mlp_ratio * c.hidden, c.init_std, out_std};
+  mlp.activation = vit_activation(c.activation);
+  return std::make_shared<PreNormBlock>(
+      PreNormBlock::Parts{factory.layer_norm(c.hidden, c.norm_eps), factory.attention(attention),
+                          factory.layer_norm(c.hidden, c.norm_eps), factory.mlp(mlp)});
+}
 
 // Final norm, then the class token's logits [B, classes(local)]. The head is
 // the factory's lm_head over `classes` outputs, so it is cut (column-parallel
@@ -104,17 +95,11 @@ class VitHead : public Layer {
 }  // namespace
 
 std::shared_ptr<Model> build_vit(const ModelConfig& c, LayerFactory& factory) {
-  KOLOS_CHECK_KIND(kConfig, c.hidden % c.heads == 0, "model.hidden = ", c.hidden,
-                   " is not divisible by model.heads = ", c.heads);
-  KOLOS_CHECK_KIND(kConfig, c.image_size > 0 && c.patch_size > 0 && c.channels > 0 && c.classes > 1,
-                   "model.name = \"vit\" needs model.image_size, patch_size, channels and classes");
-  KOLOS_CHECK_KIND(kConfig, c.image_size % c.patch_size == 0, "model.image_size = ", c.image_size,
-                   " is not divisible by model.patch_size = ", c.patch_size);
+  check_image_model(c, "vit");
   auto model = std::make_shared<Model>();
   model->add_block("embed", std::make_shared<VitEmbedding>(factory, c));
   for (int64_t i = 0; i < c.layers; ++i) {
-    model->add_block("h." + std::to_string(i), std::make_shared<VitBlock>(factory, c),
-                     /*repeated=*/true);
+    model->add_block("h." + std::to_string(i), vit_block(factory, c), /*repeated=*/true);
   }
   model->add_block("head", std::make_shared<VitHead>(factory, c));
   // The label is the last value of a sample: the targets' last column.

@@ -8,6 +8,7 @@ a `latest` file), and OUT_DIR/cases.tsv lists: case, the directory to pass
 to `kolos ckpt verify` / `kolos train --resume`, and what the case damaged.
 The expected messages live in checkpoints.sh, next to the commands.
 """
+import contextlib
 import os
 import shutil
 import sys
@@ -38,28 +39,32 @@ def index(d, mode="r+"):
     return h5py.File(os.path.join(d, "index.h5"), mode)
 
 
+@contextlib.contextmanager
+def replacing(f):
+    """Deletes dataset T of the open file `f` for the body to write again,
+    then gives the new T the old one's attributes."""
+    attrs = dict(f[T].attrs)
+    del f[T]
+    yield
+    for k, v in attrs.items():
+        f[T].attrs[k] = v
+
+
 def replace_vds(d, source_file, source_name, shape=(32, 32), dtype="f4"):
-    with index(d) as f:
-        attrs = dict(f[T].attrs)
-        del f[T]
-        layout = h5py.VirtualLayout(shape=shape, dtype=dtype)
-        source = h5py.VirtualSource(source_file, source_name, shape=shape)
-        layout[0:shape[0], 0:shape[1]] = source[0:shape[0], 0:shape[1]]
+    layout = h5py.VirtualLayout(shape=shape, dtype=dtype)
+    source = h5py.VirtualSource(source_file, source_name, shape=shape)
+    layout[0:shape[0], 0:shape[1]] = source[0:shape[0], 0:shape[1]]
+    with index(d) as f, replacing(f):
         f.create_virtual_dataset(T, layout, fillvalue=np.nan)
-        for k, v in attrs.items():
-            f[T].attrs[k] = v
 
 
 def rewrite_piece(d, change):
     """The piece's dataset written again as change(its values), with its
     attributes."""
     with shard(d) as f:
-        attrs = dict(f[T].attrs)
         data = change(f[T][()])
-        del f[T]
-        f[T] = data
-        for k, v in attrs.items():
-            f[T].attrs[k] = v
+        with replacing(f):
+            f[T] = data
 
 
 def set_attr(name, what, key, value=None):
@@ -71,6 +76,14 @@ def set_attr(name, what, key, value=None):
                 del f[T].attrs[key]
             else:
                 f[T].attrs[key] = value
+    case(name, what)(damage)
+
+
+def set_index_attr(name, what, key, value):
+    """A case that sets attribute `key` of index.h5's root to `value`."""
+    def damage(d):
+        with index(d) as f:
+            f.attrs[key] = value
     case(name, what)(damage)
 
 
@@ -132,12 +145,8 @@ def _(d):
 
 @case("index_not_virtual", "a tensor of the index is a plain dataset of zeros")
 def _(d):
-    with index(d) as f:
-        attrs = dict(f[T].attrs)
-        del f[T]
+    with index(d) as f, replacing(f):
         f[T] = np.zeros((32, 32), dtype=np.float32)
-        for k, v in attrs.items():
-            f[T].attrs[k] = v
 
 
 @case("index_tensor_float64", "a tensor of the index is float64 (the run's is float32)")
@@ -145,28 +154,11 @@ def _(d):
     replace_vds(d, "shard-0.h5", "/" + T, dtype="f8")
 
 
-@case("step_attr_string", "the step attribute is a string")
-def _(d):
-    with index(d) as f:
-        f.attrs["step"] = np.bytes_(b"four")
-
-
-@case("format_future", "kolos.format 2, a format this version does not know")
-def _(d):
-    with index(d) as f:
-        f.attrs["kolos.format"] = np.int64(2)
-
-
-@case("world_size_huge", "world_size 2^40")
-def _(d):
-    with index(d) as f:
-        f.attrs["world_size"] = np.int64(1 << 40)
-
-
-@case("step_negative", "the step attribute is -4")
-def _(d):
-    with index(d) as f:
-        f.attrs["step"] = np.int64(-4)
+set_index_attr("step_attr_string", "the step attribute is a string", "step", np.bytes_(b"four"))
+set_index_attr("format_future", "kolos.format 2, a format this version does not know",
+               "kolos.format", np.int64(2))
+set_index_attr("world_size_huge", "world_size 2^40", "world_size", np.int64(1 << 40))
+set_index_attr("step_negative", "the step attribute is -4", "step", np.int64(-4))
 
 
 @case("rng_wrong_size", "/rng/cpu holds 100 bytes per rank, not a generator state")
@@ -184,16 +176,9 @@ def _(d):
         f["rng/cpu"] = np.concatenate([state] * 3)
 
 
-@case("tensors_attr_int", "the tensors attribute is an integer")
-def _(d):
-    with index(d) as f:
-        f.attrs["tensors"] = np.int64(7)
-
-
-@case("mesh_attr_short", "the mesh attribute has 3 entries")
-def _(d):
-    with index(d) as f:
-        f.attrs["mesh"] = np.array([1, 1, 1], dtype=np.int64)
+set_index_attr("tensors_attr_int", "the tensors attribute is an integer", "tensors", np.int64(7))
+set_index_attr("mesh_attr_short", "the mesh attribute has 3 entries", "mesh",
+               np.array([1, 1, 1], dtype=np.int64))
 
 
 @case("index_truncated", "index.h5 cut to half its size")

@@ -10,9 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 PY=/usr/bin/python3   # Debian's python3-h5py / numpy
 if [[ $case_name == interop_pip || $case_name == hf_gpt2 ]]; then
   # pip's h5py, safetensors, transformers, torch (scripts/install-venv.sh)
-  PY=${KOLOS_VENV:-}/bin/python
-  "$PY" -c "import h5py, safetensors, transformers, torch" 2>/dev/null ||
-    fail "no usable Python environment at '${KOLOS_VENV:-}' (h5py, safetensors, transformers, torch): run scripts/install-venv.sh (make test does)"
+  use_venv h5py safetensors transformers torch
 fi
 
 {

@@ -18,9 +18,7 @@ set -uo pipefail
 case_name=$1
 # shellcheck source=../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
-PY=${KOLOS_VENV:-}/bin/python
-"$PY" -c "import safetensors, transformers, torch" 2>/dev/null ||
-  fail "no usable Python environment at '${KOLOS_VENV:-}' (safetensors, transformers, torch): run scripts/install-venv.sh (make test does)"
+use_venv safetensors transformers torch
 
 TOKENS=$($PY -c "import random; r = random.Random(3); print(*[r.randrange(96) for _ in range(48)])")
 
@@ -198,8 +196,8 @@ PYEOF
     # edit NAME PYTHON: a copy of $SRC (default good/) as NAME, changed by
     # PYTHON (edit_hf_model.py: t the tensors, cfg config.json).
     edit() {
-      rm -rf "$1" && cp -r "${SRC:-good}" "$1" &&
-        "$PY" "$(dirname "${BASH_SOURCE[0]}")/edit_hf_model.py" "$1" "$2" || fail "making $1 failed"
+      "$PY" "$(dirname "${BASH_SOURCE[0]}")/edit_hf_model.py" "${SRC:-good}" "$1" "$2" ||
+        fail "making $1 failed"
     }
     edit missing 'del t["transformer.h.1.mlp.c_fc.weight"]'
     expect_failure "has no tensor \`h.1.mlp.c_fc.weight\`" "$KOLOS" ckpt import missing --format hf -o m.ckpt

@@ -27,9 +27,7 @@ set -uo pipefail
 case_name=$1
 # shellcheck source=../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
-PY=${KOLOS_VENV:-}/bin/python
-"$PY" -c "import safetensors, transformers, torch, h5py" 2>/dev/null ||
-  fail "no usable Python environment at '${KOLOS_VENV:-}' (safetensors, transformers, torch, h5py): run scripts/install-venv.sh (make test does)"
+use_venv safetensors transformers torch h5py
 
 # images FILE N SIZE CHANNELS CLASSES [SEED]: random uint8 images and
 # labels in the layout of data.kind = "images" (SEED: 5).
@@ -290,8 +288,7 @@ TOML
     # edit NAME PYTHON: a copy of good/ as NAME, changed by PYTHON
     # (edit_hf_model.py: t the tensors, cfg config.json).
     edit() {
-      rm -rf "$1" && cp -r good "$1" &&
-        "$PY" "$(dirname "${BASH_SOURCE[0]}")/edit_hf_model.py" "$1" "$2" || fail "making $1 failed"
+      "$PY" "$(dirname "${BASH_SOURCE[0]}")/edit_hf_model.py" good "$1" "$2" || fail "making $1 failed"
     }
     edit act 'cfg["hidden_act"] = "relu"'
     expect_failure "\`hidden_act\` = \"relu\": kolos's vit computes exact GELU" "$KOLOS" ckpt import act --format hf -o act.ckpt

@@ -42,6 +42,21 @@ PY
 }
 
 
+# job_failed_within SECONDS MARKER WHAT: the job started in the background
+# as $pid, its ranks marked by train.seed=MARKER, ends within SECONDS of
+# WHAT, non-zero, and leaves no rank behind.
+job_failed_within() {
+  local seconds=$1 marker=$2 what=$3 rc
+  timeout "$seconds" tail --pid="$pid" -f /dev/null ||
+    { pkill -9 -f "train.seed=$marker"; kill -9 "$pid"; fail "still running $seconds s after $what"; }
+  wait "$pid"
+  rc=$?
+  cat err.txt
+  [[ $rc -ne 0 ]] || fail "exit code 0 after $what"
+  sleep 1
+  ! pgrep -f "train.seed=$marker" >/dev/null || { pkill -9 -f "train.seed=$marker"; fail "ranks left behind"; }
+}
+
 # stopped_rank N VICTIM [--set ...]: a training job of N ranks with an 8 s
 # communication deadline (KOLOS_COMM_TIMEOUT_S=$timeout_env, default 8, unless
 # the --set arguments give runtime.comm_timeout_s); once it trains, rank
@@ -265,31 +280,21 @@ assert [r['step'] for r in rows] == list(range(1, 41))
       done
       ((blocked >= 2)) || { kill -9 $pid; cat err.txt; fail "the ranks never reached the data file"; }
     }
-    ended_within() {  # SECONDS: the job ended within that many seconds
-      timeout "$1" tail --pid=$pid -f /dev/null ||
-        { pkill -9 -f "train.seed=$marker"; kill -9 $pid; fail "still running $1 s after the signal"; }
-      wait $pid
-      rc=$?
-      cat err.txt
-      [[ $rc -ne 0 ]] || fail "exit code 0 after a stop signal during set-up"
-      sleep 1
-      ! pgrep -f "train.seed=$marker" >/dev/null || { pkill -9 -f "train.seed=$marker"; fail "ranks left behind"; }
-    }
     setup_job
     ranks=$(ps -o pid= --ppid $pid)
     [[ -n $ranks ]] || fail "no rank processes under mpirun ($pid)"
     # shellcheck disable=SC2086
     kill -TERM $ranks
-    ended_within 5
+    job_failed_within 5 $marker "a signal during set-up"
     grep -q "kolos: SIGTERM during set-up on rank [01] (.*): the run ends before its first step" err.txt ||
       fail "no set-up message for SIGTERM"
     setup_job
     kill -INT $pid
-    ended_within 5
+    job_failed_within 5 $marker "a signal during set-up"
     # kill -9 of one rank during set-up: mpirun ends the job, nothing is left.
     setup_job
     kill -9 "$(ps -o pid= --ppid $pid | head -1)"
-    ended_within 10
+    job_failed_within 10 $marker "a rank was killed during set-up"
     ;;
   deep_nesting)
     # One key whose value is 200,000 nested arrays crashed the TOML parser
@@ -345,13 +350,7 @@ assert [r['step'] for r in rows] == list(range(1, 41))
     wait_for_lines m.jsonl 3
     victim=$(pgrep -f -n "train.seed=4242017") || { kill -9 $pid; fail "no rank process found"; }
     kill -9 "$victim"
-    timeout 60 tail --pid=$pid -f /dev/null || { kill -9 $pid; fail "job still running 60 s after a rank was killed"; }
-    wait $pid
-    rc=$?
-    cat err.txt
-    [[ $rc -ne 0 ]] || fail "exit code 0 after a rank was killed"
-    sleep 1
-    ! pgrep -f "train.seed=4242017" >/dev/null || { pkill -9 -f "train.seed=4242017"; fail "ranks left behind"; }
+    job_failed_within 60 4242017 "a rank was killed"
     ;;
   topo)
     # This machine: text and JSON agree with the kernel's CPU count.

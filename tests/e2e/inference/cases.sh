@@ -44,11 +44,7 @@ here=$KOLOS_SOURCE_DIR/tests/e2e/inference
 PROMPTS="5,17,42,3,88,1,9;1,2,3"
 MPI=(--mpirun "$MPIEXEC")
 
-need_venv() {
-  PY=${KOLOS_VENV:-}/bin/python
-  "$PY" -c "import safetensors, transformers, torch" 2>/dev/null ||
-    fail "no usable Python environment at '${KOLOS_VENV:-}' (safetensors, transformers, torch): run scripts/install-venv.sh (make test does)"
-}
+need_venv() { use_venv safetensors transformers torch; }
 
 # generate OUT ARGS...: kolos generate, stdout to OUT, stderr shown on failure.
 generate() {

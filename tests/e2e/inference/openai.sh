@@ -13,9 +13,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 here=$KOLOS_SOURCE_DIR/tests/e2e/inference
 export NO_PROXY=127.0.0.1 no_proxy=127.0.0.1
 
-PY=${KOLOS_VENV:-}/bin/python
-"$PY" -c "import openai, transformers, torch" 2>/dev/null ||
-  fail "no usable Python environment at '${KOLOS_VENV:-}' (openai, transformers, torch): run scripts/install-venv.sh (make test does)"
+use_venv openai transformers torch
 "$PY" "$here/make_hf_model.py" gpt2 gpt2 "1,2,3" >make.txt 2>&1 || { cat make.txt; fail "making the gpt2 model failed"; }
 cat >chat.jinja <<'JINJA'
 {% for message in messages %}{{ message['role'] }}: {{ message['content'] | trim }}

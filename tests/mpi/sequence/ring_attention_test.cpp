@@ -301,6 +301,22 @@ std::vector<double> gather(double value) {
   return all;
 }
 
+// One placement's measurements, every rank's (index: rank).
+struct Gathered {
+  std::vector<double> pairs, elements, compute, cpu, wall, back;
+};
+
+// Collective: every rank calls it (a braced list gathers in its written
+// order, the same on every rank).
+Gathered gather(const Measured& m) {
+  return {gather(double(m.forward.forward_pairs)),
+          gather(double(m.forward.forward_elements)),
+          gather(m.forward.forward_compute_s),
+          gather(m.forward.forward_compute_cpu_s),
+          gather(m.forward_s),
+          gather(m.backward.backward_compute_s)};
+}
+
 // Tile-pair counts per rank are exact. A rank's rows are two tiles of
 // c = T / 2sp rows (its chunks under zigzag, its halves under contiguous
 // placement), so every block is 4 pairs of c x c. Zigzag gives every rank
@@ -333,18 +349,8 @@ TEST(RingAttentionBalance, ZigzagBalancesComputedBlocks) {
   EXPECT_EQ(contiguous.backward.backward_pairs, 4 * rank + 3);
   EXPECT_EQ(contiguous.backward.backward_elements, (4 * rank + 3) * c * c);
 
-  const auto zz_pairs = gather(double(zigzag.forward.forward_pairs));
-  const auto zz_elements = gather(double(zigzag.forward.forward_elements));
-  const auto zz_compute = gather(zigzag.forward.forward_compute_s);
-  const auto zz_cpu = gather(zigzag.forward.forward_compute_cpu_s);
-  const auto zz_wall = gather(zigzag.forward_s);
-  const auto zz_back = gather(zigzag.backward.backward_compute_s);
-  const auto ct_pairs = gather(double(contiguous.forward.forward_pairs));
-  const auto ct_elements = gather(double(contiguous.forward.forward_elements));
-  const auto ct_compute = gather(contiguous.forward.forward_compute_s);
-  const auto ct_cpu = gather(contiguous.forward.forward_compute_cpu_s);
-  const auto ct_wall = gather(contiguous.forward_s);
-  const auto ct_back = gather(contiguous.backward.backward_compute_s);
+  const Gathered zz = gather(zigzag);
+  const Gathered ct = gather(contiguous);
   if (world_rank() != 0) return;
   std::printf("ring attention balance: B %lld h %lld T %lld d %lld, sp %lld, fp32, median of 5\n",
               static_cast<long long>(shape.batch), static_cast<long long>(shape.heads),
@@ -352,21 +358,19 @@ TEST(RingAttentionBalance, ZigzagBalancesComputedBlocks) {
               static_cast<long long>(sp));
   std::printf("%-10s %4s %6s %10s %12s %12s %12s %12s\n", "placement", "rank", "pairs", "elements",
               "compute ms", "cpu ms", "forward ms", "bwd comp ms");
-  auto rows = [&](const char* name, const std::vector<double>& pairs,
-                  const std::vector<double>& elements, const std::vector<double>& comp,
-                  const std::vector<double>& cpu, const std::vector<double>& wall,
-                  const std::vector<double>& back) {
+  auto rows = [&](const char* name, const Gathered& g) {
     for (int r = 0; r < world_size(); ++r) {
-      std::printf("%-10s %4d %6.0f %10.0f %12.2f %12.2f %12.2f %12.2f\n", name, r, pairs[r],
-                  elements[r], comp[r] * 1e3, cpu[r] * 1e3, wall[r] * 1e3, back[r] * 1e3);
+      std::printf("%-10s %4d %6.0f %10.0f %12.2f %12.2f %12.2f %12.2f\n", name, r, g.pairs[r],
+                  g.elements[r], g.compute[r] * 1e3, g.cpu[r] * 1e3, g.wall[r] * 1e3,
+                  g.back[r] * 1e3);
     }
-    const auto [lo, hi] = std::minmax_element(comp.begin(), comp.end());
-    const auto [cpu_lo, cpu_hi] = std::minmax_element(cpu.begin(), cpu.end());
+    const auto [lo, hi] = std::minmax_element(g.compute.begin(), g.compute.end());
+    const auto [cpu_lo, cpu_hi] = std::minmax_element(g.cpu.begin(), g.cpu.end());
     std::printf("%-10s spread max/min: compute %.2f, cpu %.2f\n", name, *hi / *lo,
                 *cpu_hi / *cpu_lo);
   };
-  rows("zigzag", zz_pairs, zz_elements, zz_compute, zz_cpu, zz_wall, zz_back);
-  rows("contiguous", ct_pairs, ct_elements, ct_compute, ct_cpu, ct_wall, ct_back);
+  rows("zigzag", zz);
+  rows("contiguous", ct);
 }
 
 }  // namespace

@@ -37,14 +37,8 @@ using kolos::memory::NvmeStore;
 namespace {
 
 using kolos::memory::testing::error_of;
+using kolos::memory::testing::nvme_options;
 using kolos::memory::testing::TempDir;
-
-NvmeOptions options_for(const std::string& dir, int threads = 4) {
-  NvmeOptions options;
-  options.dir = dir;
-  options.threads = threads;
-  return options;
-}
 
 void fill_random(std::byte* p, int64_t bytes, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -120,7 +114,7 @@ TEST(NvmeStore, ConcurrentRoundTripIsBitEqual) {
   constexpr int64_t kBytes = 64 * 1024;
   std::string folder;
   {
-    NvmeStore store(options_for(dir.path(), 4), kBytes, kSlots);
+    NvmeStore store(nvme_options(dir.path(), 4), kBytes, kSlots);
     folder = store.folder();
     EXPECT_TRUE(fs::is_directory(folder));
     EXPECT_EQ(fs::path(folder).parent_path(), fs::path(dir.path()));
@@ -167,13 +161,13 @@ TEST(NvmeStore, ConcurrentRoundTripIsBitEqual) {
 
 TEST(NvmeStore, OneThreadAndOneSlot) {
   TempDir dir;
-  NvmeStore store(options_for(dir.path(), 1), 4096, 1);
+  NvmeStore store(nvme_options(dir.path(), 1), 4096, 1);
   expect_round_trip(store, 1, 7);
 }
 
 TEST(NvmeStore, ReadOfSlotNeverWrittenIsAnError) {
   TempDir dir;
-  NvmeStore store(options_for(dir.path()), 4096, 4);
+  NvmeStore store(nvme_options(dir.path()), 4096, 4);
   AlignedBuffer buffer = allocate_aligned(4096);
   const std::string message = error_of([&] { store.read(2, buffer.get()); });
   EXPECT_NE(message.find("slot 2"), std::string::npos) << message;
@@ -198,7 +192,7 @@ TEST(NvmeStore, OverlappingReadAndWriteOfASlotAreRefused) {
   constexpr int64_t kBytes = 4 << 20;
   constexpr int64_t kSlots = 17;
   constexpr int kAttempts = 5;
-  NvmeStore store(options_for(dir.path(), 1), kBytes, kSlots);
+  NvmeStore store(nvme_options(dir.path(), 1), kBytes, kSlots);
   std::vector<AlignedBuffer> buffers;
   std::vector<std::future<void>> pending;
   for (int64_t i = 0; i < kSlots; ++i) {
@@ -265,7 +259,7 @@ TEST(NvmeStore, OverlappingReadAndWriteOfASlotAreRefused) {
 
 TEST(NvmeStore, BadRequestsAreRefused) {
   TempDir dir;
-  NvmeStore store(options_for(dir.path()), 8192, 4);
+  NvmeStore store(nvme_options(dir.path()), 8192, 4);
   AlignedBuffer buffer = allocate_aligned(8192 + 4096);
   EXPECT_NE(error_of([&] { store.write(4, buffer.get()); }).find("out of range [0, 4)"),
             std::string::npos);
@@ -285,8 +279,8 @@ TEST(NvmeStore, PartialSlotRoundTrip) {
   TempDir dir;
   // The alignment the file system asks for (4096, or more where statx
   // reports more), learned from a first store on the same directory.
-  const int64_t align = NvmeStore(options_for(dir.path()), 4096 * 16, 1).alignment();
-  NvmeStore store(options_for(dir.path()), 3 * align, 2);
+  const int64_t align = NvmeStore(nvme_options(dir.path()), 4096 * 16, 1).alignment();
+  NvmeStore store(nvme_options(dir.path()), 3 * align, 2);
   ASSERT_EQ(store.alignment(), align);
   AlignedBuffer full = allocate_aligned(3 * align, align);
   fill_random(full.get(), 3 * align, 1);
@@ -317,7 +311,7 @@ TEST(NvmeStore, PartialSlotRoundTrip) {
 // file is cut short behind the store's back, so the read hits its end.
 TEST(NvmeStore, IoErrorReachesTheFuture) {
   TempDir dir;
-  NvmeStore store(options_for(dir.path()), 4096, 8);
+  NvmeStore store(nvme_options(dir.path()), 4096, 8);
   AlignedBuffer buffer = allocate_aligned(4096);
   fill_random(buffer.get(), 4096, 11);
   store.write(5, buffer.get()).get();
@@ -332,7 +326,7 @@ TEST(NvmeStore, IoErrorReachesTheFuture) {
 TEST(NvmeStoreInput, MissingDirectory) {
   TempDir dir;
   const std::string missing = dir.path() + "/no/such/dir";
-  const std::string message = error_of([&] { NvmeStore(options_for(missing), 4096, 1); });
+  const std::string message = error_of([&] { NvmeStore(nvme_options(missing), 4096, 1); });
   EXPECT_NE(message.find("memory.nvme_dir '" + missing + "'"), std::string::npos) << message;
   EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
   EXPECT_NE(message.find("create it"), std::string::npos) << message;
@@ -342,7 +336,7 @@ TEST(NvmeStoreInput, NotADirectory) {
   TempDir dir;
   const std::string file = dir.path() + "/a-file";
   std::ofstream(file) << "x";
-  const std::string message = error_of([&] { NvmeStore(options_for(file), 4096, 1); });
+  const std::string message = error_of([&] { NvmeStore(nvme_options(file), 4096, 1); });
   EXPECT_NE(message.find("'" + file + "' is not a directory"), std::string::npos) << message;
 }
 
@@ -350,14 +344,14 @@ TEST(NvmeStoreInput, NotADirectory) {
 // refuses folder creation to root as well. The mode-bit case runs when the
 // test is not root.
 TEST(NvmeStoreInput, NotWritable) {
-  std::string message = error_of([] { NvmeStore(options_for("/proc"), 4096, 1); });
+  std::string message = error_of([] { NvmeStore(nvme_options("/proc"), 4096, 1); });
   EXPECT_NE(message.find("memory.nvme_dir '/proc' is not writable"), std::string::npos) << message;
   EXPECT_NE(message.find("give a directory this process can create folders in"), std::string::npos)
       << message;
   if (::geteuid() != 0) {
     TempDir dir;
     ASSERT_EQ(::chmod(dir.path().c_str(), 0500), 0);
-    message = error_of([&] { NvmeStore(options_for(dir.path()), 4096, 1); });
+    message = error_of([&] { NvmeStore(nvme_options(dir.path()), 4096, 1); });
     ::chmod(dir.path().c_str(), 0700);
     EXPECT_NE(message.find("is not writable"), std::string::npos) << message;
     EXPECT_NE(message.find("Permission denied"), std::string::npos) << message;
@@ -377,7 +371,7 @@ TEST(NvmeStoreInput, NotEnoughFreeSpace) {
   const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize;
   constexpr int64_t kSlot = 1 << 20;
   const int64_t slots = free_bytes / kSlot + 1024;  // 1 GiB more than free
-  const std::string message = error_of([&] { NvmeStore(options_for(dir.path()), kSlot, slots); });
+  const std::string message = error_of([&] { NvmeStore(nvme_options(dir.path()), kSlot, slots); });
   EXPECT_NE(message.find(std::to_string(slots) + " slots x " + std::to_string(kSlot) +
                          " bytes = " + std::to_string(slots * kSlot) + " bytes"),
             std::string::npos)
@@ -389,15 +383,15 @@ TEST(NvmeStoreInput, NotEnoughFreeSpace) {
 
 TEST(NvmeStoreInput, SlotSizeNotAMultipleOfTheAlignment) {
   TempDir dir;
-  const std::string message = error_of([&] { NvmeStore(options_for(dir.path()), 4096 + 512, 2); });
+  const std::string message = error_of([&] { NvmeStore(nvme_options(dir.path()), 4096 + 512, 2); });
   EXPECT_NE(message.find("slot size 4608 bytes is not a multiple of the direct-I/O alignment"),
             std::string::npos)
       << message;
   EXPECT_NE(message.find("use 8192 (or 4096)"), std::string::npos) << message;
   EXPECT_TRUE(store_folders(dir.path()).empty());
-  EXPECT_NE(error_of([&] { NvmeStore(options_for(dir.path()), 0, 2); }).find("must be > 0"),
+  EXPECT_NE(error_of([&] { NvmeStore(nvme_options(dir.path()), 0, 2); }).find("must be > 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { NvmeStore(options_for(dir.path(), 0), 4096, 2); }).find("I/O threads"),
+  EXPECT_NE(error_of([&] { NvmeStore(nvme_options(dir.path(), 0), 4096, 2); }).find("I/O threads"),
             std::string::npos);
 }
 
@@ -426,7 +420,7 @@ TEST(NvmeStore, TmpfsUsesDirectIoOrFallsBackWithAWarning) {
     ::unlink(probe.c_str());
   }
   std::vector<std::string> warnings;
-  NvmeOptions options = options_for(dir.path());
+  NvmeOptions options = nvme_options(dir.path());
   options.warn = [&](const std::string& w) { warnings.push_back(w); };
   NvmeStore store(options, 8192, 16);
   EXPECT_EQ(store.direct_io(), direct_works);
@@ -454,7 +448,7 @@ TEST(NvmeStoreCrash, KilledWriterLeavesNothingTheNextStoreReads) {
   if (child == 0) {
     ::close(pipe_fds[0]);
     try {
-      NvmeStore store(options_for(dir.path(), 2), 1 << 20, 16);
+      NvmeStore store(nvme_options(dir.path(), 2), 1 << 20, 16);
       std::vector<AlignedBuffer> buffers;
       for (int i = 0; i < 16; ++i) {
         buffers.push_back(allocate_aligned(1 << 20));
@@ -500,7 +494,7 @@ TEST(NvmeStoreCrash, KilledWriterLeavesNothingTheNextStoreReads) {
   for (const auto& d : {live, other_host, reused, stranger}) fs::create_directory(d);
 
   std::vector<std::string> warnings;
-  NvmeOptions options = options_for(dir.path(), 2);
+  NvmeOptions options = nvme_options(dir.path(), 2);
   options.warn = [&](const std::string& w) { warnings.push_back(w); };
   {
     NvmeStore store(options, 1 << 20, 16);

@@ -20,7 +20,6 @@
 
 namespace fs = std::filesystem;
 using kolos::kernels::AdamWConfig;
-using kolos::memory::NvmeOptions;
 using kolos::memory::NvmeStore;
 using kolos::memory::StreamedAdamW;
 using kolos::memory::StreamedAdamWOptions;
@@ -28,12 +27,15 @@ using kolos::memory::StreamedAdamWOptions;
 namespace {
 
 using kolos::memory::testing::error_of;
+using kolos::memory::testing::nvme_options;
 using kolos::memory::testing::TempDir;
 
-NvmeOptions options_for(const std::string& dir) {
-  NvmeOptions options;
-  options.dir = dir;
-  options.threads = 4;
+// `numel` floats in chunks of `chunk_numel`, `prefetch` chunks read ahead.
+StreamedAdamWOptions adamw_options(int64_t numel, int64_t chunk_numel, int prefetch = 1) {
+  StreamedAdamWOptions options;
+  options.numel = numel;
+  options.chunk_numel = chunk_numel;
+  options.prefetch = prefetch;
   return options;
 }
 
@@ -64,13 +66,10 @@ TEST_P(StreamedAdamWBitEqual, ThreeStepsMatchTheInMemoryKernel) {
   TempDir dir;
   const int64_t chunks = (numel + c.chunk_numel - 1) / c.chunk_numel;
   ASSERT_EQ(chunks, 9);
-  NvmeStore store(options_for(dir.path()), kSlotBytes,
+  NvmeStore store(nvme_options(dir.path()), kSlotBytes,
                   StreamedAdamW::slots_needed(numel, c.chunk_numel) + 2);
-  StreamedAdamWOptions options;
-  options.numel = numel;
-  options.chunk_numel = c.chunk_numel;
+  StreamedAdamWOptions options = adamw_options(numel, c.chunk_numel, c.prefetch);
   options.first_slot = 2;  // slots before ours belong to someone else
-  options.prefetch = c.prefetch;
   StreamedAdamW streamed(store, options);
   ASSERT_EQ(streamed.chunks(), 9);
   EXPECT_EQ(streamed.chunk_numel(8), 12345);
@@ -125,13 +124,9 @@ INSTANTIATE_TEST_SUITE_P(Chunks, StreamedAdamWBitEqual,
 TEST(StreamedAdamW, IoErrorNamesTheChunk) {
   TempDir dir;
   const int64_t chunk_numel = 65536, numel = 8 * chunk_numel + 100;
-  NvmeStore store(options_for(dir.path()), kSlotBytes,
+  NvmeStore store(nvme_options(dir.path()), kSlotBytes,
                   StreamedAdamW::slots_needed(numel, chunk_numel));
-  StreamedAdamWOptions options;
-  options.numel = numel;
-  options.chunk_numel = chunk_numel;
-  options.prefetch = 2;
-  StreamedAdamW streamed(store, options);
+  StreamedAdamW streamed(store, adamw_options(numel, chunk_numel, 2));
   const std::vector<float> zeros(numel, 0.0f);
   streamed.upload(zeros.data(), zeros.data(), zeros.data());
   // Chunk 5 holds slots 15, 16, 17: keep slot 15 whole, cut into slot 16.
@@ -150,11 +145,8 @@ TEST(StreamedAdamW, IoErrorNamesTheChunk) {
 // call by the store, and reported with the first chunk.
 TEST(StreamedAdamW, StepBeforeUploadNamesChunkZero) {
   TempDir dir;
-  NvmeStore store(options_for(dir.path()), kSlotBytes, 6);
-  StreamedAdamWOptions options;
-  options.numel = 70000;
-  options.chunk_numel = 65536;
-  StreamedAdamW streamed(store, options);
+  NvmeStore store(nvme_options(dir.path()), kSlotBytes, 6);
+  StreamedAdamW streamed(store, adamw_options(70000, 65536));
   const std::vector<float> grad(70000, 1.0f);
   const std::string message = error_of([&] { streamed.step(grad.data(), AdamWConfig{}); });
   EXPECT_NE(message.find("chunk 0 of 2"), std::string::npos) << message;
@@ -171,13 +163,9 @@ TEST(StreamedAdamW, BufferSetsInFlightStayWithinTheBound) {
     SCOPED_TRACE("prefetch " + std::to_string(prefetch));
     TempDir dir;
     const int64_t chunk_numel = 65536, numel = 8 * chunk_numel + 7;
-    NvmeStore store(options_for(dir.path()), kSlotBytes,
+    NvmeStore store(nvme_options(dir.path()), kSlotBytes,
                     StreamedAdamW::slots_needed(numel, chunk_numel));
-    StreamedAdamWOptions options;
-    options.numel = numel;
-    options.chunk_numel = chunk_numel;
-    options.prefetch = prefetch;
-    StreamedAdamW streamed(store, options);
+    StreamedAdamW streamed(store, adamw_options(numel, chunk_numel, prefetch));
     EXPECT_EQ(streamed.max_buffer_sets(), prefetch + 2);
     EXPECT_EQ(streamed.max_host_bytes(), (prefetch + 2) * 3 * kSlotBytes);
     EXPECT_EQ(streamed.buffer_sets_allocated(), 0);
@@ -202,10 +190,8 @@ TEST(StreamedAdamW, BufferSetsInFlightStayWithinTheBound) {
 
 TEST(StreamedAdamW, BadOptionsAreRefused) {
   TempDir dir;
-  NvmeStore store(options_for(dir.path()), kSlotBytes, 6);
-  StreamedAdamWOptions options;
-  options.numel = 100000;
-  options.chunk_numel = 65537;
+  NvmeStore store(nvme_options(dir.path()), kSlotBytes, 6);
+  StreamedAdamWOptions options = adamw_options(100000, 65537);
   std::string message = error_of([&] { StreamedAdamW s(store, options); });
   EXPECT_NE(message.find("does not fit a slot of 262144 bytes"), std::string::npos) << message;
   EXPECT_NE(message.find("chunk_numel <= 65536"), std::string::npos) << message;

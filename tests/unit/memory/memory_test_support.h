@@ -1,5 +1,5 @@
-// What the memory tiers' tests share: a scratch directory and the message of
-// an expected kolos::Error.
+// What the memory tiers' tests share: a scratch directory, NVMe store
+// options and the message of an expected kolos::Error.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "kolos/core/error.h"
+#include "kolos/memory/nvme_store.h"
 
 namespace kolos::memory::testing {
 
@@ -36,6 +37,14 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A store in `dir` with `threads` I/O threads, the other options default.
+inline NvmeOptions nvme_options(const std::string& dir, int threads = 4) {
+  NvmeOptions options;
+  options.dir = dir;
+  options.threads = threads;
+  return options;
+}
 
 // The message of the kolos::Error `f` throws; fails the test if it throws
 // nothing or something else.
