@@ -16,6 +16,9 @@
 //      ends the job, as in any run;
 //   3. a finalist's time is the median of its steps after the warm-up, the
 //      slowest rank's (an all-reduce), so every rank holds the same figures;
+//      once every finalist has run (or the bound stopped them), those within
+//      10% of the fastest run a second time, in the reverse order, bound
+//      permitting, and keep the faster of their two figures;
 //   4. rank 0 picks the fastest measured and records the measured/predicted
 //      ratios (Planner::record_trials); the caller broadcasts the choice.
 //

@@ -41,6 +41,8 @@ struct TuneSettings {
 struct TrialResult {
   PlannedRun plan;
   double measured_s = 0;  // median step after the warm-up, the slowest rank's; 0 when skipped
+                          // (the faster of two passes for a finalist close to the fastest)
+  int passes = 0;         // the runs measured: 0 (skipped), 1, or 2
   std::string skipped;    // why it was not measured ("" when it was)
 };
 
