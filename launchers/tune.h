@@ -16,9 +16,10 @@
 //      ends the job, as in any run;
 //   3. a finalist's time is the median of its steps after the warm-up, the
 //      slowest rank's (an all-reduce), so every rank holds the same figures;
-//      once every finalist has run (or the bound stopped them), those within
-//      10% of the fastest run a second time, in the reverse order, bound
-//      permitting, and keep the faster of their two figures;
+//      the first pass takes at most 75% of the time bound while finalists
+//      are left; then those within 10% of the fastest run a second time, in
+//      the reverse order, and keep the faster of their two figures; then
+//      the finalists the first pass left, bound permitting;
 //   4. rank 0 picks the fastest measured and records the measured/predicted
 //      ratios (Planner::record_trials); the caller broadcasts the choice.
 //
@@ -29,7 +30,8 @@
 // first match) once it has run, so that a test knows which finalist is
 // truly fastest without timing anything; KOLOS_TEST_TUNE_FAIL = PATTERN
 // makes the set-up of such a finalist fail on the last rank only, which
-// every rank must agree on.
+// every rank must agree on; KOLOS_TEST_TUNE_WALL_S = SECONDS makes each
+// finalist run last that long on the tuning's clock (where the bound falls).
 #pragma once
 
 #include <cstdint>

@@ -168,7 +168,9 @@ def main():
               f"(bound {tuning['bound_s']:g} s; the whole `kolos plan --tune` command, "
               f"calibration excluded when cached: {plan_wall:.1f} s)")
         for f in tuning["finalists"]:
-            state = f["skipped"] or f"measured {f['measured_step_s']:.3f} s"
+            passes = f.get("passes", 1)
+            state = f["skipped"] or (f"measured {f['measured_step_s']:.3f} s"
+                                     + (f" (faster of {passes} passes)" if passes > 1 else ""))
             print(f"  finalist {f['describe']:<46} predicted {f['predicted_step_s']:.3f} s "
                   f"+-{100 * f['uncertainty']:.1f}%  {state}")
         print(f"  picked: {chosen['describe']}", flush=True)

@@ -277,6 +277,24 @@ assert any("*" in l.split(":")[2][:3] and "dp 2 sp 1 tp 1" in l for l in rows), 
 PY
     grep -q "those within 10% of the fastest run again, in reverse order" close.txt ||
       fail "the second pass was not announced"
+    # The second pass's share of the bound: each finalist run counts 1 s on
+    # the tuning's clock (KOLOS_TEST_TUNE_WALL_S) and the bound is 6 s. The
+    # first pass stops at 75% of it (4 finalists), the close ones run again
+    # in reverse order while the bound allows (the 4th and 3rd), and none is
+    # left for the 2 finalists the first pass left.
+    cp "$cal" cal.toml
+    KOLOS_TEST_TUNE_WALL_S=1 KOLOS_TEST_TUNE_STEP_S="dp 2 sp 1 tp 1=0.005;pp=0.0052" timeout 300 env LD_PRELOAD="$hooks" \
+      "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --set planner.top=4 --set planner.tune_seconds=6 --tune 3 --json \
+      >share.json 2>share.err || { cat share.json share.err; fail "plan --tune with a share of the bound failed"; }
+    plan_json share.json | $PY -c '
+import json, sys
+t = json.load(sys.stdin)["tuning"]
+f = t["finalists"]
+assert len(f) == 6, f
+assert [x["passes"] for x in f] == [1, 1, 2, 2, 0, 0], [(x["describe"], x["passes"]) for x in f]
+assert all("not tried: the tuning" in x["skipped"] for x in f[4:]), f[4:]
+assert f[t["pick"]]["measured_step_s"] == 0.005, f[t["pick"]]
+' || fail "the first pass did not leave the second its share of the bound"
     # The time bound: with 1 ms only the best prediction is tried.
     cp "$cal" cal.toml
     timeout 300 "$KOLOS" plan tiny.toml -n 2 --calibration cal.toml --set planner.top=4 \
