@@ -17,6 +17,7 @@
 #include "kolos/core/format.h"
 #include "kolos/core/mesh.h"
 #include "kolos/core/model.h"
+#include "kolos/core/packed_linear.h"
 #include "kolos/core/precision.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/training_state.h"
@@ -476,9 +477,11 @@ std::string InferenceEngine::describe() const {
   }
   out << " | " << impl_->config.precision;
   if (impl_->packed_layers > 0) {
-    out << ", " << impl_->packed_layers << " linear layers packed (oneDNN)";
+    out << ", " << impl_->packed_layers << " linear layers packed (" << PackedLinear::kernel_name()
+        << ")";
   } else if (impl_->config.pack_weights && impl_->dtype == at::kFloat) {
-    out << ", weights not packed (this LibTorch has no oneDNN linear operators)";
+    out << ", weights not packed (this CPU has neither AVX2 nor LibTorch's oneDNN linear "
+           "operators)";
   }
   out << " | KV cache " << impl_->num_blocks << " blocks of " << impl_->config.block_size
       << " tokens";

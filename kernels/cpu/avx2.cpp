@@ -160,6 +160,87 @@ KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
   copy_bytes(tail, t, rest * elem_size(G));
 }
 
+// Lanes [0, n) of 8 set (n clamped to [0, 8]).
+KOLOS_TARGET inline __m256i lane_mask(int64_t n) {
+  const int c = n < 0 ? 0 : (n > 8 ? 8 : static_cast<int>(n));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Rows [0, MT) of x times 16 columns of one panel (`half` 0 or 1): two
+// vectors of 8 outputs per row, 2 MT accumulators (MT <= 6: 12 of the 16
+// registers). The first half prefetches both halves' lines ahead.
+template <int MT>
+KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* panel, int half,
+                                     __m256 b0, __m256 b1, __m256i m0, __m256i m1, float* y,
+                                     int64_t ldy) {
+  __m256 acc[MT][2];
+#pragma GCC unroll 6
+  for (int m = 0; m < MT; ++m) {
+    acc[m][0] = b0;
+    acc[m][1] = b1;
+  }
+  for (int64_t k = 0; k < in; ++k) {
+    const float* w = panel + k * kLinearPanel + half * 16;
+    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+    if (half == 0) {
+      const char* ahead = reinterpret_cast<const char*>(w + kLinearPrefetchRows * kLinearPanel);
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    }
+#pragma GCC unroll 6
+    for (int m = 0; m < MT; ++m) {
+      const __m256 xm = _mm256_broadcast_ss(x + m * in + k);
+      acc[m][0] = _mm256_fmadd_ps(xm, w0, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(xm, w1, acc[m][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int m = 0; m < MT; ++m) {
+    _mm256_maskstore_ps(y + m * ldy, m0, acc[m][0]);
+    _mm256_maskstore_ps(y + m * ldy + 8, m1, acc[m][1]);
+  }
+}
+
+KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const float* panel,
+                               const float* bias, int64_t cols, float* y, int64_t ldy) {
+  for (int half = 0; half < 2; ++half) {
+    const int64_t first = half * 16;
+    if (cols <= first) break;
+    const __m256i m0 = lane_mask(cols - first), m1 = lane_mask(cols - first - 8);
+    const __m256 b0 = bias != nullptr ? _mm256_maskload_ps(bias + first, m0) : _mm256_setzero_ps();
+    const __m256 b1 =
+        bias != nullptr ? _mm256_maskload_ps(bias + first + 8, m1) : _mm256_setzero_ps();
+    // Tiles of at most 6 rows, as even as possible.
+    const int64_t tiles = (rows + 5) / 6;
+    for (int64_t t = 0, r = 0; t < tiles; ++t) {
+      const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
+      const float* xt = x + r * in;
+      float* yt = y + r * ldy + first;
+      switch (mt) {
+        case 1:
+          linear_tile<1>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          break;
+        case 2:
+          linear_tile<2>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          break;
+        case 3:
+          linear_tile<3>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          break;
+        case 4:
+          linear_tile<4>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          break;
+        case 5:
+          linear_tile<5>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          break;
+        default:
+          linear_tile<6>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          break;
+      }
+      r += mt;
+    }
+  }
+}
+
 }  // namespace
 
 const KernelTable& avx2_table() {

@@ -127,6 +127,90 @@ KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
   }
 }
 
+// Rows [0, MT) of x times one panel: two vectors of 16 outputs per row,
+// 2 MT accumulators kept in registers (MT <= 12: 24 of the 32).
+template <int MT>
+KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* panel, __m512 b0,
+                                     __m512 b1, __mmask16 k0, __mmask16 k1, float* y, int64_t ldy) {
+  __m512 acc[MT][2];
+#pragma GCC unroll 12
+  for (int m = 0; m < MT; ++m) {
+    acc[m][0] = b0;
+    acc[m][1] = b1;
+  }
+  for (int64_t k = 0; k < in; ++k) {
+    const float* w = panel + k * kLinearPanel;
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    const char* ahead = reinterpret_cast<const char*>(w + kLinearPrefetchRows * kLinearPanel);
+    _mm_prefetch(ahead, _MM_HINT_T0);
+    _mm_prefetch(ahead + 64, _MM_HINT_T0);
+#pragma GCC unroll 12
+    for (int m = 0; m < MT; ++m) {
+      const __m512 xm = _mm512_set1_ps(x[m * in + k]);
+      acc[m][0] = _mm512_fmadd_ps(xm, w0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(xm, w1, acc[m][1]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int m = 0; m < MT; ++m) {
+    _mm512_mask_storeu_ps(y + m * ldy, k0, acc[m][0]);
+    _mm512_mask_storeu_ps(y + m * ldy + 16, k1, acc[m][1]);
+  }
+}
+
+KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const float* panel,
+                               const float* bias, int64_t cols, float* y, int64_t ldy) {
+  const __mmask16 k0 = tail_mask(cols), k1 = tail_mask(cols > 16 ? cols - 16 : 0);
+  const __m512 b0 = bias != nullptr ? _mm512_maskz_loadu_ps(k0, bias) : _mm512_setzero_ps();
+  const __m512 b1 = bias != nullptr ? _mm512_maskz_loadu_ps(k1, bias + 16) : _mm512_setzero_ps();
+  // Tiles of at most 12 rows, as even as possible (16 rows: 8 + 8).
+  const int64_t tiles = (rows + 11) / 12;
+  for (int64_t t = 0, r = 0; t < tiles; ++t) {
+    const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
+    const float* xt = x + r * in;
+    float* yt = y + r * ldy;
+    switch (mt) {
+      case 1:
+        linear_tile<1>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 2:
+        linear_tile<2>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 3:
+        linear_tile<3>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 4:
+        linear_tile<4>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 5:
+        linear_tile<5>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 6:
+        linear_tile<6>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 7:
+        linear_tile<7>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 8:
+        linear_tile<8>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 9:
+        linear_tile<9>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 10:
+        linear_tile<10>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      case 11:
+        linear_tile<11>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+      default:
+        linear_tile<12>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        break;
+    }
+    r += mt;
+  }
+}
+
 }  // namespace
 
 const KernelTable& KOLOS_AVX512_TABLE() {

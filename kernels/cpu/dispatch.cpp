@@ -19,6 +19,7 @@
 #include "kolos/kernels/convert.h"
 #include "kolos/kernels/grad_norm.h"
 #include "kolos/kernels/isa.h"
+#include "kolos/kernels/linear.h"
 #include "scalar_math.h"
 
 namespace kolos::kernels {
@@ -319,6 +320,52 @@ double clip_grad_norm(const GradBuffer* buffers, size_t count, double max_norm, 
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1) scale(buffers, count, static_cast<float>(coef), threads);
   return norm;
+}
+
+int64_t packed_linear_size(int64_t out, int64_t in) {
+  check(out >= 1 && in >= 1, "packed_linear_size: sizes must be >= 1, got out " +
+                                 std::to_string(out) + ", in " + std::to_string(in));
+  return (out + kLinearPanel - 1) / kLinearPanel * kLinearPanel * in;
+}
+
+void pack_linear(const float* weight, int64_t out, int64_t in, float* packed, int threads) {
+  packed_linear_size(out, in);  // checks the sizes
+  check(weight != nullptr && packed != nullptr, "pack_linear: null weight or packed buffer");
+  const int64_t panels = (out + kLinearPanel - 1) / kLinearPanel;
+  run_pieces(static_cast<size_t>(panels), threads, [&](size_t i) {
+    const int64_t p = static_cast<int64_t>(i);
+    float* panel = packed + p * kLinearPanel * in;
+    for (int64_t c = 0; c < kLinearPanel; ++c) {
+      const int64_t n = p * kLinearPanel + c;
+      for (int64_t k = 0; k < in; ++k)
+        panel[k * kLinearPanel + c] = n < out ? weight[n * in + k] : 0.f;
+    }
+  });
+}
+
+void packed_linear(const float* x, int64_t rows, const float* packed, const float* bias,
+                   int64_t out, int64_t in, float* y, int threads) {
+  packed_linear_size(out, in);
+  check(rows >= 0, "packed_linear: rows must be >= 0, got " + std::to_string(rows));
+  if (rows == 0) return;
+  check(x != nullptr && packed != nullptr && y != nullptr, "packed_linear: null x, weight or y");
+  const KernelTable& t = table();
+  const int64_t panels = (out + kLinearPanel - 1) / kLinearPanel;
+  // Work items: (panel, block of rows), panel-major, so that a thread's
+  // contiguous range reads each of its panels from memory once and reuses
+  // it from the cache for the panel's blocks. 48 rows: whole tiles of every
+  // level (12 and 6), a panel's block of y (6 KiB) in the first-level cache.
+  constexpr int64_t kBlockRows = 48;
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+  // Below ~64K multiply-adds the threads cost more than they save.
+  const int use = rows * out * in < (int64_t{1} << 16) ? 1 : threads;
+  run_pieces(static_cast<size_t>(panels * blocks), use, [&](size_t i) {
+    const int64_t p = static_cast<int64_t>(i) / blocks, b = static_cast<int64_t>(i) % blocks;
+    const int64_t first = b * kBlockRows, count = std::min(kBlockRows, rows - first);
+    const int64_t col = p * kLinearPanel, cols = std::min(kLinearPanel, out - col);
+    t.linear_panel(x + first * in, count, in, packed + p * kLinearPanel * in,
+                   bias != nullptr ? bias + col : nullptr, cols, y + first * out + col, out);
+  });
 }
 
 const char* dtype_name(DType dtype) {

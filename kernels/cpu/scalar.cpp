@@ -72,6 +72,20 @@ void scale(void* x, int64_t n, float factor) {
   }
 }
 
+void linear_panel(const float* x, int64_t rows, int64_t in, const float* panel, const float* bias,
+                  int64_t cols, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc[kLinearPanel];
+    for (int64_t c = 0; c < kLinearPanel; ++c) acc[c] = bias != nullptr && c < cols ? bias[c] : 0.f;
+    const float* xr = x + r * in;
+    for (int64_t k = 0; k < in; ++k) {
+      const float* w = panel + k * kLinearPanel;
+      for (int64_t c = 0; c < kLinearPanel; ++c) acc[c] = std::fma(xr[k], w[c], acc[c]);
+    }
+    for (int64_t c = 0; c < cols; ++c) y[r * ldy + c] = acc[c];
+  }
+}
+
 }  // namespace
 
 const KernelTable& scalar_table() {

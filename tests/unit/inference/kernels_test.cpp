@@ -1,5 +1,5 @@
 // The inference engine's CPU fast paths against plain LibTorch arithmetic:
-// the packed linear layers (oneDNN's blocked weights) and the in-place
+// the packed linear layers (kolos's panels and oneDNN's blocked weights) and the in-place
 // attention over the paged KV cache (both dtypes, grouped-query heads, the
 // AVX2 and portable loops, mixed with gathered prefill chunks).
 #include <gtest/gtest.h>
@@ -24,21 +24,32 @@ double max_error(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
-TEST(PackedLinear, EqualsLinear) {
-  // kolos builds against LibTorch wheels, which carry them: their absence is a failure.
-  ASSERT_TRUE(PackedLinear::available()) << "this LibTorch has no oneDNN linear operators";
+TEST(PackedLinear, BothKernelsEqualLinear) {
+  // kolos builds against LibTorch wheels, which carry oneDNN's operators, and
+  // the machines that build it have AVX2: either missing is a failure.
+  ASSERT_TRUE(PackedLinear::available(PackedLinear::Kernel::kOneDnn))
+      << "this LibTorch has no oneDNN linear operators";
+  ASSERT_TRUE(PackedLinear::available(PackedLinear::Kernel::kPanels)) << "no AVX2 on this CPU";
+  EXPECT_EQ(PackedLinear::kernel(), PackedLinear::Kernel::kPanels);
+  EXPECT_NE(PackedLinear::kernel_name().find("kolos panels"), std::string::npos);
   torch::manual_seed(0);
-  for (const int64_t rows : {1, 3, 16, 70}) {
-    const at::Tensor w = torch::randn({40, 24}), b = torch::randn({40});
-    const at::Tensor x = torch::randn({2, rows, 24});
-    const PackedLinear packed(w);
-    EXPECT_LT(max_error(packed(x, b), at::linear(x, w, b)), 1e-5) << rows << " rows";
-    EXPECT_LT(max_error(packed(x), at::linear(x, w)), 1e-5) << rows << " rows, no bias";
-    EXPECT_EQ(packed(x).sizes(), (std::vector<int64_t>{2, rows, 40}));
+  for (const auto kernel : {PackedLinear::Kernel::kPanels, PackedLinear::Kernel::kOneDnn}) {
+    const char* name = kernel == PackedLinear::Kernel::kPanels ? "panels" : "oneDNN";
+    for (const int64_t rows : {1, 3, 16, 70}) {
+      // 40 outputs: one whole panel and a part of one; a non-contiguous input.
+      const at::Tensor w = torch::randn({40, 24}), b = torch::randn({40});
+      const at::Tensor x = torch::randn({2, 24, rows}).transpose(1, 2);
+      const PackedLinear packed(w, kernel);
+      EXPECT_LT(max_error(packed(x, b), at::linear(x, w, b)), 1e-5) << name << ", " << rows;
+      EXPECT_LT(max_error(packed(x), at::linear(x, w)), 1e-5)
+          << name << ", " << rows << ", no bias";
+      EXPECT_EQ(packed(x).sizes(), (std::vector<int64_t>{2, rows, 40}));
+    }
+    const PackedLinear packed(torch::randn({8, 4}), kernel);
+    EXPECT_THROW(packed(torch::randn({3, 4}).to(at::kBFloat16)), std::exception) << name;
+    EXPECT_THROW(packed(torch::randn({3, 5})), std::exception) << name;
+    EXPECT_THROW(packed(torch::randn({3, 4}), torch::randn({7})), std::exception) << name;
   }
-  const PackedLinear packed(torch::randn({8, 4}));
-  EXPECT_THROW(packed(torch::randn({3, 4}).to(at::kBFloat16)), std::exception);
-  EXPECT_THROW(packed(torch::randn({3, 5})), std::exception);
   EXPECT_FALSE(PackedLinear::packs(torch::randn({8, 4}).to(at::kBFloat16)));
 }
 
@@ -58,8 +69,8 @@ ModelConfig tiny(const std::string& name) {
 // A model's logits are the same (to rounding) after pack_for_inference, and
 // the packed linear layers no longer hold their dense weights.
 TEST(PackedLinear, ModelPacksEveryLinearLayer) {
-  // kolos builds against LibTorch wheels, which carry them: their absence is a failure.
-  ASSERT_TRUE(PackedLinear::available()) << "this LibTorch has no oneDNN linear operators";
+  // kolos builds against LibTorch wheels (oneDNN) on CPUs with AVX2 (panels): neither is a failure.
+  ASSERT_TRUE(PackedLinear::available()) << "neither kolos's panels nor oneDNN pack here";
   for (const std::string name : {"gpt", "llama"}) {
     auto factory = make_serial_layer_factory();
     torch::manual_seed(1);

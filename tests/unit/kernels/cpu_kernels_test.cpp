@@ -20,6 +20,7 @@
 #include "kolos/kernels/convert.h"
 #include "kolos/kernels/grad_norm.h"
 #include "kolos/kernels/isa.h"
+#include "kolos/kernels/linear.h"
 
 namespace kolos::kernels {
 namespace {
@@ -411,6 +412,83 @@ TEST_F(IsaTest, ScaleAndClipMatchElementwiseMultiplication) {
     EXPECT_NEAR(clip_grad_norm(&b, 1, 10.0), 1.0, 1e-6);  // below max_norm: unchanged
     EXPECT_NEAR(g[1], 0.8f, 1e-6f);
   }
+}
+
+// ---- packed linear ----------------------------------------------------------
+
+// y = x w^T + b by its definition: for each output, fma over k in order from
+// the bias (the rule every level follows, linear.h).
+std::vector<float> linear_reference(const std::vector<float>& x, int64_t rows,
+                                    const std::vector<float>& w, const float* bias, int64_t out,
+                                    int64_t in) {
+  std::vector<float> y(rows * out);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < out; ++n) {
+      float acc = bias != nullptr ? bias[n] : 0.f;
+      for (int64_t k = 0; k < in; ++k) acc = std::fma(x[r * in + k], w[n * in + k], acc);
+      y[r * out + n] = acc;
+    }
+  return y;
+}
+
+TEST_F(IsaTest, PackedLinearIsItsDefinitionBitForBitOnEveryLevelAndThreadCount) {
+  std::mt19937 rng(11);
+  // Rows around the tiles (6, 12) and row blocks (48); outputs around the
+  // panel (32) and its halves (8, 16); inputs past the prefetch distance.
+  for (int64_t rows : {0, 1, 5, 6, 7, 12, 13, 16, 25, 48, 49, 100}) {
+    for (int64_t out : {1, 7, 8, 9, 16, 17, 31, 32, 33, 70}) {
+      for (int64_t in : {1, 3, 16, 67, 200}) {
+        const std::vector<float> x = randn(rows * in, rng), w = randn(out * in, rng),
+                                 b = randn(out, rng);
+        std::vector<float> packed(packed_linear_size(out, in), -1.f);
+        pack_linear(w.data(), out, in, packed.data());
+        for (const bool with_bias : {true, false}) {
+          const float* bias = with_bias ? b.data() : nullptr;
+          const std::vector<float> want = linear_reference(x, rows, w, bias, out, in);
+          for (Isa isa : supported_isas()) {
+            force_isa(isa);
+            for (int threads : {1, 3}) {
+              std::vector<float> y(rows * out, -7.f);
+              packed_linear(x.data(), rows, packed.data(), bias, out, in, y.data(), threads);
+              ASSERT_TRUE(same_floats(y, want))
+                  << isa_name(isa) << " threads " << threads << ": rows " << rows << ", out " << out
+                  << ", in " << in << (with_bias ? ", bias" : ", no bias");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(PackedLinear, LayoutIsPanelsOf32ZeroPadded) {
+  // w[n, k] = 100 n + k, 40 x 3: two panels, the second with 8 live columns.
+  std::vector<float> w(40 * 3);
+  for (int n = 0; n < 40; ++n)
+    for (int k = 0; k < 3; ++k) w[n * 3 + k] = static_cast<float>(100 * n + k);
+  ASSERT_EQ(packed_linear_size(40, 3), 64 * 3);
+  std::vector<float> packed(64 * 3, -1.f);
+  pack_linear(w.data(), 40, 3, packed.data());
+  for (int p = 0; p < 2; ++p)
+    for (int k = 0; k < 3; ++k)
+      for (int c = 0; c < 32; ++c) {
+        const int n = 32 * p + c;
+        EXPECT_EQ(packed[(p * 3 + k) * 32 + c], n < 40 ? 100.f * n + k : 0.f)
+            << "panel " << p << " k " << k << " column " << c;
+      }
+}
+
+TEST(PackedLinear, RejectsBadArguments) {
+  std::vector<float> buf(64);
+  EXPECT_THROW(packed_linear_size(0, 4), std::invalid_argument);
+  EXPECT_THROW(packed_linear_size(4, -1), std::invalid_argument);
+  EXPECT_THROW(pack_linear(nullptr, 2, 2, buf.data()), std::invalid_argument);
+  EXPECT_THROW(pack_linear(buf.data(), 2, 2, nullptr), std::invalid_argument);
+  EXPECT_THROW(packed_linear(buf.data(), -1, buf.data(), nullptr, 2, 2, buf.data()),
+               std::invalid_argument);
+  EXPECT_THROW(packed_linear(nullptr, 1, buf.data(), nullptr, 2, 2, buf.data()),
+               std::invalid_argument);
+  EXPECT_NO_THROW(packed_linear(nullptr, 0, buf.data(), nullptr, 2, 2, nullptr));
 }
 
 }  // namespace

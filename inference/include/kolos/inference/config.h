@@ -20,9 +20,9 @@ struct InferenceConfig {
   int64_t max_seqs = 32;           // sequences in one step at most
   int64_t max_step_tokens = 256;   // tokens computed in one step at most (chunked prefill)
   std::string precision = "fp32";  // "fp32" | "bf16": the dtype weights and cache are held in
-  // fp32 on the CPU: pack the linear layers' weights once into oneDNN's
-  // blocked layout (kolos/core/packed_linear.h) instead of LibTorch's
-  // products re-packing them on every call.
+  // fp32 on the CPU: pack the linear layers' weights once, into kolos's
+  // panels or oneDNN's blocked layout (kolos/core/packed_linear.h), instead
+  // of LibTorch's products re-packing them on every call.
   bool pack_weights = true;
   // Pipeline stages: the ranks form pipeline_stages stages of
   // ranks / pipeline_stages tensor-parallel ranks each.

@@ -1,0 +1,135 @@
+// The linear layers of one GPT-2 step (per layer q, k, v, o: H x H; the
+// MLP: H -> 4H -> H; then the tied head, H -> V) over R rows, with the
+// weights packed three ways, measured in this run, in interleaved rounds
+// (the machine's speed may drift; each round runs every kernel once):
+//   panels   kolos's panels (PackedLinear::Kernel::kPanels, kolos/kernels/linear.h)
+//   oneDNN   oneDNN's blocked layout (PackedLinear::Kernel::kOneDnn)
+//   plain    at::linear on the unpacked weight (LibTorch's product)
+//   bound    the weights' bytes over the read bandwidth of a LibTorch sum
+//            over 1 GiB: no product of a few rows can beat it, since every
+//            weight is read once from memory (they do not fit in a cache)
+// Usage: bench_packed_linear [HIDDEN=768] [LAYERS=12] [VOCAB=32000]
+//        [ROWS=1,4,16,64,256] [ROUNDS=7]; threads: LibTorch's (OMP_NUM_THREADS).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kolos/core/packed_linear.h"
+#include "kolos/kernels/isa.h"
+
+using kolos::PackedLinear;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto arg = [&](int i, int64_t fallback) { return argc > i ? std::atoll(argv[i]) : fallback; };
+  const int64_t hidden = arg(1, 768), layers = arg(2, 12), vocab = arg(3, 32000);
+  std::vector<int64_t> row_counts;
+  {
+    std::stringstream list(argc > 4 ? argv[4] : "1,4,16,64,256");
+    for (std::string item; std::getline(list, item, ',');) row_counts.push_back(std::stoll(item));
+  }
+  const int rounds = static_cast<int>(arg(5, 7));
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  struct Layer {
+    at::Tensor weight, bias;
+    PackedLinear panels, onednn;
+  };
+  std::vector<Layer> stack;
+  auto add = [&](int64_t out, int64_t in, bool bias) {
+    Layer l;
+    l.weight = torch::randn({out, in}) * 0.02;
+    if (bias) l.bias = torch::randn({out}) * 0.02;
+    if (PackedLinear::available(PackedLinear::Kernel::kPanels))
+      l.panels = PackedLinear(l.weight, PackedLinear::Kernel::kPanels);
+    if (PackedLinear::available(PackedLinear::Kernel::kOneDnn))
+      l.onednn = PackedLinear(l.weight, PackedLinear::Kernel::kOneDnn);
+    stack.push_back(std::move(l));
+  };
+  for (int64_t i = 0; i < layers; ++i) {
+    for (int j = 0; j < 4; ++j) add(hidden, hidden, true);
+    add(4 * hidden, hidden, true);
+    add(hidden, 4 * hidden, true);
+  }
+  add(vocab, hidden, false);
+  double weight_bytes = 0;
+  for (const Layer& l : stack) weight_bytes += 4.0 * l.weight.numel();
+
+  // Read bandwidth: the best of 5 sums over 1 GiB.
+  const at::Tensor big = torch::ones({int64_t{1} << 28});
+  double best_read = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)big.sum().item<float>();
+    best_read = std::min(best_read, seconds_since(t0));
+  }
+  const double bandwidth = 4.0 * big.numel() / best_read;
+
+  std::printf(
+      "products of one step: %lld linear layers of a GPT-2 (hidden %lld, %lld layers, "
+      "vocab %lld), %.0f MiB of fp32 weights; %d threads, CPU kernels %s\n",
+      static_cast<long long>(stack.size()), static_cast<long long>(hidden),
+      static_cast<long long>(layers), static_cast<long long>(vocab), weight_bytes / (1 << 20),
+      at::get_num_threads(), kolos::kernels::isa_name(kolos::kernels::active_isa()));
+  std::printf(
+      "read bandwidth %.1f GB/s (LibTorch sum over 1 GiB): a step reads its weights in "
+      "at least %.2f ms\n\n",
+      bandwidth / 1e9, 1e3 * weight_bytes / bandwidth);
+  std::printf(
+      "| rows | panels (ms) | oneDNN (ms) | plain (ms) | panels / oneDNN | panels at the "
+      "bound | GFLOP/s (panels) |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const int64_t rows : row_counts) {
+    const at::Tensor x_h = torch::randn({rows, hidden}), x_4h = torch::randn({rows, 4 * hidden});
+    auto input = [&](const Layer& l) { return l.weight.size(1) == hidden ? x_h : x_4h; };
+    enum { kPanels, kOneDnn, kPlain, kKinds };
+    std::vector<std::vector<double>> times(kKinds);
+    auto pass = [&](int kind) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const Layer& l : stack) {
+        if (kind == kPanels) (void)l.panels(input(l), l.bias);
+        if (kind == kOneDnn) (void)l.onednn(input(l), l.bias);
+        if (kind == kPlain) (void)at::linear(input(l), l.weight, l.bias);
+      }
+      return seconds_since(t0);
+    };
+    for (int round = -1; round < rounds; ++round) {  // round -1: warm-up
+      for (int kind = 0; kind < kKinds; ++kind) {
+        if (kind == kPanels && !stack[0].panels.defined()) continue;
+        if (kind == kOneDnn && !stack[0].onednn.defined()) continue;
+        const double t = pass(kind);
+        if (round >= 0) times[kind].push_back(t);
+      }
+    }
+    auto ms = [&](int kind) { return times[kind].empty() ? -1.0 : 1e3 * median(times[kind]); };
+    const double panels = ms(kPanels), onednn = ms(kOneDnn), plain = ms(kPlain);
+    const double flops = 2.0 * rows * weight_bytes / 4;
+    std::printf("| %lld | %.2f | %.2f | %.2f | %.2f | %.0f%% | %.0f |\n",
+                static_cast<long long>(rows), panels, onednn, plain,
+                panels > 0 && onednn > 0 ? panels / onednn : 0.0,
+                panels > 0 ? 100.0 * (1e3 * weight_bytes / bandwidth) / panels : 0.0,
+                panels > 0 ? flops / (panels * 1e-3) / 1e9 : 0.0);
+  }
+  std::printf(
+      "\nmedians of %d interleaved rounds; panels at the bound: the bound's time over "
+      "the panels' (100%%: reading the weights once at the measured bandwidth)\n",
+      rounds);
+  return 0;
+}
