@@ -168,11 +168,13 @@ KOLOS_TARGET inline __m256i lane_mask(int64_t n) {
 
 // Rows [0, MT) of x times 16 columns of one panel (`half` 0 or 1): two
 // vectors of 8 outputs per row, 2 MT accumulators (MT <= 6: 12 of the 16
-// registers). The first half prefetches both halves' lines ahead.
+// registers). The panel's first tile (`first`) reads it from memory and
+// prefetches both halves' lines ahead of itself; the others read it from
+// the cache and prefetch the next panel into the second-level cache.
 template <int MT>
 KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* panel, int half,
-                                     __m256 b0, __m256 b1, __m256i m0, __m256i m1, float* y,
-                                     int64_t ldy) {
+                                     bool first, __m256 b0, __m256 b1, __m256i m0, __m256i m1,
+                                     float* y, int64_t ldy) {
   __m256 acc[MT][2];
 #pragma GCC unroll 6
   for (int m = 0; m < MT; ++m) {
@@ -182,10 +184,15 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* pa
   for (int64_t k = 0; k < in; ++k) {
     const float* w = panel + k * kLinearPanel + half * 16;
     const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-    if (half == 0) {
-      const char* ahead = reinterpret_cast<const char*>(w + kLinearPrefetchRows * kLinearPanel);
+    const float* row = panel + k * kLinearPanel;
+    if (first) {
+      const char* ahead = reinterpret_cast<const char*>(row + kLinearPrefetchRows * kLinearPanel);
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    } else {
+      const char* next = reinterpret_cast<const char*>(row + in * kLinearPanel);
+      _mm_prefetch(next, _MM_HINT_T1);
+      _mm_prefetch(next + 64, _MM_HINT_T1);
     }
 #pragma GCC unroll 6
     for (int m = 0; m < MT; ++m) {
@@ -218,22 +225,22 @@ KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const f
       float* yt = y + r * ldy + first;
       switch (mt) {
         case 1:
-          linear_tile<1>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          linear_tile<1>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
           break;
         case 2:
-          linear_tile<2>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          linear_tile<2>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
           break;
         case 3:
-          linear_tile<3>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          linear_tile<3>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
           break;
         case 4:
-          linear_tile<4>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          linear_tile<4>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
           break;
         case 5:
-          linear_tile<5>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          linear_tile<5>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
           break;
         default:
-          linear_tile<6>(xt, in, panel, half, b0, b1, m0, m1, yt, ldy);
+          linear_tile<6>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
           break;
       }
       r += mt;

@@ -128,10 +128,14 @@ KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
 }
 
 // Rows [0, MT) of x times one panel: two vectors of 16 outputs per row,
-// 2 MT accumulators kept in registers (MT <= 12: 24 of the 32).
+// 2 MT accumulators kept in registers (MT <= 12: 24 of the 32). The first
+// tile of a panel (`first`) reads it from memory and prefetches it ahead
+// of itself; the others read it from the cache and prefetch the next panel
+// into the second-level cache meanwhile, so that memory is never idle.
 template <int MT>
-KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* panel, __m512 b0,
-                                     __m512 b1, __mmask16 k0, __mmask16 k1, float* y, int64_t ldy) {
+KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* panel, bool first,
+                                     __m512 b0, __m512 b1, __mmask16 k0, __mmask16 k1, float* y,
+                                     int64_t ldy) {
   __m512 acc[MT][2];
 #pragma GCC unroll 12
   for (int m = 0; m < MT; ++m) {
@@ -141,9 +145,15 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* pa
   for (int64_t k = 0; k < in; ++k) {
     const float* w = panel + k * kLinearPanel;
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
-    const char* ahead = reinterpret_cast<const char*>(w + kLinearPrefetchRows * kLinearPanel);
-    _mm_prefetch(ahead, _MM_HINT_T0);
-    _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    if (first) {
+      const char* ahead = reinterpret_cast<const char*>(w + kLinearPrefetchRows * kLinearPanel);
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    } else {
+      const char* next = reinterpret_cast<const char*>(w + in * kLinearPanel);
+      _mm_prefetch(next, _MM_HINT_T1);
+      _mm_prefetch(next + 64, _MM_HINT_T1);
+    }
 #pragma GCC unroll 12
     for (int m = 0; m < MT; ++m) {
       const __m512 xm = _mm512_set1_ps(x[m * in + k]);
@@ -171,40 +181,40 @@ KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const f
     float* yt = y + r * ldy;
     switch (mt) {
       case 1:
-        linear_tile<1>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<1>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 2:
-        linear_tile<2>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<2>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 3:
-        linear_tile<3>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<3>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 4:
-        linear_tile<4>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<4>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 5:
-        linear_tile<5>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<5>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 6:
-        linear_tile<6>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<6>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 7:
-        linear_tile<7>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<7>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 8:
-        linear_tile<8>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<8>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 9:
-        linear_tile<9>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<9>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 10:
-        linear_tile<10>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<10>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       case 11:
-        linear_tile<11>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<11>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
       default:
-        linear_tile<12>(xt, in, panel, b0, b1, k0, k1, yt, ldy);
+        linear_tile<12>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
         break;
     }
     r += mt;
