@@ -208,6 +208,11 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* pa
   }
 }
 
+using LinearTileFn = void (*)(const float*, int64_t, const float*, int, bool, __m256, __m256,
+                              __m256i, __m256i, float*, int64_t);
+constexpr LinearTileFn kTiles[6] = {&linear_tile<1>, &linear_tile<2>, &linear_tile<3>,
+                                    &linear_tile<4>, &linear_tile<5>, &linear_tile<6>};
+
 KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const float* panel,
                                const float* bias, int64_t cols, float* y, int64_t ldy) {
   for (int half = 0; half < 2; ++half) {
@@ -223,26 +228,7 @@ KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const f
       const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
       const float* xt = x + r * in;
       float* yt = y + r * ldy + first;
-      switch (mt) {
-        case 1:
-          linear_tile<1>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
-          break;
-        case 2:
-          linear_tile<2>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
-          break;
-        case 3:
-          linear_tile<3>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
-          break;
-        case 4:
-          linear_tile<4>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
-          break;
-        case 5:
-          linear_tile<5>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
-          break;
-        default:
-          linear_tile<6>(xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
-          break;
-      }
+      kTiles[mt - 1](xt, in, panel, half, half == 0 && t == 0, b0, b1, m0, m1, yt, ldy);
       r += mt;
     }
   }

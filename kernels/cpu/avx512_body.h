@@ -168,6 +168,13 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* pa
   }
 }
 
+using LinearTileFn = void (*)(const float*, int64_t, const float*, bool, __m512, __m512, __mmask16,
+                              __mmask16, float*, int64_t);
+constexpr LinearTileFn kTiles[12] = {&linear_tile<1>,  &linear_tile<2>,  &linear_tile<3>,
+                                     &linear_tile<4>,  &linear_tile<5>,  &linear_tile<6>,
+                                     &linear_tile<7>,  &linear_tile<8>,  &linear_tile<9>,
+                                     &linear_tile<10>, &linear_tile<11>, &linear_tile<12>};
+
 KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const float* panel,
                                const float* bias, int64_t cols, float* y, int64_t ldy) {
   const __mmask16 k0 = tail_mask(cols), k1 = tail_mask(cols > 16 ? cols - 16 : 0);
@@ -179,44 +186,7 @@ KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const f
     const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
     const float* xt = x + r * in;
     float* yt = y + r * ldy;
-    switch (mt) {
-      case 1:
-        linear_tile<1>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 2:
-        linear_tile<2>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 3:
-        linear_tile<3>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 4:
-        linear_tile<4>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 5:
-        linear_tile<5>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 6:
-        linear_tile<6>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 7:
-        linear_tile<7>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 8:
-        linear_tile<8>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 9:
-        linear_tile<9>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 10:
-        linear_tile<10>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      case 11:
-        linear_tile<11>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-      default:
-        linear_tile<12>(xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
-        break;
-    }
+    kTiles[mt - 1](xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
     r += mt;
   }
 }
