@@ -249,6 +249,7 @@ Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& c
   bound_text.precision(3);
   bound_text << "not tried: the tuning's time bound (" << tune.budget_s
              << " s, planner.tune_seconds)";
+  const std::string not_tried = bound_text.str();
   const auto run_first = [&](TrialResult& trial) {
     trial.skipped.clear();
     trial.measured_s = measure(trial.plan, trial.skipped);
@@ -258,7 +259,7 @@ Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& c
     TrialResult trial;
     trial.plan = plans[i];
     if (i > 0 && !room(kFirstPassShare * tune.budget_s)) {
-      trial.skipped = bound_text.str();
+      trial.skipped = not_tried;
     } else {
       run_first(trial);
     }
@@ -290,7 +291,7 @@ Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& c
     }
   }
   for (TrialResult& t : out.trials) {
-    if (t.passes > 0 || t.skipped != bound_text.str()) continue;
+    if (t.passes > 0 || t.skipped != not_tried) continue;
     if (!room(tune.budget_s)) break;
     run_first(t);
   }

@@ -323,8 +323,11 @@ double clip_grad_norm(const GradBuffer* buffers, size_t count, double max_norm, 
 }
 
 int64_t packed_linear_size(int64_t out, int64_t in) {
-  check(out >= 1 && in >= 1, "packed_linear_size: sizes must be >= 1, got out " +
-                                 std::to_string(out) + ", in " + std::to_string(in));
+  // The message is built only on failure: packed_linear runs per product.
+  if (out < 1 || in < 1) {
+    check(false, "packed_linear_size: sizes must be >= 1, got out " + std::to_string(out) +
+                     ", in " + std::to_string(in));
+  }
   return (out + kLinearPanel - 1) / kLinearPanel * kLinearPanel * in;
 }
 
@@ -346,7 +349,7 @@ void pack_linear(const float* weight, int64_t out, int64_t in, float* packed, in
 void packed_linear(const float* x, int64_t rows, const float* packed, const float* bias,
                    int64_t out, int64_t in, float* y, int threads) {
   packed_linear_size(out, in);
-  check(rows >= 0, "packed_linear: rows must be >= 0, got " + std::to_string(rows));
+  if (rows < 0) check(false, "packed_linear: rows must be >= 0, got " + std::to_string(rows));
   if (rows == 0) return;
   check(x != nullptr && packed != nullptr && y != nullptr, "packed_linear: null x, weight or y");
   const KernelTable& t = table();

@@ -47,10 +47,9 @@ using LinearPanelFn = void (*)(const float* x, int64_t rows, int64_t in, const f
 
 // How far ahead of its reads a linear panel prefetches: 64 rows of the
 // panel (8 KiB). The hardware's own prefetcher stops at every 4 KiB page,
-// and a product of a few rows reads too little per page to hide that: on a
-// 2-core Xeon (AVX-512) the 73 products of a 110M-parameter GPT-2 step took
-// 33 ms for 16 rows without it and 19 ms with it (8 to 256 rows ahead were
-// tried; 64 was the fastest).
+// and a product of a few rows reads too little per page to hide that
+// (bench_packed_linear shows the products against the bandwidth bound;
+// distances of 8 to 256 rows were tried on a 2-core Xeon, 64 was fastest).
 constexpr int64_t kLinearPrefetchRows = 64;
 
 struct KernelTable {
