@@ -129,19 +129,22 @@ KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
 
 // Rows [0, MT) of x times one panel: two vectors of 16 outputs per row,
 // 2 MT accumulators kept in registers (MT <= 12: 24 of the 32). The first
-// tile of a panel (`first`) reads it from memory and prefetches it ahead
-// of itself; the others read it from the cache and prefetch the next panel
-// into the second-level cache meanwhile, so that memory is never idle.
+// tile of a panel (`first`) prefetches the panel's lines ahead of itself,
+// in case no earlier tile brought them. When a panel takes several tiles,
+// each tile prefetches its share of the next panel's rows (every `shares`-th,
+// from row `share`) into the second-level cache, so that memory streams the
+// next panel all the while this one is computed, not only during some tiles.
 template <int MT>
 KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* panel, bool first,
-                                     __m512 b0, __m512 b1, __mmask16 k0, __mmask16 k1, float* y,
-                                     int64_t ldy) {
+                                     int64_t share, int64_t shares, __m512 b0, __m512 b1,
+                                     __mmask16 k0, __mmask16 k1, float* y, int64_t ldy) {
   __m512 acc[MT][2];
 #pragma GCC unroll 12
   for (int m = 0; m < MT; ++m) {
     acc[m][0] = b0;
     acc[m][1] = b1;
   }
+  int64_t next_k = shares > 1 ? share : in;  // the next row of the next panel to prefetch
   for (int64_t k = 0; k < in; ++k) {
     const float* w = panel + k * kLinearPanel;
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
@@ -149,10 +152,12 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* pa
       const char* ahead = reinterpret_cast<const char*>(w + kLinearPrefetchRows * kLinearPanel);
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
-    } else {
+    }
+    if (k == next_k) {
       const char* next = reinterpret_cast<const char*>(w + in * kLinearPanel);
       _mm_prefetch(next, _MM_HINT_T1);
       _mm_prefetch(next + 64, _MM_HINT_T1);
+      next_k += shares;
     }
 #pragma GCC unroll 12
     for (int m = 0; m < MT; ++m) {
@@ -168,8 +173,8 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* pa
   }
 }
 
-using LinearTileFn = void (*)(const float*, int64_t, const float*, bool, __m512, __m512, __mmask16,
-                              __mmask16, float*, int64_t);
+using LinearTileFn = void (*)(const float*, int64_t, const float*, bool, int64_t, int64_t, __m512,
+                              __m512, __mmask16, __mmask16, float*, int64_t);
 constexpr LinearTileFn kTiles[12] = {&linear_tile<1>,  &linear_tile<2>,  &linear_tile<3>,
                                      &linear_tile<4>,  &linear_tile<5>,  &linear_tile<6>,
                                      &linear_tile<7>,  &linear_tile<8>,  &linear_tile<9>,
@@ -186,7 +191,7 @@ KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const f
     const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
     const float* xt = x + r * in;
     float* yt = y + r * ldy;
-    kTiles[mt - 1](xt, in, panel, t == 0, b0, b1, k0, k1, yt, ldy);
+    kTiles[mt - 1](xt, in, panel, t == 0, t, tiles, b0, b1, k0, k1, yt, ldy);
     r += mt;
   }
 }
