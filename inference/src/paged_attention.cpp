@@ -42,6 +42,13 @@ struct Portable {
   static void add_scaled(float* out, float weight, const T* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] += weight * widen(x[i]);
   }
+  // s[0, n) = softmax(s[0, n)).
+  static void softmax(float* s, int64_t n) {
+    const float top = *std::max_element(s, s + n);
+    float total = 0;
+    for (int64_t p = 0; p < n; ++p) total += (s[p] = std::exp(s[p] - top));
+    for (int64_t p = 0; p < n; ++p) s[p] /= total;
+  }
 };
 
 #ifdef KOLOS_PAGED_AVX2
@@ -71,6 +78,62 @@ struct Avx2 {
     for (int64_t i = 0; i < n; i += 8) {
       _mm256_storeu_ps(out + i, _mm256_fmadd_ps(w, load(x + i), _mm256_loadu_ps(out + i)));
     }
+  }
+  // exp(x) for x <= 0 (a score less the row's largest): x = k ln 2 + r
+  // with |r| <= ln 2 / 2 (ln 2 in two parts, so that r is nearly exact),
+  // e^r by its degree-7 Taylor polynomial in Horner form (truncation under
+  // 4e-9 relative), times 2^k built in the exponent bits; 0 below -87
+  // (where 2^k leaves the normal range; e^-87 is 1.6e-38).
+  __attribute__((target("avx2,fma"))) static __m256 exp_nonpositive(__m256 x) {
+    const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.0f / 5040);
+    for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
+      y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+    }
+    const __m256i two_k =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(two_k)), zero_below);
+  }
+  __attribute__((target("avx2,fma"))) static void softmax(float* s, int64_t n) {
+    const int64_t whole = n / 8 * 8;
+    float top = -INFINITY;
+    for (int64_t p = whole; p < n; ++p) top = std::max(top, s[p]);
+    if (whole > 0) {
+      __m256 m = _mm256_loadu_ps(s);
+      for (int64_t p = 8; p < whole; p += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + p));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, m);
+      for (const float v : lanes) top = std::max(top, v);
+    }
+    const __m256 shift = _mm256_set1_ps(top);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t p = 0; p < whole; p += 8) {
+      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + p), shift));
+      _mm256_storeu_ps(s + p, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, sum);
+    float total = 0;
+    for (const float v : lanes) total += v;
+    if (whole < n) {
+      // The tail through the same vector exp, so that every score is
+      // computed alike.
+      alignas(32) float tail[8];
+      for (int64_t i = 0; i < 8; ++i) tail[i] = whole + i < n ? s[whole + i] - top : -100.0f;
+      _mm256_store_ps(tail, exp_nonpositive(_mm256_load_ps(tail)));
+      for (int64_t p = whole; p < n; ++p) total += (s[p] = tail[p - whole]);
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (int64_t p = 0; p < whole; p += 8) {
+      _mm256_storeu_ps(s + p, _mm256_mul_ps(_mm256_loadu_ps(s + p), inv));
+    }
+    for (int64_t p = whole; p < n; ++p) s[p] *= 1.0f / total;
   }
 };
 
@@ -107,11 +170,7 @@ inline void attend_token(const TokenWork& a, const T* keys, const T* values,
     }
   }
   for (int64_t j = 0; j < heads; ++j) {
-    float* s = scores.data() + j * n;
-    const float top = *std::max_element(s, s + n);
-    float total = 0;
-    for (int64_t p = 0; p < n; ++p) total += (s[p] = std::exp(s[p] - top));
-    for (int64_t p = 0; p < n; ++p) s[p] /= total;
+    Vec::softmax(scores.data() + j * n, n);
     float* o = a.out + (first + j) * a.head_stride;
     std::fill(o, o + a.d, 0.0f);
   }

@@ -113,17 +113,23 @@ at::Tensor reference(const at::Tensor& q /*[h, d]*/, const at::Tensor& keys,
   return torch::einsum("hp,phd->hd", {torch::softmax(scores, -1), v});  // [h, d]
 }
 
-void check_kernel(int64_t heads, int64_t kv_heads, int64_t d, at::ScalarType dtype, int threads) {
+// `sharpness` scales the queries: at 8 the scores of one token span
+// hundreds, so that most weights underflow to 0.
+void check_kernel(int64_t heads, int64_t kv_heads, int64_t d, at::ScalarType dtype, int threads,
+                  float sharpness = 1) {
   torch::manual_seed(2);
   const int64_t rows = 64;
   const at::Tensor keys = torch::randn({rows, kv_heads, d}).to(dtype);
   const at::Tensor values = torch::randn({rows, kv_heads, d}).to(dtype);
-  // Three chunks: positions scattered over the rows (as block tables place them).
+  // Four chunks: positions scattered over the rows (as block tables place
+  // them); contexts of 1 to 45 positions (vector loops and their tails).
+  std::vector<int64_t> long_table(45);
+  for (int64_t i = 0; i < 45; ++i) long_table[i] = (i * 37 + 11) % rows;
   const std::vector<std::vector<int64_t>> tables = {
-      {5, 6, 7, 40, 41, 42, 43, 1, 2}, {60}, {10, 11, 12, 13, 30, 31}};
-  const std::vector<int64_t> lengths = {2, 1, 3};
-  const int64_t tokens = 6;
-  const at::Tensor q = torch::randn({heads, tokens, d});
+      {5, 6, 7, 40, 41, 42, 43, 1, 2}, {60}, {10, 11, 12, 13, 30, 31}, long_table};
+  const std::vector<int64_t> lengths = {2, 1, 3, 4};
+  const int64_t tokens = 10;
+  const at::Tensor q = torch::randn({heads, tokens, d}) * sharpness;
   at::Tensor out = torch::full({heads, tokens, d}, std::nan(""));
   std::vector<PagedAttentionChunk> chunks;
   int64_t token = 0;
@@ -162,6 +168,7 @@ TEST(PagedAttention, EqualsSoftmaxAttention) {
       check_kernel(4, 4, 16, dtype, threads);  // AVX2 loops where the CPU has them
       check_kernel(6, 2, 16, dtype, threads);  // grouped-query heads
       check_kernel(4, 1, 12, dtype, threads);  // head_dim not a multiple of 8: portable loops
+      check_kernel(4, 2, 16, dtype, threads, 8);  // scores spanning hundreds
     }
   }
 }

@@ -6,8 +6,9 @@
 // softmax and the sums are fp32 whatever the cache holds. Work items are
 // (chunk, a run of key/value heads), over OpenMP threads; the heads are cut
 // into runs only when there are too few chunks to keep every thread busy.
-// The vector loops use AVX2 with FMA where the CPU has them (cpuid, a
-// head_dim that is a multiple of 8) and portable C++ otherwise.
+// The vector loops (dot products, sums and the softmax with its exp) use
+// AVX2 with FMA where the CPU has them (cpuid, a head_dim that is a
+// multiple of 8) and portable C++ otherwise.
 #pragma once
 
 #include <cstddef>
