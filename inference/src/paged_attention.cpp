@@ -83,10 +83,11 @@ struct Avx2 {
   // with |r| <= ln 2 / 2 (ln 2 in two parts, so that r is nearly exact),
   // e^r by its degree-7 Taylor polynomial in Horner form (truncation under
   // 4e-9 relative), times 2^k built in the exponent bits; 0 below -87
-  // (where 2^k leaves the normal range; e^-87 is 1.6e-38).
+  // (where 2^k leaves the normal range; e^-87 is 1.6e-38). A NaN stays a
+  // NaN (max and the mask keep it), so that a diverged score shows.
   __attribute__((target("avx2,fma"))) static __m256 exp_nonpositive(__m256 x) {
-    const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // x where either is a NaN
     const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
@@ -97,7 +98,7 @@ struct Avx2 {
     }
     const __m256i two_k =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(two_k)), zero_below);
+    return _mm256_andnot_ps(below, _mm256_mul_ps(y, _mm256_castsi256_ps(two_k)));
   }
   __attribute__((target("avx2,fma"))) static void softmax(float* s, int64_t n) {
     const int64_t whole = n / 8 * 8;

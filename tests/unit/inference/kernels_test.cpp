@@ -173,6 +173,35 @@ TEST(PagedAttention, EqualsSoftmaxAttention) {
   }
 }
 
+// A NaN among a token's scores makes its output NaN on every path (the
+// vector exp must not turn it into a weight of 0).
+TEST(PagedAttention, ANanScoreShows) {
+  for (const int64_t d : {16, 12}) {  // the AVX2 loops where the CPU has them; portable
+    const int64_t heads = 2, rows = 20;
+    const at::Tensor keys = torch::randn({rows, heads, d});
+    const at::Tensor values = torch::randn({rows, heads, d});
+    keys[13][1][0] = std::nan("");  // position 13, head 1
+    std::vector<int64_t> table(rows);
+    for (int64_t i = 0; i < rows; ++i) table[i] = i;
+    const at::Tensor q = torch::randn({heads, 1, d});
+    at::Tensor out = torch::zeros({heads, 1, d});
+    PagedAttentionArgs args;
+    args.q = q.data_ptr<float>();
+    args.out = out.data_ptr<float>();
+    args.heads = heads;
+    args.tokens = 1;
+    args.head_dim = d;
+    args.keys = keys.data_ptr();
+    args.values = values.data_ptr();
+    args.kv_heads = heads;
+    args.scale = 0.25f;
+    const PagedAttentionChunk chunk{0, rows - 1, 1, table.data()};
+    paged_attention(args, &chunk, 1, 1);
+    EXPECT_TRUE(out[0].isfinite().all().item<bool>()) << "d " << d << ": head 0 has no NaN";
+    EXPECT_TRUE(out[1].isnan().all().item<bool>()) << "d " << d << ": head 1 read the NaN key";
+  }
+}
+
 TEST(PagedAttention, RefusesWhatItCannotRun) {
   PagedAttentionArgs args;
   const std::vector<int64_t> rows = {0};
