@@ -138,12 +138,48 @@ struct Avx2 {
   }
 };
 
+// n a multiple of 16; the softmax is AVX2's (a few scores a row).
+struct Avx512 : Avx2 {
+  __attribute__((target("avx512f,avx2,fma"))) static __m512 load(const float* p) {
+    return _mm512_loadu_ps(p);
+  }
+  __attribute__((target("avx512f,avx2,fma"))) static __m512 load(const Bf16* p) {
+    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+  template <typename T>
+  __attribute__((target("avx512f,avx2,fma"))) static float dot(const float* a, const T* b,
+                                                               int64_t n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load(b + i), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load(b + i + 16), acc1);
+    }
+    if (i < n) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load(b + i), acc0);
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  }
+  template <typename T>
+  __attribute__((target("avx512f,avx2,fma"))) static void add_scaled(float* out, float weight,
+                                                                     const T* x, int64_t n) {
+    const __m512 w = _mm512_set1_ps(weight);
+    for (int64_t i = 0; i < n; i += 16) {
+      _mm512_storeu_ps(out + i, _mm512_fmadd_ps(w, load(x + i), _mm512_loadu_ps(out + i)));
+    }
+  }
+};
+
 bool cpu_has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
+bool cpu_has_avx512() {
+  static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512f");
+  return yes;
+}
 #else
 bool cpu_has_avx2() { return false; }
+bool cpu_has_avx512() { return false; }
 #endif
 
 // One token's queries of the heads of key/value heads [g0, g1) against its
@@ -198,6 +234,11 @@ __attribute__((target("avx2,fma"), flatten)) void attend_token_avx2(const TokenW
                                                                     std::vector<float>& scores) {
   attend_token<Avx2>(a, keys, values, scores);
 }
+template <typename T>
+__attribute__((target("avx512f,avx2,fma"), flatten)) void attend_token_avx512(
+    const TokenWork& a, const T* keys, const T* values, std::vector<float>& scores) {
+  attend_token<Avx512>(a, keys, values, scores);
+}
 #endif
 
 template <typename T>
@@ -215,6 +256,7 @@ void run(const PagedAttentionArgs& args, const PagedAttentionChunk* chunks, size
   const int64_t runs = std::min(kv_heads, (2 * t + num_chunks - 1) / num_chunks);
   const int64_t run_heads = (kv_heads + runs - 1) / runs;
   const bool avx2 = paged_attention_uses_avx2(d);
+  const bool avx512 = avx2 && cpu_has_avx512() && d % 16 == 0;
   TokenWork base{};
   base.head_stride = args.tokens * d;
   base.row_stride = kv_heads * d;
@@ -233,6 +275,10 @@ void run(const PagedAttentionArgs& args, const PagedAttentionChunk* chunks, size
       a.out = args.out + (c.token + i) * d;
       a.position = c.start + i;
 #ifdef KOLOS_PAGED_AVX2
+      if (avx512) {
+        attend_token_avx512(a, keys, values, scores);
+        continue;
+      }
       if (avx2) {
         attend_token_avx2(a, keys, values, scores);
         continue;

@@ -165,7 +165,8 @@ void check_kernel(int64_t heads, int64_t kv_heads, int64_t d, at::ScalarType dty
 TEST(PagedAttention, EqualsSoftmaxAttention) {
   for (const int threads : {1, 2, 3}) {
     for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-      check_kernel(4, 4, 16, dtype, threads);  // AVX2 loops where the CPU has them
+      check_kernel(4, 4, 16, dtype, threads);  // AVX-512 (else AVX2) where the CPU has them
+      check_kernel(2, 2, 24, dtype, threads);  // not a multiple of 16: AVX2 where the CPU has it
       check_kernel(6, 2, 16, dtype, threads);  // grouped-query heads
       check_kernel(4, 1, 12, dtype, threads);  // head_dim not a multiple of 8: portable loops
       check_kernel(4, 2, 16, dtype, threads, 8);  // scores spanning hundreds
@@ -176,7 +177,7 @@ TEST(PagedAttention, EqualsSoftmaxAttention) {
 // A NaN among a token's scores makes its output NaN on every path (the
 // vector exp must not turn it into a weight of 0).
 TEST(PagedAttention, ANanScoreShows) {
-  for (const int64_t d : {16, 12}) {  // the AVX2 loops where the CPU has them; portable
+  for (const int64_t d : {16, 8, 12}) {  // AVX-512, AVX2 (where the CPU has them), portable
     const int64_t heads = 2, rows = 20;
     const at::Tensor keys = torch::randn({rows, heads, d});
     const at::Tensor values = torch::randn({rows, heads, d});

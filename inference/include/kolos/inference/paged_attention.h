@@ -7,8 +7,9 @@
 // (chunk, a run of key/value heads), over OpenMP threads; the heads are cut
 // into runs only when there are too few chunks to keep every thread busy.
 // The vector loops (dot products, sums and the softmax with its exp) use
-// AVX2 with FMA where the CPU has them (cpuid, a head_dim that is a
-// multiple of 8) and portable C++ otherwise.
+// AVX-512 for the dot products and sums where the CPU has it and head_dim
+// is a multiple of 16, AVX2 with FMA where it has those and head_dim is a
+// multiple of 8 (cpuid), and portable C++ otherwise.
 #pragma once
 
 #include <cstddef>
@@ -43,7 +44,8 @@ struct PagedAttentionArgs {
 void paged_attention(const PagedAttentionArgs& args, const PagedAttentionChunk* chunks,
                      size_t count, int threads = 0);
 
-// Whether paged_attention runs its AVX2 loops on this CPU for `head_dim`.
+// Whether paged_attention runs vector loops (AVX2, or AVX-512 where
+// head_dim allows) on this CPU for `head_dim`.
 bool paged_attention_uses_avx2(int64_t head_dim);
 
 }  // namespace kolos::inference
