@@ -8,6 +8,8 @@
 //   bound    the weights' bytes over the read bandwidth of a LibTorch sum
 //            over 1 GiB: no product of a few rows can beat it, since every
 //            weight is read once from memory (they do not fit in a cache)
+// Then the MLP's GELU (tanh form) over the same rows, kolos's kernel
+// against torch::gelu, interleaved.
 // Usage: bench_packed_linear [HIDDEN=768] [LAYERS=12] [VOCAB=32000]
 //        [ROWS=1,4,16,64,256] [ROUNDS=7]; threads: LibTorch's (OMP_NUM_THREADS).
 #include <torch/torch.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "kolos/core/packed_linear.h"
+#include "kolos/kernels/activation.h"
 #include "kolos/kernels/isa.h"
 
 using kolos::PackedLinear;
@@ -131,5 +134,37 @@ int main(int argc, char** argv) {
       "\nmedians of %d interleaved rounds; panels at the bound: the bound's time over "
       "the panels' (100%%: reading the weights once at the measured bandwidth)\n",
       rounds);
+
+  // The MLP's activation of the same step: GELU's tanh form over
+  // rows x 4 hidden, every layer, kolos's kernel (in place, as the engine
+  // runs it) against LibTorch's torch::gelu(x, "tanh"), interleaved.
+  std::printf(
+      "\nGELU (tanh form) over the %lld layers' rows x %lld activations, kolos "
+      "(kolos/kernels/activation.h) against torch::gelu:\n\n"
+      "| rows | kolos (ms) | torch (ms) | kolos / torch |\n|---:|---:|---:|---:|\n",
+      static_cast<long long>(layers), static_cast<long long>(4 * hidden));
+  for (const int64_t rows : row_counts) {
+    const at::Tensor x = torch::randn({rows, 4 * hidden});
+    at::Tensor y = torch::empty_like(x);
+    std::vector<double> ours, theirs;
+    for (int round = -1; round < rounds; ++round) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int64_t l = 0; l < layers; ++l) {
+        y.copy_(x);  // both sides copy once: ours works in place
+        kolos::kernels::gelu_tanh(y.data_ptr<float>(), y.data_ptr<float>(), y.numel(),
+                                  at::get_num_threads());
+      }
+      const double a = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      for (int64_t l = 0; l < layers; ++l) {
+        y.copy_(x);
+        (void)torch::gelu(y, "tanh");
+      }
+      const double b = seconds_since(t0);
+      if (round >= 0) ours.push_back(a), theirs.push_back(b);
+    }
+    std::printf("| %lld | %.3f | %.3f | %.2f |\n", static_cast<long long>(rows), 1e3 * median(ours),
+                1e3 * median(theirs), median(ours) / median(theirs));
+  }
   return 0;
 }

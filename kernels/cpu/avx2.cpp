@@ -166,6 +166,37 @@ KOLOS_TARGET inline __m256i lane_mask(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+// GELU's tanh form, the same operations as the scalar definition
+// (kernel_table.h); max and min return their second operand, the value,
+// when it is a NaN.
+KOLOS_TARGET inline __m256 gelu_tanh8(__m256 x) {
+  const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  __m256 t =
+      _mm256_mul_ps(_mm256_fmadd_ps(_mm256_set1_ps(kGeluCubic), cube, x), _mm256_set1_ps(kGeluT));
+  t = _mm256_min_ps(_mm256_set1_ps(kExpHigh), _mm256_max_ps(_mm256_set1_ps(kExpLow), t));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), t);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpTaylor[0]);
+#pragma GCC unroll 7
+  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpTaylor[i]));
+  const __m256 two_k = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(p, two_k)));
+}
+
+KOLOS_TARGET void gelu_tanh(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, gelu_tanh8(_mm256_loadu_ps(x + i)));
+  const int64_t rest = n - i;
+  if (rest == 0) return;
+  alignas(32) float t[8] = {};
+  copy_bytes(t, x + i, rest * 4);
+  _mm256_store_ps(t, gelu_tanh8(_mm256_load_ps(t)));
+  copy_bytes(y + i, t, rest * 4);
+}
+
 // Rows [0, MT) of x times 16 columns of one panel (`half` 0 or 1): two
 // vectors of 8 outputs per row, 2 MT accumulators (MT <= 6: 12 of the 16
 // registers). The panel's first tile (`first`) prefetches both halves'

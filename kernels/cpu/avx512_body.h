@@ -127,6 +127,33 @@ KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
   }
 }
 
+// GELU's tanh form, the same operations as the scalar definition
+// (kernel_table.h); max and min return their second operand, the value,
+// when it is a NaN.
+KOLOS_TARGET inline __m512 gelu_tanh16(__m512 x) {
+  const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  __m512 t =
+      _mm512_mul_ps(_mm512_fmadd_ps(_mm512_set1_ps(kGeluCubic), cube, x), _mm512_set1_ps(kGeluT));
+  t = _mm512_min_ps(_mm512_set1_ps(kExpHigh), _mm512_max_ps(_mm512_set1_ps(kExpLow), t));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), t);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpTaylor[0]);
+#pragma GCC unroll 7
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpTaylor[i]));
+  const __m512 two_k = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23));
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(p, two_k)));
+}
+
+KOLOS_TARGET void gelu_tanh(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, k, gelu_tanh16(_mm512_maskz_loadu_ps(k, x + i)));
+  }
+}
+
 // Rows [0, MT) of x times one panel: two vectors of 16 outputs per row,
 // 2 MT accumulators kept in registers (MT <= 12: 24 of the 32). The first
 // tile of a panel (`first`) prefetches the panel's lines ahead of itself,

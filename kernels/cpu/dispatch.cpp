@@ -15,6 +15,7 @@
 #endif
 
 #include "kernel_table.h"
+#include "kolos/kernels/activation.h"
 #include "kolos/kernels/adamw.h"
 #include "kolos/kernels/convert.h"
 #include "kolos/kernels/grad_norm.h"
@@ -368,6 +369,21 @@ void packed_linear(const float* x, int64_t rows, const float* packed, const floa
     const int64_t col = p * kLinearPanel, cols = std::min(kLinearPanel, out - col);
     t.linear_panel(x + first * in, count, in, packed + p * kLinearPanel * in,
                    bias != nullptr ? bias + col : nullptr, cols, y + first * out + col, out);
+  });
+}
+
+void gelu_tanh(const float* x, float* y, int64_t n, int threads) {
+  if (n < 0) check(false, "gelu_tanh: n must be >= 0, got " + std::to_string(n));
+  if (n == 0) return;
+  check(x != nullptr && y != nullptr, "gelu_tanh: null x or y");
+  const KernelTable& t = table();
+  // Pieces of 16K elements (64 KiB), each a multiple of every level's
+  // vector; below 64K elements one thread.
+  constexpr int64_t kPiece = 1 << 14;
+  const int64_t pieces = (n + kPiece - 1) / kPiece;
+  run_pieces(static_cast<size_t>(pieces), n < (int64_t{1} << 16) ? 1 : threads, [&](size_t i) {
+    const int64_t first = static_cast<int64_t>(i) * kPiece;
+    t.gelu_tanh(x + first, y + first, std::min(kPiece, n - first));
   });
 }
 

@@ -45,6 +45,23 @@ using ScaleFn = void (*)(void* x, int64_t n, float factor);
 using LinearPanelFn = void (*)(const float* x, int64_t rows, int64_t in, const float* panel,
                                const float* bias, int64_t cols, float* y, int64_t ldy);
 
+// GELU's tanh form over n floats (activation.h); y may be x.
+using GeluFn = void (*)(const float* x, float* y, int64_t n);
+// Its constants, one set for every level: y = x / (1 + e^t) with
+// t = kGeluT * (x + kGeluCubic x^3) (-2 sqrt(2 / pi): 0.5 (1 + tanh(u)) is
+// 1 / (1 + e^-2u)); e^t = 2^k e^r, k = nearest(t log2 e), r = t - k ln 2
+// (ln 2 in two parts), e^r by its degree-7 Taylor polynomial in Horner
+// form (kExpTaylor from the highest term), t clamped to [kExpLow, kExpHigh]
+// so that 2^k stays a normal float (a NaN passes through).
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kGeluT = -1.5957691216057308f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpLow = -87.0f, kExpHigh = 88.0f;
+constexpr float kExpTaylor[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
+                                 1.0f / 6,    0.5f,       1.0f,       1.0f};
+
 // How far ahead of its reads a linear panel prefetches: 64 rows of the
 // panel (8 KiB). The hardware's own prefetcher stops at every 4 KiB page,
 // and a product of a few rows reads too little per page to hide that
@@ -59,6 +76,7 @@ struct KernelTable {
   SumSquaresFn sum_squares[kGradKinds];
   ScaleFn scale[kGradKinds];
   LinearPanelFn linear_panel;
+  GeluFn gelu_tanh;
 };
 
 // The scalars of `config`, checked (step >= 1); shared with the CUDA kernels
@@ -67,7 +85,7 @@ AdamWScalars adamw_scalars(const AdamWConfig& config);
 
 // The table of the kernels the expanding translation unit defines: the
 // function templates adamw<G, C>, sum_squares<G> and scale<G>, the four
-// converters and linear_panel, found unqualified in that unit (each ISA's
+// converters, linear_panel and gelu_tanh, found unqualified in that unit (each ISA's
 // are in its own anonymous namespace, with its own target attribute). One list for every
 // ISA, so that a kernel added to the table is added to all of them.
 #define KOLOS_KERNEL_TABLE()                                                                   \
@@ -90,6 +108,7 @@ AdamWScalars adamw_scalars(const AdamWConfig& config);
     t.scale[1] = &scale<1>;                                                                    \
     t.scale[2] = &scale<2>;                                                                    \
     t.linear_panel = &linear_panel;                                                            \
+    t.gelu_tanh = &gelu_tanh;                                                                  \
     return t;                                                                                  \
   }()
 

@@ -72,6 +72,25 @@ void scale(void* x, int64_t n, float factor) {
   }
 }
 
+// The definition every level matches bit for bit (kernel_table.h).
+float gelu_tanh_one(float x) {
+  const float cube = x * x * x;
+  float t = std::fma(kGeluCubic, cube, x) * kGeluT;
+  if (t != t) return t;  // NaN
+  t = t < kExpLow ? kExpLow : (t > kExpHigh ? kExpHigh : t);
+  const float k = std::nearbyint(t * kLog2e);
+  float r = std::fma(-k, kLn2Hi, t);
+  r = std::fma(-k, kLn2Lo, r);
+  float p = kExpTaylor[0];
+  for (int i = 1; i < 8; ++i) p = std::fma(p, r, kExpTaylor[i]);
+  const float two_k = float_of(static_cast<uint32_t>(static_cast<int32_t>(k) + 127) << 23);
+  return x / (1.0f + p * two_k);
+}
+
+void gelu_tanh(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_one(x[i]);
+}
+
 void linear_panel(const float* x, int64_t rows, int64_t in, const float* panel, const float* bias,
                   int64_t cols, float* y, int64_t ldy) {
   for (int64_t r = 0; r < rows; ++r) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "kolos/core/attention_cache.h"
@@ -10,6 +11,7 @@
 #include "kolos/core/layer_factory.h"
 #include "kolos/core/recompute.h"
 #include "kolos/core/sequence.h"
+#include "kolos/kernels/activation.h"
 
 namespace kolos {
 
@@ -247,11 +249,27 @@ class GeluMlp : public Layer {
         factory.linear(LinearSpec{spec.inner, spec.hidden, true, LinearRole::kRow, spec.out_init_std}));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    return down_->forward(torch::gelu(up_->forward(x), approximate_));
+    at::Tensor h = up_->forward(x);
+    if (kernel_gelu_ && h.device().is_cpu() && h.scalar_type() == at::kFloat && h.is_contiguous() &&
+        !at::GradMode::is_enabled()) {
+      // In place: the product's output is this layer's own.
+      kernels::gelu_tanh(h.data_ptr<float>(), h.data_ptr<float>(), h.numel(),
+                         at::get_num_threads());
+      return down_->forward(h);
+    }
+    return down_->forward(torch::gelu(h, approximate_));
+  }
+  // Inference on the CPU: GELU's tanh form through kolos's kernel
+  // (kolos/kernels/activation.h, one exponential instead of tanh), in
+  // float32 without gradients; the exact (erf) form stays LibTorch's.
+  bool pack_for_inference() override {
+    kernel_gelu_ = std::string(approximate_) == "tanh";
+    return false;
   }
 
  private:
   const char* approximate_;  // torch::gelu's "tanh" or "none" (exact, erf)
+  bool kernel_gelu_ = false;
   LayerPtr up_, down_;
 };
 

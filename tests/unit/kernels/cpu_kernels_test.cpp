@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "kolos/kernels/activation.h"
 #include "kolos/kernels/adamw.h"
 #include "kolos/kernels/convert.h"
 #include "kolos/kernels/grad_norm.h"
@@ -489,6 +491,108 @@ TEST(PackedLinear, RejectsBadArguments) {
   EXPECT_THROW(packed_linear(nullptr, 1, buf.data(), nullptr, 2, 2, buf.data()),
                std::invalid_argument);
   EXPECT_NO_THROW(packed_linear(nullptr, 0, buf.data(), nullptr, 2, 2, nullptr));
+}
+
+// ---- GELU (tanh form) ---------------------------------------------------------
+
+// Inputs over GELU's whole range: normal samples at three scales, then the
+// edges (zeros, infinities, a NaN, subnormals, both tails).
+std::vector<float> gelu_inputs(int64_t n, std::mt19937& rng) {
+  std::vector<float> x = randn(n, rng, n % 3 == 0 ? 1.f : (n % 3 == 1 ? 4.f : 30.f));
+  const float edges[] = {0.f,
+                         -0.f,
+                         1e-30f,
+                         -1e-30f,
+                         1e-42f,
+                         -1e-42f,
+                         3.f,
+                         -3.f,
+                         10.f,
+                         -10.f,
+                         -12.f,
+                         -50.f,
+                         100.f,
+                         -100.f,
+                         1e30f,
+                         -1e30f,
+                         std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity(),
+                         std::nanf("")};
+  for (size_t i = 0; i < std::size(edges) && i < x.size(); ++i) x[i * 7 % x.size()] = edges[i];
+  return x;
+}
+
+TEST_F(IsaTest, GeluTanhIsTheSameBitsOnEveryLevelAndThreadCount) {
+  std::mt19937 rng(5);
+  for (int64_t n : kSizes) {
+    const std::vector<float> x = gelu_inputs(n, rng);
+    force_isa(Isa::kScalar);
+    std::vector<float> want(n, -7.f);
+    gelu_tanh(x.data(), want.data(), n, 1);
+    for (Isa isa : supported_isas()) {
+      force_isa(isa);
+      for (int threads : {1, 3}) {
+        std::vector<float> y(n, -7.f);
+        gelu_tanh(x.data(), y.data(), n, threads);
+        ASSERT_TRUE(same_floats(y, want)) << isa_name(isa) << " threads " << threads << ", n " << n;
+        std::vector<float> in_place = x;
+        gelu_tanh(in_place.data(), in_place.data(), n, threads);
+        ASSERT_TRUE(same_floats(in_place, want))
+            << isa_name(isa) << " threads " << threads << ", n " << n << ", in place";
+      }
+    }
+  }
+}
+
+// Against GELU computed in double on a fine grid over [-15, 15]: within
+// 2 (4 + |t|) 2^-23 relative, t = -2u (measured: 1.2 (4 + |t|) 2^-23;
+// an exponential in float cannot do better than |t| times t's own
+// rounding, which the negative tail's e^t magnifies), wherever GELU is
+// above 1e-30 in magnitude, and under 2e-30 where it is below; x itself at
+// 30, a tiny value at -30, infinity and NaN kept.
+TEST_F(IsaTest, GeluTanhIsWithinAFewUlpOfTheValue) {
+  std::vector<float> x;
+  for (double v = -15; v <= 15; v += 1.0 / 1024) x.push_back(static_cast<float>(v));
+  for (Isa isa : supported_isas()) {
+    force_isa(isa);
+    std::vector<float> y(x.size());
+    gelu_tanh(x.data(), y.data(), static_cast<int64_t>(x.size()), 1);
+    double worst = 0;
+    float worst_x = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double xi = x[i];
+      // 0.5 x (1 + tanh(u)) = x / (1 + e^-2u), the form without the
+      // cancellation of 1 + tanh(u) at large negative u (even in double).
+      const double u = 0.7978845608028654 * (xi + 0.044715 * xi * xi * xi);
+      const double want = xi / (1 + std::exp(-2 * u));
+      if (std::fabs(want) < 1e-30) {
+        EXPECT_LE(std::fabs(y[i]), 2e-30) << isa_name(isa) << " x " << xi;
+        continue;
+      }
+      // In units of 2^-23 relative, over what a float computation of
+      // t = -2u can keep: e^t moves by |t| times t's own rounding.
+      const double err =
+          std::fabs(y[i] - want) / std::fabs(want) / (0x1p-23 * (4 + 2 * std::fabs(u)));
+      if (err > worst) worst = err, worst_x = x[i];
+    }
+    EXPECT_LT(worst, 2.0) << isa_name(isa) << ": worst error " << worst << " units at x "
+                          << worst_x;
+    const float edge[] = {30.f, -30.f, std::numeric_limits<float>::infinity(), std::nanf("")};
+    float out[4];
+    gelu_tanh(edge, out, 4, 1);
+    EXPECT_EQ(out[0], 30.f) << isa_name(isa);
+    EXPECT_LE(std::fabs(out[1]), 1e-30f) << isa_name(isa);
+    EXPECT_EQ(out[2], std::numeric_limits<float>::infinity()) << isa_name(isa);
+    EXPECT_TRUE(std::isnan(out[3])) << isa_name(isa);
+  }
+}
+
+TEST(GeluTanh, RejectsBadArguments) {
+  std::vector<float> buf(4);
+  EXPECT_THROW(gelu_tanh(buf.data(), buf.data(), -1), std::invalid_argument);
+  EXPECT_THROW(gelu_tanh(nullptr, buf.data(), 4), std::invalid_argument);
+  EXPECT_THROW(gelu_tanh(buf.data(), nullptr, 4), std::invalid_argument);
+  EXPECT_NO_THROW(gelu_tanh(nullptr, nullptr, 0));
 }
 
 }  // namespace
