@@ -130,11 +130,12 @@ struct Avx2 {
       _mm256_store_ps(tail, exp_nonpositive(_mm256_load_ps(tail)));
       for (int64_t p = whole; p < n; ++p) total += (s[p] = tail[p - whole]);
     }
-    const __m256 inv = _mm256_set1_ps(1.0f / total);
+    const float inv_total = 1.0f / total;
+    const __m256 inv = _mm256_set1_ps(inv_total);
     for (int64_t p = 0; p < whole; p += 8) {
       _mm256_storeu_ps(s + p, _mm256_mul_ps(_mm256_loadu_ps(s + p), inv));
     }
-    for (int64_t p = whole; p < n; ++p) s[p] *= 1.0f / total;
+    for (int64_t p = whole; p < n; ++p) s[p] *= inv_total;
   }
 };
 
