@@ -11,5 +11,6 @@ set(KOLOS_BASE_SOURCES
   mesh/mesh_layout.cpp mesh/mesh_shape.cpp
   plugin/plugin_library.cpp plugin/plugin_stamp.cpp plugin/plugin_table.cpp
   plugin/plugin_registry.cpp
+  runtime/malloc_tuning.cpp
 )
 list(TRANSFORM KOLOS_BASE_SOURCES PREPEND ${CMAKE_CURRENT_LIST_DIR}/src/)

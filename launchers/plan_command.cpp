@@ -18,6 +18,7 @@
 #include "kolos/config.h"
 #include "kolos/core/config_located.h"
 #include "kolos/core/error.h"
+#include "kolos/core/malloc_tuning.h"
 #include "kolos/core/memory_estimate.h"
 #include "kolos/core/planner.h"
 #include "kolos/core/run_config.h"
@@ -48,7 +49,9 @@ int plan_memory(const std::string& config_path, const std::vector<std::string>& 
     std::cout << "{\"ranks\":" << ranks << ",\"peak_bytes\":" << estimate.peak()
               << ",\"training_peak_bytes\":" << estimate.training_peak()
               << ",\"build_peak_bytes\":" << estimate.build_peak
-              << ",\"budget_bytes\":" << budget.bytes << ",\"terms\":{";
+              << ",\"budget_bytes\":" << budget.bytes
+              << ",\"heap_tuned\":" << (training_malloc().tuned ? "true" : "false")
+              << ",\"terms\":{";
     for (size_t i = 0; i < estimate.terms.size(); ++i) {
       std::cout << (i ? "," : "") << "\"" << estimate.terms[i].name
                 << "\":" << estimate.terms[i].bytes;

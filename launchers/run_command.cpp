@@ -11,6 +11,7 @@
 #include "kolos/config.h"
 #include "kolos/core/config_located.h"
 #include "kolos/core/error.h"
+#include "kolos/core/malloc_tuning.h"
 #include "kolos/core/run_config.h"
 #include "kolos/modules/gpt.h"
 #include "launch.h"
@@ -52,6 +53,7 @@ int run_command(const std::vector<std::string>& args) {
   // Check the config here, as every rank will, so a typo fails before any
   // rank starts.
   mpirun_command(launch);  // the launch options (-n) first
+  training_malloc();       // KOLOS_MALLOC, which every rank reads
   const RunConfig config = load_run_config(launch.config, launch.overrides);
   if (config.parallel.auto_plan) {
     // The layout is the planner's to choose once the ranks run: check what

@@ -15,6 +15,7 @@
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
+#include "kolos/core/malloc_tuning.h"
 #include "kolos/core/memory_estimate.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/runtime.h"
@@ -117,12 +118,16 @@ int train_command(const std::vector<std::string>& args, int argc, char** argv) {
       // The runtime, measured here before the model existed, is printed
       // so that the estimate's model part can be held against the
       // measured peak less the same runtime (tests/e2e/memory).
+      // The heap it was estimated for is the one this process runs with
+      // (malloc_tuning.h).
+      const MallocSetup heap = training_malloc();
       std::fprintf(stderr,
                    "kolos: memory estimate %s per rank (%.0f bytes, of which runtime %.0f; "
-                   "largest: %s %s)\n",
+                   "largest: %s %s; heap: %s)\n",
                    detail::format_bytes(memory.peak()).c_str(), memory.peak(), runtime_bytes,
                    memory.largest().name.c_str(),
-                   detail::format_bytes(memory.largest().bytes).c_str());
+                   detail::format_bytes(memory.largest().bytes).c_str(),
+                   heap.tuned ? "tuned" : ("glibc's defaults, " + heap.reason).c_str());
     }
     // Checkpoints: every `every` steps, at the end, and before a stop.
     const CheckpointConfig& cc = engine.config().checkpoint;

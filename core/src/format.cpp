@@ -37,6 +37,7 @@ std::string format_count(double value) {
 }
 
 std::string format_bytes(double bytes) {
+  if (bytes < 0) return "-" + format_bytes(-bytes);  // a fitted correction may be negative
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int unit = 0;
   while (bytes >= 1024 && unit < 4) {

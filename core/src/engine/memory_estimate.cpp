@@ -18,6 +18,7 @@
 
 #include "kolos/core/error.h"
 #include "kolos/core/format.h"
+#include "kolos/core/malloc_tuning.h"
 #include "kolos/core/sequence_modes.h"
 #include "kolos/core/settings.h"
 
@@ -102,6 +103,7 @@ MemoryQuery query_of(const RunConfig& config, const MeshShape& mesh, const RoleC
                                            ? config.parallel.bucket_kb * 1024
                                            : config.parallel.bucket_mb * 1024 * 1024);
   q.runtime_bytes = runtime_bytes;
+  q.heap_tuned = training_malloc().tuned;
   return q;
 }
 

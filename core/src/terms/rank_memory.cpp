@@ -266,9 +266,12 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   if (att.norms_over_tensor) norms = (norms - 2 * bsh) / tp + 2 * bsh;
   // SwiGLU keeps four inner-wide tensors (gate, silu(gate), up, their
   // product), GELU two; a mixture block runs each token through top_k
-  // experts and the shared ones.
+  // experts and the shared ones, and keeps two hidden-wide rows per routed
+  // copy of a token: the experts' input (their linear layers keep it) and
+  // their output (kept to be weighted by the router).
   const double wide = (m.llama ? 4 : 2) * (1 + m.moe_share * (m.top_k + m.shared - 1));
-  const double rest = 4 * bsh + wide * micro * tokens * m.inner + att.saved;
+  const double routed = 2 * m.moe_share * m.top_k * bsh;
+  const double rest = 4 * bsh + routed + wide * micro * tokens * m.inner + att.saved;
   const double per_block = elem * (norms / cut.norms + rest / cut.rest);
   double act = p.blocks * per_block * flight;
   std::string detail;
@@ -313,25 +316,42 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
       q.details ? "attention gradients " + format_bytes(att.backward) + " (" + att.kernel +
                       ") + 2 largest weight gradients " + format_bytes(weights)
                 : std::string()});
-  // What the process holds beyond the live tensors: the allocator's freed
-  // but kept memory (glibc malloc keeps heap chunks), in proportion to the
-  // tensors, and a fixed part: MPI's buffers, the compute and
-  // communication threads and their malloc arenas, dp/zero1's bucket
-  // rebuild after the first backward. Fitted together (docs/reliability.md);
-  // not derived.
+  // What the process holds beyond the live tensors (plugin_terms.h): fitted
+  // to measured runs (docs/reliability.md); not derived.
   const double host = r.host(), tensors = r.training_peak() - host;
-  const std::string share =
-      q.details ? std::to_string(std::lround(100 * kAllocatorShare)) + "%" : std::string();
-  r.terms.push_back(MemoryTerm{"allocator, buffers", kAllocatorShare * tensors + kProcessBuffers,
-                               q.details
-                                   ? share + " of the tensors + " + format_bytes(kProcessBuffers) +
-                                         ": freed memory the allocator keeps, MPI buffers, "
-                                         "threads (fitted)"
-                                   : std::string()});
-  if (host > 0) {
-    r.terms.push_back(MemoryTerm{"allocator, host", kAllocatorShare * host,
-                                 q.details ? share + " of the host tier's tensors" : std::string(),
-                                 /*host=*/true});
+  if (q.heap_tuned) {
+    const double active = act + att.backward + weights, states = tensors - active;
+    const auto pct = [](double share) {
+      return (share < 0 ? "" : "+") + std::to_string(std::lround(100 * share)) + "%";
+    };
+    r.terms.push_back(MemoryTerm{
+        "allocator, buffers",
+        kHeapStatesShare * states + kHeapActivationsShare * active + kHeapBuffers,
+        q.details ? pct(kHeapStatesShare) + " of the states' side, " + pct(kHeapActivationsShare) +
+                        " of activations and temporaries, + " + format_bytes(kHeapBuffers) +
+                        ": staging, MPI buffers, threads (fitted)"
+                  : std::string()});
+    if (host > 0) {
+      r.terms.push_back(MemoryTerm{
+          "allocator, host", kHeapStatesShare * host,
+          q.details ? pct(kHeapStatesShare) + " of the host tier's tensors" : std::string(),
+          /*host=*/true});
+    }
+  } else {
+    const std::string share =
+        q.details ? std::to_string(std::lround(100 * kAllocatorShare)) + "%" : std::string();
+    r.terms.push_back(MemoryTerm{"allocator, buffers", kAllocatorShare * tensors + kProcessBuffers,
+                                 q.details ? share + " of the tensors + " +
+                                                 format_bytes(kProcessBuffers) +
+                                                 ": freed memory glibc's heap keeps, MPI "
+                                                 "buffers, threads (fitted)"
+                                           : std::string()});
+    if (host > 0) {
+      r.terms.push_back(
+          MemoryTerm{"allocator, host", kAllocatorShare * host,
+                     q.details ? share + " of the host tier's tensors" : std::string(),
+                     /*host=*/true});
+    }
   }
   r.terms.push_back(
       MemoryTerm{"runtime", q.runtime_bytes,

@@ -53,5 +53,30 @@ case "$case_name" in
     expect_failure "runtime.memory_limit: \"12 parsecs\": unknown unit \"parsecs\"; valid: B, KiB" -- \
       "$KOLOS" check states.toml --set 'runtime.memory_limit="12 parsecs"'
     ;;
+  heap)
+    # The training heap (kolos/core/malloc_tuning.h): each rank restarts once
+    # with kolos's glibc tunables, which keep the activation-heavy model's
+    # peak near its live tensors, where glibc's defaults keep much of what
+    # the steps free (227-229 MiB against 398-507 MiB in every run measured;
+    # docs/reliability.md). Needs the kernel's transparent huge pages, as the
+    # tuned heap does.
+    grep -qE '\[(always|madvise)\]' /sys/kernel/mm/transparent_hugepage/enabled ||
+      fail "this kernel's transparent huge pages are off: kolos trains with glibc's defaults here"
+    small=(activations.toml --set train.micro_batch=2 --set train.global_batch=4)
+    tuned=$(KOLOS_MALLOC=tuned measure_memory heap-tuned 2 "${small[@]}") || exit 1
+    system=$(KOLOS_MALLOC=system measure_memory heap-system 2 "${small[@]}") || exit 1
+    grep -q "heap: tuned)" heap-tuned.out || fail "the tuned run does not say so"
+    grep -q "heap: glibc's defaults, KOLOS_MALLOC=system)" heap-system.out ||
+      fail "the KOLOS_MALLOC=system run does not say so"
+    python3 - $tuned $system <<'PY' || fail "the tuned heap's peak is not below 0.8 x glibc's defaults'"
+import sys
+_, _, rt_t, peak_t, _, _, rt_s, peak_s = sys.argv[1:]
+t, s = int(peak_t) - int(rt_t), int(peak_s) - int(rt_s)
+print(f"peak less runtime: tuned {t / 2**20:.1f} MiB, glibc's defaults {s / 2**20:.1f} MiB ({t / s:.2f})")
+sys.exit(t > 0.8 * s)
+PY
+    expect_failure "KOLOS_MALLOC=jemalloc: the training heap is .tuned. \\(the default\\) or .system." -- \
+      env KOLOS_MALLOC=jemalloc "$KOLOS" run -n 2 states.toml
+    ;;
   *) fail "unknown case $case_name" ;;
 esac

@@ -76,6 +76,9 @@ TOML
 # the allowance is fitted (bench/run_memory_fit.sh; the e2e_memory_accuracy_*
 # tests check most of it in CI):
 memory_fit_runs=(
+  # A model of a few MiB: what the process adds beyond its tensors and the
+  # runtime (the fixed part, measured rather than fitted under the tuned heap).
+  "tiny|states.toml|--set model.hidden=64 --set model.vocab=256 --set model.layers=2"
   "dp|states.toml|"
   "zero1|states.toml|--set parallel.zero.stage=1"
   "zero2|states.toml|--set parallel.zero.stage=2"

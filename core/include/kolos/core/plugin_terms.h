@@ -79,6 +79,9 @@ struct MemoryQuery {
   double bucket_bytes = 0;   // [parallel] bucket size
   double runtime_bytes = 0;  // the process before the model exists
   std::string runtime_source = "measured in this process";  // for the table
+  // Whether training runs with kolos's heap set-up (malloc_tuning.h); the
+  // estimate and the planner set it from training_malloc().
+  bool heap_tuned = true;
   // The terms' texts (MemoryTerm::detail and the like); the planner's search
   // asks for the bytes alone, a million times.
   bool details = true;
@@ -294,11 +297,22 @@ RankMemory rank_memory(const MemoryQuery& query);
 RankMemory rank_memory_at(const MemoryQuery& query, int64_t stage);
 
 // What a process holds beyond its live tensors and the runtime measured
-// before the model exists: a share of the tensors (freed memory the
-// allocator keeps) and a fixed part (buffers, thread pools and their
-// malloc arenas that appear once the ranks compute and communicate). Both
-// fitted together to measured runs (bench/run_memory_fit.sh;
-// docs/reliability.md).
+// before the model exists, fitted to measured runs (bench/run_memory_fit.sh;
+// docs/reliability.md, "Memory estimate"), one set of constants per heap.
+//
+// Under kolos's heap set-up (malloc_tuning.h): a fixed part (MPI's and the
+// threads' buffers that appear once the ranks compute and communicate),
+// measured on the fit set's tiniest run, and a share of each side of the
+// tensors, fitted on the rest of the fit set: the states' side (parameters,
+// gradients, optimizer states, chunk tiers: the buckets' and the shards'
+// staging beyond them) and the activations' side (activations and
+// temporaries, which the terms count at a high point that not all of them
+// reach together; the share is negative).
+inline constexpr double kHeapStatesShare = 0.19;
+inline constexpr double kHeapActivationsShare = -0.20;
+inline constexpr double kHeapBuffers = 19.0 * 1024 * 1024;
+// Under glibc's defaults (KOLOS_MALLOC=system): a share of the tensors
+// (freed memory the heap keeps) and a fixed part, fitted together.
 inline constexpr double kAllocatorShare = 0.18;
 inline constexpr double kProcessBuffers = 69.0 * 1024 * 1024;
 
