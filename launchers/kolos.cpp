@@ -29,7 +29,6 @@
 #include "generate_command.h"
 #include "info_command.h"
 #include "kolos/core/error.h"
-#include "kolos/core/malloc_tuning.h"
 #include "kolos/core/runtime.h"
 #include "kolos/core/settings.h"
 #include "plan_command.h"
@@ -80,12 +79,6 @@ int dispatch(int argc, char** argv) {
     return 0;
   }
   if (command == "--version") return version_command({});
-  // The commands that train (a job's ranks, the planner's calibration and
-  // finalists) run with kolos's heap set-up (malloc_tuning.h): this may
-  // restart the process once, before anything else happens in it.
-  if (command == "train" || command == "calibrate" || command == "plan") {
-    reexec_with_malloc_tuning(argv);
-  }
   if (command == "train") return train_command(args, argc, argv);
   if (command == "run") return run_command(args);
   if (command == "check") return check_command(args);

@@ -96,6 +96,9 @@ int train_command(const std::vector<std::string>& args, int argc, char** argv) {
   // once with a message and SIGUSR1 (Slurm's warning, whose default action
   // would kill) waits for the first step boundary; then all three stop the
   // run at a step boundary (signals.h).
+  // A rank that trains runs on kolos's heap (malloc_tuning.h): this may
+  // restart the process once, before MPI or anything slow starts in it.
+  reexec_with_malloc_tuning(argv);
   install_stop_handlers();
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {

@@ -13,6 +13,7 @@
 
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
+#include "kolos/core/malloc_tuning.h"
 #include "kolos/core/run_config.h"
 #include "kolos/core/signals.h"
 #include "kolos/modules/data.h"
@@ -157,6 +158,9 @@ std::string broadcast_text(std::string text) {
 int planner_worker(int argc, char** argv, const std::string& path,
                    const std::vector<std::string>& overrides, const PlannerFactory& make_planner,
                    const PlannerBody& body) {
+  // The calibration's and the finalists' steps are timed on the heap a
+  // training run uses (malloc_tuning.h): this may restart the process once.
+  reexec_with_malloc_tuning(argv);
   install_stop_handlers();
   Runtime runtime(&argc, &argv);
   return run_guarded(runtime, [&] {

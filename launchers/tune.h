@@ -74,7 +74,8 @@ int plan_tune_worker(int argc, char** argv, const std::string& config_path,
 std::string broadcast_text(std::string text);
 
 // One rank of a planner's job (`kolos calibrate --worker`, `kolos plan
-// --tune`): MPI started, the stop handlers installed, and on every rank
+// --tune`): the process on kolos's training heap (malloc_tuning.h; it may
+// restart once), MPI started, the stop handlers installed, and on every rank
 // the built-in models registered, config file `path` loaded with
 // `overrides` and its planner made, the errors agreed (AgreedError on
 // every rank); then `body`, under run_guarded (its exit code).

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <string>
 
-#include "kolos/core/malloc_tuning.h"
 #include "kolos/core/plugin_terms.h"
 #include "kolos/core/roles.h"
 #include "kolos/planner/cost_model.h"
@@ -55,7 +54,7 @@ MemoryQuery memory_query(const Workload& w, const Candidate& c, double runtime_b
   q.bucket_bytes = w.bucket_bytes;
   q.recompute_every = w.recompute_every;
   q.runtime_bytes = runtime_bytes;
-  q.heap_tuned = training_malloc().tuned;
+  q.heap_tuned = w.heap_tuned;
   q.runtime_source = "the cluster file's runtime_bytes";
   q.details = false;  // the planner reads the bytes alone
   if (w.memory_role) {

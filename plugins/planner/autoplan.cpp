@@ -25,6 +25,7 @@
 #include "kolos/core/config_located.h"
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
+#include "kolos/core/malloc_tuning.h"
 #include "kolos/core/memory_estimate.h"
 #include "kolos/core/planner.h"
 #include "kolos/core/plugin_registry.h"
@@ -96,6 +97,7 @@ pl::Workload workload_of(const RunConfig& config) {
                                            : config.parallel.bucket_mb * 1024 * 1024);
   w.recompute_every = config.train.recompute_every;
   w.memory_role = !choose_plugins(config).memory.empty();
+  w.heap_tuned = training_malloc().tuned;
   w.settings = role_settings(config);
   return w;
 }

@@ -319,39 +319,33 @@ RankMemory rank_memory_at(const MemoryQuery& q, int64_t stage) {
   // What the process holds beyond the live tensors (plugin_terms.h): fitted
   // to measured runs (docs/reliability.md); not derived.
   const double host = r.host(), tensors = r.training_peak() - host;
+  const auto pct = [](double share) { return std::to_string(std::lround(100 * share)) + "%"; };
+  double allowance = 0, host_share = 0;
+  std::string why;
   if (q.heap_tuned) {
-    const double active = act + att.backward + weights, states = tensors - active;
-    const auto pct = [](double share) {
-      return (share < 0 ? "" : "+") + std::to_string(std::lround(100 * share)) + "%";
-    };
-    r.terms.push_back(MemoryTerm{
-        "allocator, buffers",
-        kHeapStatesShare * states + kHeapActivationsShare * active + kHeapBuffers,
-        q.details ? pct(kHeapStatesShare) + " of the states' side, " + pct(kHeapActivationsShare) +
-                        " of activations and temporaries, + " + format_bytes(kHeapBuffers) +
-                        ": staging, MPI buffers, threads (fitted)"
-                  : std::string()});
-    if (host > 0) {
-      r.terms.push_back(MemoryTerm{
-          "allocator, host", kHeapStatesShare * host,
-          q.details ? pct(kHeapStatesShare) + " of the host tier's tensors" : std::string(),
-          /*host=*/true});
+    const double active = act + att.backward + weights;
+    allowance =
+        kHeapStatesShare * (tensors - active) + kHeapActivationsShare * active + kHeapBuffers;
+    host_share = kHeapStatesShare;
+    if (q.details) {
+      why = pct(kHeapStatesShare) + " of the states' side, " + pct(kHeapActivationsShare) +
+            " of activations and temporaries, + " + format_bytes(kHeapBuffers) +
+            ": staging, MPI buffers, threads (fitted)";
     }
   } else {
-    const std::string share =
-        q.details ? std::to_string(std::lround(100 * kAllocatorShare)) + "%" : std::string();
-    r.terms.push_back(MemoryTerm{"allocator, buffers", kAllocatorShare * tensors + kProcessBuffers,
-                                 q.details ? share + " of the tensors + " +
-                                                 format_bytes(kProcessBuffers) +
-                                                 ": freed memory glibc's heap keeps, MPI "
-                                                 "buffers, threads (fitted)"
-                                           : std::string()});
-    if (host > 0) {
-      r.terms.push_back(
-          MemoryTerm{"allocator, host", kAllocatorShare * host,
-                     q.details ? share + " of the host tier's tensors" : std::string(),
-                     /*host=*/true});
+    allowance = kAllocatorShare * tensors + kProcessBuffers;
+    host_share = kAllocatorShare;
+    if (q.details) {
+      why = pct(kAllocatorShare) + " of the tensors + " + format_bytes(kProcessBuffers) +
+            ": freed memory glibc's heap keeps, MPI buffers, threads (fitted)";
     }
+  }
+  r.terms.push_back(MemoryTerm{"allocator, buffers", allowance, why});
+  if (host > 0) {
+    r.terms.push_back(
+        MemoryTerm{"allocator, host", host_share * host,
+                   q.details ? pct(host_share) + " of the host tier's tensors" : std::string(),
+                   /*host=*/true});
   }
   r.terms.push_back(
       MemoryTerm{"runtime", q.runtime_bytes,

@@ -6,8 +6,8 @@
 // heap keeps what the step frees in pieces that later, slightly different
 // requests cannot always reuse: the process's peak RSS depends on the order
 // of allocations, moves from run to run, and can reach twice the live
-// tensors. `kolos train` (and the planner's calibration and finalists, which
-// time training steps) therefore run with glibc's tunables
+// tensors. `kolos train` (and the ranks of the planner's calibration and
+// finalists, which time training steps) therefore run with glibc's tunables
 //
 //   glibc.malloc.mmap_threshold=131072  every block of 128 KiB or more from
 //                                       mmap, given back when freed (a fixed
