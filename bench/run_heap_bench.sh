@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The training heap (kolos/core/malloc_tuning.h): peak memory and step time
-# of the same runs under kolos's tuned heap and under glibc's defaults
-# (KOLOS_MALLOC=system), alternating, on this machine.
+# of the same runs under glibc's defaults (the default, KOLOS_MALLOC=system)
+# and under kolos's tuned heap (KOLOS_MALLOC=tuned), alternating, on this
+# machine.
 #
 #   bench/run_heap_bench.sh [--rounds 2] [--steps 8] [--runs NAME,...]
-#                           [--build build]
+#                           [--ranks 2] [--build build]
 #
 # Builds nothing: it needs build/bin/kolos and its plugins (ninja -C build
 # runtime) and OpenMPI's mpirun. The runs are those of the memory estimate's
 # check (tests/e2e/memory/measure.sh, 2 ranks each; default: ten of them,
 # states-heavy, activation-heavy, zero3, tp, the pipeline, sequence
-# parallelism, experts and [memory] chunks), each trained --steps steps
+# parallelism, experts and [memory] chunks) and `planner-gpt`, the planner
+# check's small GPT (bench/planner/gpt-check.toml, data parallel over the
+# ranks, micro-batch 4; hidden 256: short products between medium-sized
+# tensors), each trained --steps steps on --ranks ranks (the memory check's
+# runs are written for 2; planner-gpt takes any count)
 # once per heap in every round, the two heaps alternating (which goes first
 # alternates too). Printed per run: the peak RSS less the runtime (the
 # process's resident memory before the model, as `kolos run` prints it),
@@ -19,11 +24,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-rounds=2 steps=8 build=build
-runs=dp,zero3,tp1d,pp2-1f1b,act-dp,act-sp2,wide-zero3,long-mixtral-ep2,wide-chunks-nvme,small-dp
+rounds=2 steps=8 ranks=2 build=build
+runs=dp,zero3,tp1d,pp2-1f1b,act-dp,act-sp2,wide-zero3,long-mixtral-ep2,wide-chunks-nvme,small-dp,planner-gpt
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-bench_options "${BASH_SOURCE[0]}" "rounds steps runs build" "$@"
+bench_options "${BASH_SOURCE[0]}" "rounds steps runs ranks build" "$@"
 ((steps >= 4)) || { echo "run_heap_bench.sh: --steps must be at least 4" >&2; exit 2; }
 bench_kolos run_heap_bench.sh
 bench_tmp heap-bench
@@ -37,6 +42,7 @@ source "$root/tests/e2e/memory/measure.sh"
 write_memory_configs
 declare -A spec=()
 for r in "${memory_fit_runs[@]}" "${memory_heldout_runs[@]}"; do spec[${r%%|*}]=$r; done
+spec[planner-gpt]="planner-gpt|$root/bench/planner/gpt-check.toml|--set train.micro_batch=4"
 IFS=, read -r -a names <<<"$runs"
 for name in "${names[@]}"; do
   [[ -n ${spec[$name]:-} ]] || { echo "run_heap_bench.sh: no run $name in measure.sh" >&2; exit 2; }
@@ -49,7 +55,7 @@ for ((round = 1; round <= rounds; round++)); do
     ((round % 2)) || heaps=(system tuned)
     for heap in "${heaps[@]}"; do
       # shellcheck disable=SC2086
-      KOLOS_MALLOC=$heap timeout 900 "$kolos" run -n 2 "$config" $extra --set train.steps="$steps" \
+      KOLOS_MALLOC=$heap timeout 900 "$kolos" run -n "$ranks" "$config" $extra --set train.steps="$steps" \
         --set log.metrics="$name-$heap.jsonl" --set log.progress=off >"$name-$heap.out" 2>&1 ||
         { cat "$name-$heap.out" >&2; echo "run_heap_bench.sh: $name under $heap failed" >&2; exit 1; }
       python3 - "$name" "$heap" "$name-$heap.out" "$name-$heap.jsonl" >>results.txt <<'PY'

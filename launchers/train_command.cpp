@@ -130,7 +130,9 @@ int train_command(const std::vector<std::string>& args, int argc, char** argv) {
                    detail::format_bytes(memory.peak()).c_str(), memory.peak(), runtime_bytes,
                    memory.largest().name.c_str(),
                    detail::format_bytes(memory.largest().bytes).c_str(),
-                   heap.tuned ? "tuned" : ("glibc's defaults, " + heap.reason).c_str());
+                   heap.tuned            ? "tuned"
+                   : heap.reason.empty() ? "glibc's defaults"
+                                         : ("glibc's defaults, " + heap.reason).c_str());
     }
     // Checkpoints: every `every` steps, at the end, and before a stop.
     const CheckpointConfig& cc = engine.config().checkpoint;

@@ -150,19 +150,31 @@ MemoryQuery memory_query(const RunConfig& config, int64_t world_size, double run
                   runtime_bytes);
 }
 
-MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, double runtime_bytes) {
+namespace {
+
+// estimate_memory, for the heap training_malloc() gives or, with `tuned_heap`,
+// for the tuned one.
+MemoryEstimate estimate_for_heap(const RunConfig& config, int64_t world_size, double runtime_bytes,
+                                 bool tuned_heap) {
   MemoryEstimate e;
   e.shape = resolve_mesh_shape(config, world_size);
   e.roles = choose_plugins(config);
   e.accumulation = accumulation_of(config, e.shape);
-  const RankMemory r =
-      rank_memory(query_of(config, e.shape, e.roles, e.accumulation, runtime_bytes));
+  MemoryQuery q = query_of(config, e.shape, e.roles, e.accumulation, runtime_bytes);
+  q.heap_tuned = q.heap_tuned || tuned_heap;
+  const RankMemory r = rank_memory(q);
   e.rank = r.rank;
   e.terms = r.terms;
   e.build_peak = r.build_peak;
   e.build_detail = r.build_detail;
   e.model_parameters = r.model_parameters;
   return e;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const RunConfig& config, int64_t world_size, double runtime_bytes) {
+  return estimate_for_heap(config, world_size, runtime_bytes, false);
 }
 
 int64_t ranks_on_this_node(int64_t world_size) {
@@ -256,6 +268,14 @@ std::vector<Alternative> alternatives(const RunConfig& config, int64_t world, do
       return false;  // that mesh does not divide: not an alternative
     }
   };
+  // The same run on the tuned heap (malloc_tuning.h), where this machine
+  // would give it: a lower peak for a slower step.
+  if (!training_malloc().tuned && training_malloc("tuned").tuned) {
+    const MemoryEstimate e = estimate_for_heap(config, world, runtime, true);
+    if (e.peak() <= budget) {
+      out.push_back(Alternative{"KOLOS_MALLOC=tuned in the environment (slower steps)", e.peak()});
+    }
+  }
   if (config.parallel.zero.stage != 3) {
     RunConfig v = config;
     v.parallel.zero.stage = 3;

@@ -48,6 +48,20 @@ TEST(MallocTuning, SystemKeepsGlibcsDefaults) {
   EXPECT_FALSE(malloc_tuned_here());
 }
 
+TEST(MallocTuning, TheDefaultIsGlibcsDefaults) {
+  // Unset: glibc's defaults, with no reason to print, and no restart.
+  ScopedEnv choice("KOLOS_MALLOC", std::nullopt), tunables("GLIBC_TUNABLES", std::nullopt);
+  ScopedEnv marker("KOLOS_MALLOC_REEXEC", std::nullopt);
+  const MallocSetup setup = training_malloc();
+  EXPECT_FALSE(setup.tuned);
+  EXPECT_EQ(setup.reason, "");
+  char name[] = "malloc_tuning_test";
+  char* argv[] = {name, nullptr};
+  reexec_with_malloc_tuning(argv);  // returns: nothing to do
+  EXPECT_EQ(std::getenv("GLIBC_TUNABLES"), nullptr);
+  EXPECT_EQ(std::getenv("KOLOS_MALLOC_REEXEC"), nullptr);
+}
+
 TEST(MallocTuning, AnUnknownChoiceIsRefusedByName) {
   ScopedEnv choice("KOLOS_MALLOC", "jemalloc");
   try {
@@ -60,9 +74,12 @@ TEST(MallocTuning, AnUnknownChoiceIsRefusedByName) {
 }
 
 TEST(MallocTuning, ARestartedProcessIsTuned) {
-  ScopedEnv choice("KOLOS_MALLOC", std::nullopt);
+  ScopedEnv choice("KOLOS_MALLOC", "tuned");
   ScopedEnv tunables("GLIBC_TUNABLES", std::string("glibc.rtld.nns=2:") + kMallocTunables);
   EXPECT_TRUE(malloc_tuned_here());
+  EXPECT_TRUE(training_malloc().tuned);
+  // The same tunables set by the user, KOLOS_MALLOC unset: what it runs with.
+  ScopedEnv unset("KOLOS_MALLOC", std::nullopt);
   EXPECT_TRUE(training_malloc().tuned);
   // The user's KOLOS_MALLOC=system still wins for the estimate and the log.
   ScopedEnv system("KOLOS_MALLOC", "system");
@@ -70,7 +87,7 @@ TEST(MallocTuning, ARestartedProcessIsTuned) {
 }
 
 TEST(MallocTuning, TheUsersOwnMallocTunablesStand) {
-  ScopedEnv choice("KOLOS_MALLOC", std::nullopt);
+  ScopedEnv choice("KOLOS_MALLOC", "tuned");
   for (const char* own :
        {"glibc.malloc.mmap_threshold=65536", "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=2",
         // a longer number is not kolos's threshold
@@ -86,7 +103,7 @@ TEST(MallocTuning, TheUsersOwnMallocTunablesStand) {
 TEST(MallocTuning, OneRestartAtMost) {
   // A restarted process whose GLIBC_TUNABLES did not come through is not
   // counted as tuned, and does not restart again (this call returns).
-  ScopedEnv choice("KOLOS_MALLOC", std::nullopt), tunables("GLIBC_TUNABLES", std::nullopt);
+  ScopedEnv choice("KOLOS_MALLOC", "tuned"), tunables("GLIBC_TUNABLES", std::nullopt);
   ScopedEnv marker("KOLOS_MALLOC_REEXEC", "1");
   const MallocSetup setup = training_malloc();
   EXPECT_FALSE(setup.tuned);

@@ -79,9 +79,10 @@ struct MemoryQuery {
   double bucket_bytes = 0;   // [parallel] bucket size
   double runtime_bytes = 0;  // the process before the model exists
   std::string runtime_source = "measured in this process";  // for the table
-  // Whether training runs with kolos's heap set-up (malloc_tuning.h); the
-  // estimate and the planner set it from training_malloc().
-  bool heap_tuned = true;
+  // Whether training runs with kolos's tuned heap (malloc_tuning.h,
+  // KOLOS_MALLOC=tuned); the estimate and the planner set it from
+  // training_malloc().
+  bool heap_tuned = false;
   // The terms' texts (MemoryTerm::detail and the like); the planner's search
   // asks for the bytes alone, a million times.
   bool details = true;
@@ -300,7 +301,7 @@ RankMemory rank_memory_at(const MemoryQuery& query, int64_t stage);
 // before the model exists, fitted to measured runs (bench/run_memory_fit.sh;
 // docs/reliability.md, "Memory estimate"), one set of constants per heap.
 //
-// Under kolos's heap set-up (malloc_tuning.h): a fixed part (MPI's and the
+// Under kolos's tuned heap (malloc_tuning.h, KOLOS_MALLOC=tuned): a fixed part (MPI's and the
 // threads' buffers that appear once the ranks compute and communicate),
 // measured on the fit set's tiniest run, and a share of each side of the
 // tensors, fitted on the rest of the fit set: the states' side (parameters,
@@ -311,7 +312,7 @@ RankMemory rank_memory_at(const MemoryQuery& query, int64_t stage);
 inline constexpr double kHeapStatesShare = 0.19;
 inline constexpr double kHeapActivationsShare = -0.20;
 inline constexpr double kHeapBuffers = 19.0 * 1024 * 1024;
-// Under glibc's defaults (KOLOS_MALLOC=system): a share of the tensors
+// Under glibc's defaults (the default heap): a share of the tensors
 // (freed memory the heap keeps) and a fixed part, fitted together.
 inline constexpr double kAllocatorShare = 0.18;
 inline constexpr double kProcessBuffers = 69.0 * 1024 * 1024;

@@ -45,8 +45,9 @@ struct Workload {
   int64_t recompute_every = 1;
   bool memory_role = false;
   // Whether training runs on kolos's tuned heap (kolos/core/malloc_tuning.h;
-  // the caller sets it from training_malloc() once, not per candidate).
-  bool heap_tuned = true;
+  // KOLOS_MALLOC=tuned; the caller sets it from training_malloc() once, not
+  // per candidate).
+  bool heap_tuned = false;
   std::map<std::string, std::string> settings;
   double element_bytes() const { return precision == "fp32" ? 4.0 : 2.0; }
 };
