@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fits the memory estimate's fitted constants (kolos/core/plugin_terms.h)
-# for the heap a training run uses on this machine (malloc_tuning.h: the
-# tuned heap, or glibc's defaults under KOLOS_MALLOC=system).
+# for the heap a training run uses on this machine (malloc_tuning.h: glibc's
+# defaults, or the tuned heap under KOLOS_MALLOC=tuned).
 #
 #   bench/run_memory_fit.sh [--heldout] [--build build]
 #
@@ -102,7 +102,7 @@ else:
     _, a, c = best
     fitted = f"share {a:.3f} of the tensors + {c} MiB"
 heap = "tuned (kHeapStatesShare, kHeapActivationsShare, kHeapBuffers)" if tuned else \
-    "glibc's defaults, KOLOS_MALLOC=system (kAllocatorShare, kProcessBuffers)"
+    "glibc's defaults (kAllocatorShare, kProcessBuffers)"
 print(f"heap: {heap}")
 print(f"{'set':7s} {'run':22s} {'states':>9s} {'act+tmp':>9s} {'peak - rt':>11s} {'ratio':>7s} "
       f"{'error now':>10s} {'fitted':>8s}")

@@ -71,7 +71,8 @@ MallocSetup training_malloc(const std::string& choice) {
       tunables.find("glibc.malloc.mmap_threshold") != std::string::npos) {
     return {false, "GLIBC_TUNABLES sets malloc itself"};
   }
-  static const std::string mode = huge_page_mode();  // the planner asks per candidate
+  // Read once: a refused run's alternatives ask for every variant they try.
+  static const std::string mode = huge_page_mode();
   if (mode != "always" && mode != "madvise") {
     return {false, "transparent huge pages " + (mode.empty() ? "unavailable" : "`" + mode + "`") +
                        " here"};
