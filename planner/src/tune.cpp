@@ -113,6 +113,18 @@ double uncertainty(const MachineRates& rates, const std::string& family) {
   return sigma;
 }
 
+std::vector<double> relative_to_median(const std::vector<double>& ratios) {
+  if (ratios.size() < 2) return {};
+  std::vector<double> sorted = ratios;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 == 1 ? sorted[n / 2] : std::sqrt(sorted[n / 2 - 1] * sorted[n / 2]);
+  std::vector<double> out;
+  out.reserve(n);
+  for (const double r : ratios) out.push_back(r / median);
+  return out;
+}
+
 void add_feedback(MachineRates& rates, const std::string& family, double ratio) {
   std::string why;
   if (!valid_family(family, &why)) throw ConfigError("feedback: " + why);

@@ -354,20 +354,24 @@ class Autoplan final : public Planner {
     fs::rename(tmp, path);
   }
 
-  // Each measured finalist's measured / model ratio joins its family's
+  // Each measured finalist's measured / model ratio, over the median of
+  // this tuning's (tune.h relative_to_median), joins its family's
   // [[calibration.feedback]] row in the calibration in use (rank 0 only:
   // the file is rewritten whole, through a temporary file and a rename).
   std::string record_trials(int64_t ranks, const std::vector<TrialResult>& trials) override {
     if (!settings_.cluster.empty()) return "";
     const std::string path = calibration_path(ranks);
     pl::MachineRates rates = pl::load_calibration(path, {});
-    int recorded = 0;
+    std::vector<std::string> families;
+    std::vector<double> ratios;
     for (const TrialResult& t : trials) {
       if (!t.skipped.empty() || !(t.measured_s > 0) || !(t.plan.model_step_s > 0)) continue;
-      pl::add_feedback(rates, t.plan.family, t.measured_s / t.plan.model_step_s);
-      ++recorded;
+      families.push_back(t.plan.family);
+      ratios.push_back(t.measured_s / t.plan.model_step_s);
     }
-    if (recorded == 0) return "";
+    const std::vector<double> relative = pl::relative_to_median(ratios);
+    if (relative.empty()) return "";
+    for (size_t i = 0; i < relative.size(); ++i) pl::add_feedback(rates, families[i], relative[i]);
     std::ifstream in(path);
     std::string first;
     std::getline(in, first);

@@ -128,6 +128,26 @@ TEST(PlannerTune, FeedbackIsTheGeometricMeanOfTheLastRatiosOfItsFamily) {
   EXPECT_THROW(add_feedback(r, "tp=9d", 1.0), kolos::ConfigError);
 }
 
+TEST(PlannerTune, ATuningsRatiosAreRecordedRelativeToTheirMedian) {
+  // A lone ratio has nothing to be compared with.
+  EXPECT_TRUE(relative_to_median({}).empty());
+  EXPECT_TRUE(relative_to_median({1.3}).empty());
+  // Odd count: the middle one; the order is kept.
+  const std::vector<double> odd = relative_to_median({1.5, 1.2, 1.25});
+  ASSERT_EQ(odd.size(), 3u);
+  EXPECT_NEAR(odd[0], 1.5 / 1.25, 1e-12);
+  EXPECT_NEAR(odd[1], 1.2 / 1.25, 1e-12);
+  EXPECT_NEAR(odd[2], 1.0, 1e-12);
+  // Even count: the geometric mean of the two middle ones.
+  const std::vector<double> even = relative_to_median({2.0, 1.0, 4.0, 0.5});
+  ASSERT_EQ(even.size(), 4u);
+  EXPECT_NEAR(even[0], std::sqrt(2.0), 1e-12);
+  EXPECT_NEAR(even[1], 1 / std::sqrt(2.0), 1e-12);
+  // A slow spell that moved every finalist by 1.3 leaves the same ratios.
+  const std::vector<double> slow = relative_to_median({1.3 * 1.5, 1.3 * 1.2, 1.3 * 1.25});
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(slow[i], odd[i], 1e-12);
+}
+
 TEST(PlannerTune, UncertaintyComesFromTheCalibrationsSpreadAndTheFeedback) {
   MachineRates r;
   const std::string a = "tp=none sp=none zero=0 pp=none", b = "tp=2d sp=none zero=0 pp=none",
@@ -278,11 +298,17 @@ TEST(PlannerTune, TheTunerPicksTheTrulyFastestWhenOneFamilyIsMispredicted) {
     // slower than the best, which the finalists hold from round 0 on).
     EXPECT_NE(family_of(chosen), x) << chosen.describe();
     EXPECT_LE(trials[static_cast<size_t>(pick)].measured, 1.2 * best_true);
-    // Feedback: each measured finalist's measured / model ratio.
+    // Feedback: each measured finalist's measured / model ratio, over the
+    // median of this round's (as the autoplan plugin records them).
+    std::vector<double> ratios;
     for (size_t k = 0; k < finalists.size(); ++k) {
       const RankedPlan& rp = planned.plans[finalists[k]];
-      add_feedback(wrong.rates, family_of(rp.candidate),
-                   trials[k].measured / (rp.prediction.step / rp.prediction.feedback));
+      ratios.push_back(trials[k].measured / (rp.prediction.step / rp.prediction.feedback));
+    }
+    const std::vector<double> relative = relative_to_median(ratios);
+    ASSERT_EQ(relative.size(), finalists.size());
+    for (size_t k = 0; k < finalists.size(); ++k) {
+      add_feedback(wrong.rates, family_of(planned.plans[finalists[k]].candidate), relative[k]);
     }
   }
   EXPECT_TRUE(converged) << "X still ranks first after 8 rounds of feedback";

@@ -14,7 +14,8 @@
 // where sigma is a prediction's relative uncertainty (uncertainty() below).
 //
 // Feedback: each measured finalist's ratio measured / model (the model's
-// prediction without feedback) is recorded per plan family (tensor mode,
+// prediction without feedback), relative to the median of its tuning's
+// ratios (relative_to_median), is recorded per plan family (tensor mode,
 // sequence mode, ZeRO stage, pipeline schedule) into the calibration in use
 // ([[calibration.feedback]]); later predictions on this host multiply a
 // family's step by the geometric mean of its ratios, and the ratios' spread
@@ -59,6 +60,14 @@ double feedback_factor(const MachineRates& rates, const std::string& family);
 // for a family without, the root mean square of the other families' mean
 // ln ratios (how far the uncorrected model missed on this host).
 double uncertainty(const MachineRates& rates, const std::string& family);
+// One tuning's ratios measured/model, each divided by their median (the
+// geometric mean of the two middle ones for an even count), in the same
+// order: what sets each finalist's family apart from the others measured
+// in the same job. A slow or fast spell of the machine during the tuning
+// moves every ratio alike and cancels; how fast the machine is overall
+// stays the calibration's reference runs' to say. Fewer than two ratios:
+// none back (a lone finalist has nothing to be compared with).
+std::vector<double> relative_to_median(const std::vector<double>& ratios);
 // Records one measured/model ratio for `family` (keeps the last kFeedbackKept).
 // Throws ConfigError for a ratio that is not a positive finite number.
 void add_feedback(MachineRates& rates, const std::string& family, double ratio);
