@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The planner check's statistics again, under other uses of the feedback.
+
+    bench/planner/feedback_rules.py RUN_DIR CALIBRATION [RUN_DIR CALIBRATION ...]
+
+RUN_DIR is the --out directory of one bench/run_planner_check.sh run (its
+summary.json and predict-N.json files), CALIBRATION the calibration file
+that run used (KOLOS_CACHE_DIR/calibration/HOST-n4.toml), holding the
+feedback its tuning recorded. Each plan's prediction is rebuilt from its
+`model_step_s` (the model before feedback) times a factor from the file's
+[[calibration.feedback]] ratios, as each rule sets it, and compared with
+the same measured steps:
+
+  none       no feedback: the calibration's model alone
+  family     a family's own ratios, their geometric mean, as the file
+             holds them (what `kolos plan --predict` does)
+  median     the file's ratios over their median first (what a tuning
+             records since the ratios are relative to the median; for a
+             file written that way, the same as `family`)
+  relatives  `family`, and a family without ratios takes those of the
+             families with its tensor and sequence modes, the calibration's
+             reference families counting as a ratio of 1 among them and
+             keeping the model themselves (a rule tried and not kept,
+             docs/planner.md)
+
+Nothing runs: the figures come from the files alone, so every rule is
+judged on the same measurements.
+"""
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+REFERENCES = ["tp=none sp=none zero=0 pp=none", "tp=2d sp=none zero=0 pp=none",
+              "tp=none sp=ring zero=0 pp=none"]
+
+
+def spearman(x, y):
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0] * len(v)
+        for k, i in enumerate(order):
+            r[i] = k
+        return r
+    a, b = ranks(x), ranks(y)
+    n = len(x)
+    return 1 - 6 * sum((p - q) ** 2 for p, q in zip(a, b)) / (n * (n * n - 1))
+
+
+def feedback(path):
+    out, family = {}, None
+    for line in open(path):
+        m = re.match(r'family = "(.*)"', line)
+        if m:
+            family = m.group(1)
+        m = re.match(r"ratios = \[(.*)\]", line)
+        if m and family:
+            out[family] = [float(x) for x in m.group(1).split(",")]
+            family = None
+    return out
+
+
+def modes(family):
+    return tuple(family.split()[:2])
+
+
+def geometric_mean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def factor(rule, family, fb):
+    if rule == "none":
+        return 1.0
+    if rule == "median" and fb:
+        all_ratios = sorted(x for r in fb.values() for x in r)
+        n = len(all_ratios)
+        mid = all_ratios[n // 2] if n % 2 else math.sqrt(all_ratios[n // 2 - 1] * all_ratios[n // 2])
+        fb = {f: [x / mid for x in r] for f, r in fb.items()}
+    if family in fb:
+        return geometric_mean(fb[family])
+    if rule != "relatives" or family in REFERENCES:
+        return 1.0
+    ratios = [x for f, r in fb.items() if modes(f) == modes(family) for x in r]
+    if not ratios:
+        return 1.0
+    ratios += [1.0 for f in REFERENCES if modes(f) == modes(family)]
+    return geometric_mean(ratios)
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or len(args) % 2:
+        raise SystemExit(__doc__)
+    print("| run | rule | Spearman | median error |")
+    print("|---|---|---:|---:|")
+    for run, calibration in zip(args[::2], args[1::2]):
+        summary = json.load(open(os.path.join(run, "summary.json")))
+        rows = summary["rows"]
+        plans = []
+        for i in range(len(rows)):
+            text = open(os.path.join(run, f"predict-{i}.json")).read().strip().splitlines()[-1]
+            plans.append(json.loads(text)["plans"][0])
+        measured = [r["measured"] for r in rows]
+        fb = feedback(calibration)
+        for rule in ("none", "family", "median", "relatives"):
+            predicted = [p["model_step_s"] * factor(rule, p["family"], fb) for p in plans]
+            errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
+            print(f"| {run} | {rule} | {spearman(predicted, measured):.3f} | "
+                  f"{100 * statistics.median(errors):.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
