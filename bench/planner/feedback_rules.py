@@ -1,27 +1,26 @@
 #!/usr/bin/env python3
 """The planner check's statistics again, under other uses of the feedback.
 
-    bench/planner/feedback_rules.py RUN_DIR CALIBRATION [RUN_DIR CALIBRATION ...]
+    bench/planner/feedback_rules.py RUN_DIR [RUN_DIR ...]
 
-RUN_DIR is the --out directory of one bench/run_planner_check.sh run (its
-summary.json and predict-N.json files), CALIBRATION the calibration file
-that run used (KOLOS_CACHE_DIR/calibration/HOST-n4.toml), holding the
-feedback its tuning recorded. Each plan's prediction is rebuilt from its
-`model_step_s` (the model before feedback) times a factor from the file's
-[[calibration.feedback]] ratios, as each rule sets it, and compared with
-the same measured steps:
+RUN_DIR is the --out directory of one `bench/run_planner_check.sh
+--recalibrate` run: its summary.json, predict-N.json and plan.json (the
+tuning's finalists, predicted and measured). With a fresh calibration the
+tuning ran without feedback, so each finalist's ratio measured / model is
+its measured step over its prediction. Each plan's prediction is rebuilt
+from its `model_step_s` (the model before feedback) times a factor from
+those ratios, as each rule sets it, and compared with the same measured
+steps:
 
   none       no feedback: the calibration's model alone
-  family     a family's own ratios, their geometric mean, as the file
-             holds them (what `kolos plan --predict` does)
-  median     the file's ratios over their median first (what a tuning
-             records since the ratios are relative to the median; for a
-             file written that way, the same as `family`)
+  family     a family's own ratios, their geometric mean, taken whole (the
+             feedback before ratios were recorded over their median)
+  median     the ratios over the tuning's median first (what a tuning
+             records now, docs/planner.md "Finalists")
   relatives  `family`, and a family without ratios takes those of the
              families with its tensor and sequence modes, the calibration's
              reference families counting as a ratio of 1 among them and
-             keeping the model themselves (a rule tried and not kept,
-             docs/planner.md)
+             keeping the model themselves (a rule tried and not kept)
 
 Nothing runs: the figures come from the files alone, so every rule is
 judged on the same measurements.
@@ -49,16 +48,15 @@ def spearman(x, y):
     return 1 - 6 * sum((p - q) ** 2 for p, q in zip(a, b)) / (n * (n * n - 1))
 
 
-def feedback(path):
-    out, family = {}, None
-    for line in open(path):
-        m = re.match(r'family = "(.*)"', line)
-        if m:
-            family = m.group(1)
-        m = re.match(r"ratios = \[(.*)\]", line)
-        if m and family:
-            out[family] = [float(x) for x in m.group(1).split(",")]
-            family = None
+def feedback(run):
+    """The tuning's ratios measured / predicted, by family, in its order."""
+    text = open(os.path.join(run, "plan.json")).read()
+    report = json.loads([l for l in text.splitlines() if l.startswith("{")][-1])
+    out = {}
+    for f in (report.get("tuning") or {}).get("finalists", []):
+        if f["skipped"] or not f["measured_step_s"] > 0:
+            continue
+        out.setdefault(f["family"], []).append(f["measured_step_s"] / f["predicted_step_s"])
     return out
 
 
@@ -91,11 +89,11 @@ def factor(rule, family, fb):
 
 def main():
     args = sys.argv[1:]
-    if not args or len(args) % 2:
+    if not args:
         raise SystemExit(__doc__)
     print("| run | rule | Spearman | median error |")
     print("|---|---|---:|---:|")
-    for run, calibration in zip(args[::2], args[1::2]):
+    for run in args:
         summary = json.load(open(os.path.join(run, "summary.json")))
         rows = summary["rows"]
         plans = []
@@ -103,7 +101,7 @@ def main():
             text = open(os.path.join(run, f"predict-{i}.json")).read().strip().splitlines()[-1]
             plans.append(json.loads(text)["plans"][0])
         measured = [r["measured"] for r in rows]
-        fb = feedback(calibration)
+        fb = feedback(run)
         for rule in ("none", "family", "median", "relatives"):
             predicted = [p["model_step_s"] * factor(rule, p["family"], fb) for p in plans]
             errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
