@@ -113,44 +113,40 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
                     {rest, "parallel.sequence.size=4", "parallel.sequence.mode=\"ring\"",
                      "train.micro_batch=2"}});
   }
+  // Every rank reads the same config and agrees on the engine's refusals,
+  // so every rank skips alike.
+  const auto skip = [&](Reference& ref, const std::string& why) {
+    ref.skipped = true;
+    if (runtime.rank() == 0) {
+      std::fprintf(stderr, "kolos: calibration: no %s reference run (%s)\n", ref.name.c_str(),
+                   why.substr(0, why.find('\n')).c_str());
+    }
+  };
+  for (Reference& ref : refs) {
+    std::vector<std::string> o = overrides;
+    o.insert(o.end(), ref.layout.begin(), ref.layout.end());
+    try {
+      ref.run = load_run_config(path, o);
+    } catch (const Error& e) {
+      skip(ref, e.what());
+    }
+  }
   constexpr int kPasses = 2;
   for (int pass = 0; pass < kPasses; ++pass) {
     for (Reference& ref : refs) {
       if (ref.skipped) continue;
-      std::vector<std::string> o = overrides;
-      o.insert(o.end(), ref.layout.begin(), ref.layout.end());
-      std::string skipped;
-      try {
-        ref.run = load_run_config(path, o);
-      } catch (const Error& e) {
-        skipped = e.what();
-      }
       std::vector<double> times;
-      if (skipped.empty()) {
-        try {
-          Engine engine(ref.run, runtime.world(),
-                        [](const RunConfig& c) { return data::make_source(c); });
-          engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
-        } catch (const AgreedError& e) {
-          skipped = e.what();
-        }
-      }
-      // Every rank reads the same config and agrees on the engine's
-      // refusals, so every rank skips alike.
-      if (!skipped.empty()) {
-        ref.skipped = true;
-        if (runtime.rank() == 0) {
-          std::fprintf(stderr, "kolos: calibration: no %s reference run (%s)\n", ref.name.c_str(),
-                       skipped.substr(0, skipped.find('\n')).c_str());
-        }
+      try {
+        Engine engine(ref.run, runtime.world(),
+                      [](const RunConfig& c) { return data::make_source(c); });
+        engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
+      } catch (const AgreedError& e) {
+        skip(ref, e.what());
         continue;
       }
       // The steps after the first two (allocation, first touches).
-      std::vector<double> steady(times.begin() + std::min<size_t>(2, times.size()), times.end());
-      std::sort(steady.begin(), steady.end());
-      if (steady.empty()) continue;
-      const double median = steady[steady.size() / 2];
-      if (ref.seconds == 0 || median < ref.seconds) ref.seconds = median;
+      const double median = steady_median(std::move(times), 2);
+      if (median > 0 && (ref.seconds == 0 || median < ref.seconds)) ref.seconds = median;
     }
   }
   if (runtime.rank() != 0) return;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 #include "kolos/core/engine.h"
 #include "kolos/core/error.h"
@@ -147,6 +148,13 @@ double expected_seconds(const std::vector<double>& walls) {
 
 }  // namespace
 
+double steady_median(std::vector<double> times, size_t skip) {
+  if (times.size() <= skip) return 0;
+  times.erase(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(skip));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 std::string broadcast_text(std::string text) {
   long long size = static_cast<long long>(text.size());
   MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
@@ -231,10 +239,7 @@ Tuned plan_and_tune(const Runtime& runtime, Planner& planner, const RunConfig& c
       skipped = "skipped: " + first_line(e.what());
     }
     malloc_trim(0);  // what the finalist's model held, back before the next one
-    std::vector<double> steady(times.begin() + std::min<size_t>(tune.warmup, times.size()),
-                               times.end());
-    std::sort(steady.begin(), steady.end());
-    const double median = steady.empty() ? 0.0 : steady[steady.size() / 2];
+    const double median = steady_median(std::move(times), static_cast<size_t>(tune.warmup));
     double measured = world_max(skipped.empty() ? median : 0.0);
     if (skipped.empty() && !(measured > 0)) {
       skipped = "skipped: it ended before a timed step (a stop request?)";

@@ -70,6 +70,11 @@ int plan_tune_worker(int argc, char** argv, const std::string& config_path,
                      const std::vector<std::string>& overrides, bool json,
                      const PlannerFactory& make_planner);
 
+// The median of `times` after the first `skip` (a run's steps after its
+// warm-up), 0 when none is left: a finalist's figure and a calibration
+// reference's.
+double steady_median(std::vector<double> times, size_t skip);
+
 // Rank 0's `text` on every rank of the world (collective).
 std::string broadcast_text(std::string text);
 
