@@ -3,7 +3,7 @@ static batches, on the same weights and the same requests in the same run
 (bench/run_serve_bench.sh).
 
 Usage: bench.py KOLOS WORK CONCURRENCIES PROMPT_LEN OUTPUT_LEN REQUESTS_MIN
-                HIDDEN LAYERS HEADS VOCAB
+                HIDDEN LAYERS HEADS VOCAB ROUNDS
 
 The model: a GPT-2 of the given shape with transformers' random
 initialisation (seed 0), saved with save_pretrained (no tokenizer: prompts
@@ -35,7 +35,14 @@ Metrics, as vLLM's benchmark_serving defines them:
                       request's stream (kolos: server-sent events carrying
                       tokens; transformers: decoding steps), pooled
 medians and 99th percentiles over the level's requests (ITL: over the
-gaps). Also: the fraction of requests whose tokens equal between the two,
+gaps).
+
+Rounds: every level runs ROUNDS times on each, the two back to back at each
+level (kolos first in odd rounds, transformers first in even ones), the
+server up and idle while transformers runs. With more than one round, a
+level's kolos/transformers figure is the median of its rounds' ratios, each
+of two runs minutes apart at most, and its other figures are those of its
+median round by output tokens/s. Also: the fraction of requests whose tokens equal between the two,
 and, for the single-stream decode, the memory-bandwidth bound (weight
 bytes read per token against a read bandwidth measured in this run by a
 torch sum over 1 GiB); for each level, a ceiling on output tokens/s for the
@@ -80,7 +87,9 @@ def summarise(name, c, wall, per_request, itl, output_len):
         "req_s": len(per_request) / wall, "tok_s": tokens / wall,
         "ttft_med": statistics.median(ttft), "ttft_p99": pct(ttft, 99),
         "tpot_med": statistics.median(tpot), "tpot_p99": pct(tpot, 99),
-        "itl_med": statistics.median(itl), "itl_p99": pct(itl, 99),
+        # No gaps when every stream came in one chunk (a tiny model).
+        "itl_med": statistics.median(itl) if itl else float("nan"),
+        "itl_p99": pct(itl, 99) if itl else float("nan"),
     }
 
 
@@ -258,6 +267,7 @@ def main():
     levels = [int(c) for c in sys.argv[3].split(",")]
     prompt_len, output_len, requests_min = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
     hidden, layers, heads, vocab = (int(v) for v in sys.argv[7:11])
+    rounds = int(sys.argv[11])
     context = prompt_len + output_len
 
     torch.manual_seed(0)
@@ -280,44 +290,69 @@ def main():
     prompts = {c: [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(max(requests_min, 2 * c))]
                for c in levels}
 
-    # kolos first: its server is alone on the machine while it runs.
+    # The server stays up through every round; while transformers runs it
+    # is idle (no request in flight, its threads asleep).
     max_seqs = max(levels)
     kv_bytes = max_seqs * context * layers * 2 * hidden * 4 * 5 // 4  # full sequences, 16-token blocks rounding
     proc, port, log = start_server(kolos, model_dir, max_seqs, kv_bytes, os.path.join(work, "serve.err"))
     print("kolos: " + " | ".join(l.removeprefix("kolos: ") for l in log.splitlines() if l.startswith("kolos: gpt")))
-    rows, outputs = [], {}
-    for p in prompts[levels[0]][:2]:  # warm-up: two full requests, not measured
-        kolos_request(port, p, output_len)
-    for c in levels:
-        wall, results, itl = run_kolos(port, prompts[c], c, output_len)
-        rows.append(summarise("kolos", c, wall, [r[:3] for r in results], itl, output_len))
-        outputs[("kolos", c)] = [r[3] for r in results]
+    try:
+        for p in prompts[levels[0]][:2]:  # warm-up: two full requests each, not measured
+            kolos_request(port, p, output_len)
+        run_transformers(model, prompts[levels[0]][:2], 1, output_len)
+
+        def run(name, c):
+            if name == "kolos":
+                return run_kolos(port, prompts[c], c, output_len)
+            return run_transformers(model, prompts[c], c, output_len)
+
+        # Each round runs every level on both, the two back to back at each
+        # level, kolos first in odd rounds and second in even ones, so that a
+        # drift of the machine's speed falls on both alike.
+        rows, outputs = [], {}
+        for rnd in range(1, rounds + 1):
+            for c in levels:
+                for name in ("kolos", "transformers") if rnd % 2 == 1 else ("transformers", "kolos"):
+                    wall, results, itl = run(name, c)
+                    row = summarise(name, c, wall, [r[:3] for r in results], itl, output_len)
+                    row["round"] = rnd
+                    rows.append(row)
+                    outputs[(name, c, rnd)] = [r[3] for r in results]
+    except BaseException:  # a failed request or an interrupt: no server left behind
+        proc.kill()
+        raise
     proc.terminate()
     if proc.wait(60) != 0:
         raise SystemExit(f"bench: kolos serve exited {proc.returncode} on SIGTERM")
 
-    run_transformers(model, prompts[levels[0]][:2], 1, output_len)  # warm-up, likewise
-    for c in levels:
-        wall, results, itl = run_transformers(model, prompts[c], c, output_len)
-        rows.append(summarise("transformers", c, wall, [r[:3] for r in results], itl, output_len))
-        outputs[("transformers", c)] = [r[3] for r in results]
-
     print()
-    print("| server | concurrency | requests | req/s | output tok/s | TTFT med / p99 (ms) | "
-          "TPOT med / p99 (ms) | ITL med / p99 (ms) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['name']} | {r['c']} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
+    rounds_col = rounds > 1
+    print(("| round " if rounds_col else "") + "| server | concurrency | requests | req/s | output tok/s | "
+          "TTFT med / p99 (ms) | TPOT med / p99 (ms) | ITL med / p99 (ms) |")
+    print(("|---:" if rounds_col else "") + "|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in sorted(rows, key=lambda r: (r["round"], r["name"] != "kolos", r["c"])):
+        print((f"| {r['round']} " if rounds_col else "") +
+              f"| {r['name']} | {r['c']} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
               f"{r['ttft_med'] * 1e3:.0f} / {r['ttft_p99'] * 1e3:.0f} | "
               f"{r['tpot_med'] * 1e3:.1f} / {r['tpot_p99'] * 1e3:.1f} | "
               f"{r['itl_med'] * 1e3:.1f} / {r['itl_p99'] * 1e3:.1f} |")
     print()
-    by = {(r["name"], r["c"]): r for r in rows}
+    # With several rounds, a level's figure is its median round's (by output
+    # tokens/s) and its ratio the median of the rounds' ratios.
+    by = {}
+    for name in ("kolos", "transformers"):
+        for c in levels:
+            mine = sorted((r for r in rows if r["name"] == name and r["c"] == c), key=lambda r: r["tok_s"])
+            by[(name, c)] = mine[(len(mine) - 1) // 2]
     for c in levels:
-        k, t = by[("kolos", c)], by[("transformers", c)]
-        same = sum(a == b for a, b in zip(outputs[("kolos", c)], outputs[("transformers", c)]))
-        print(f"concurrency {c}: output tokens/s kolos/transformers = {k['tok_s'] / t['tok_s']:.2f}; "
-              f"same greedy tokens in {same} of {len(prompts[c])} requests")
+        ratios = [next(r["tok_s"] for r in rows if r["name"] == "kolos" and r["c"] == c and r["round"] == rnd) /
+                  next(r["tok_s"] for r in rows if r["name"] == "transformers" and r["c"] == c and r["round"] == rnd)
+                  for rnd in range(1, rounds + 1)]
+        same = sum(a == b for rnd in range(1, rounds + 1)
+                   for a, b in zip(outputs[("kolos", c, rnd)], outputs[("transformers", c, rnd)]))
+        each = f" (rounds: {', '.join(f'{x:.2f}' for x in ratios)}; median)" if rounds_col else ""
+        print(f"concurrency {c}: output tokens/s kolos/transformers = {statistics.median(ratios):.2f}{each}; "
+              f"same greedy tokens in {same} of {rounds * len(prompts[c])} requests")
 
     bw = read_bandwidth()
     rate = matmul_rate(hidden)
