@@ -15,7 +15,8 @@
 // by rounding.
 //
 // `threads`: 0 uses omp_get_max_threads(). Threads split the output panels
-// (and, for many rows, blocks of rows), never a sum.
+// (and, for many rows, blocks of rows), never a sum; runs of panels go to
+// whichever thread is free, so the bits never depend on the split.
 #pragma once
 
 #include <cstdint>
