@@ -387,8 +387,11 @@ void packed_linear(const float* x, int64_t rows, const float* packed, const floa
   // keep the next-panel prefetch useful, and the last runs even out what
   // the threads got done (in `kolos serve`, the HTTP threads take turns on
   // the same cores; with fixed ranges, 16% of its samples were OpenMP's
-  // waits at the end of a product).
-  const int64_t parts = int64_t{8} * thread_count(use, static_cast<size_t>(panels));
+  // waits at the end of a product). Below 8 rows a product streams the
+  // weights at the memory's speed, and every run's start stalls that
+  // stream (its first rows not prefetched): one run a thread.
+  const int64_t parts =
+      (rows < 8 ? 1 : 8) * int64_t{thread_count(use, static_cast<size_t>(panels))};
   const int64_t run = std::max<int64_t>(1, panels / parts) * blocks;
   run_pieces_shared(
       static_cast<size_t>(panels * blocks), use, static_cast<size_t>(run), [&](size_t i) {
