@@ -35,20 +35,20 @@ Metrics, as vLLM's benchmark_serving defines them:
                       request's stream (kolos: server-sent events carrying
                       tokens; transformers: decoding steps), pooled
 medians and 99th percentiles over the level's requests (ITL: over the
-gaps).
-
-Rounds: every level runs ROUNDS times on each, the two back to back at each
-level (kolos first in odd rounds, transformers first in even ones), the
-server up and idle while transformers runs. With more than one round, a
-level's kolos/transformers figure is the median of its rounds' ratios, each
-of two runs minutes apart at most, and its other figures are those of its
-median round by output tokens/s. Also: the fraction of requests whose tokens equal between the two,
+gaps). Also: the fraction of requests whose tokens equal between the two,
 and, for the single-stream decode, the memory-bandwidth bound (weight
 bytes read per token against a read bandwidth measured in this run by a
 torch sum over 1 GiB); for each level, a ceiling on output tokens/s for the
 same fp32 arithmetic on this machine (level_floor: floating-point
 operations at the best torch matmul rate measured in this run, or decoding
 steps each reading the weights at that bandwidth, whichever takes longer).
+
+Rounds: every level runs ROUNDS times on each, the two back to back at each
+level (kolos first in odd rounds, transformers first in even ones), the
+server up and idle while transformers runs. With more than one round, a
+level's kolos/transformers figure is the median of its rounds' ratios, each
+of two runs minutes apart at most, and its other figures are those of its
+median round by output tokens/s.
 """
 import http.client
 import json
