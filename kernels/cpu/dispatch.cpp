@@ -68,10 +68,14 @@ int thread_count(int threads, size_t pieces) {
 #endif
 }
 
-// Runs body(piece index) for every piece, on up to `threads` threads, each
-// taking a contiguous range of pieces (streams memory in order).
+// Runs body(piece index) for every piece, on up to `threads` threads. With
+// `run` 0 each thread takes a contiguous range of pieces (streams memory in
+// order); otherwise the threads take runs of `run` consecutive pieces, each
+// the next one left when it is free, so that a thread the machine slows
+// down (another thread of the process, another process) does less of the
+// work, where with fixed ranges the others would wait for it at the end.
 template <typename Body>
-void run_pieces(size_t n, int threads, Body body) {
+void run_pieces(size_t n, int threads, Body body, size_t run = 0) {
   const int t = thread_count(threads, n);
   if (t <= 1) {
     for (size_t i = 0; i < n; ++i) body(i);
@@ -79,28 +83,14 @@ void run_pieces(size_t n, int threads, Body body) {
   }
 #ifdef _OPENMP
   const long long total = static_cast<long long>(n);
+  if (run == 0) {
 #pragma omp parallel for num_threads(t) schedule(static)
-  for (long long i = 0; i < total; ++i) body(static_cast<size_t>(i));
-#endif
-}
-
-// Runs body(piece index) for every piece, on up to `threads` threads that
-// take runs of `run` consecutive pieces, each the next one left when it
-// is free: a thread that the machine slows down (another thread of the
-// process, another process) does less of the work, where with fixed
-// ranges the others would wait for it at the end.
-template <typename Body>
-void run_pieces_shared(size_t n, int threads, size_t run, Body body) {
-  const int t = thread_count(threads, n);
-  if (t <= 1) {
-    for (size_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-#ifdef _OPENMP
-  const long long total = static_cast<long long>(n);
-  const int chunk = static_cast<int>(run < 1 ? 1 : run);
+    for (long long i = 0; i < total; ++i) body(static_cast<size_t>(i));
+  } else {
+    const int chunk = static_cast<int>(run);
 #pragma omp parallel for num_threads(t) schedule(dynamic, chunk)
-  for (long long i = 0; i < total; ++i) body(static_cast<size_t>(i));
+    for (long long i = 0; i < total; ++i) body(static_cast<size_t>(i));
+  }
 #endif
 }
 
@@ -393,14 +383,16 @@ void packed_linear(const float* x, int64_t rows, const float* packed, const floa
   const int64_t parts =
       (rows < 8 ? 1 : 8) * int64_t{thread_count(use, static_cast<size_t>(panels))};
   const int64_t run = std::max<int64_t>(1, panels / parts) * blocks;
-  run_pieces_shared(
-      static_cast<size_t>(panels * blocks), use, static_cast<size_t>(run), [&](size_t i) {
+  run_pieces(
+      static_cast<size_t>(panels * blocks), use,
+      [&](size_t i) {
         const int64_t p = static_cast<int64_t>(i) / blocks, b = static_cast<int64_t>(i) % blocks;
         const int64_t first = b * kBlockRows, count = std::min(kBlockRows, rows - first);
         const int64_t col = p * kLinearPanel, cols = std::min(kLinearPanel, out - col);
         t.linear_panel(x + first * in, count, in, packed + p * kLinearPanel * in,
                        bias != nullptr ? bias + col : nullptr, cols, y + first * out + col, out);
-      });
+      },
+      static_cast<size_t>(run));
 }
 
 void gelu_tanh(const float* x, float* y, int64_t n, int threads) {
