@@ -28,7 +28,6 @@ judged on the same measurements.
 import json
 import math
 import os
-import re
 import statistics
 import sys
 
