@@ -25,11 +25,12 @@ std::shared_ptr<Planner> make_planner(const RunConfig& config);
 // Measures this machine for the planner (collective): its rates, then
 // reference runs of the config's model whose measured steps the planner
 // compares with its predictions: data parallel over every rank (the step
-// factor), then, where the ranks make a group of 4, tensor 2d over 4 and
-// ring attention over 4 at 2 sequences per micro-batch, so that neither is
-// a plan `run_planner_check.sh` measures (what each of their many small
+// factor), then, where the ranks make a group of 4, tensor 1d, tensor 2d
+// and ring attention over 4 at 2 sequences per micro-batch, so that none
+// is a plan `run_planner_check.sh` measures (what each of their many
 // collectives costs beyond the model when ranks share cores). Rank 0
-// records them, in that order, once every rank is done with the runs.
+// records them, in that order (data parallel again after tensor 1d, whose
+// wait its collectives share), once every rank is done with the runs.
 void calibrate_machine(const Runtime& runtime, Planner& planner, const std::string& path,
                        std::vector<std::string> overrides, const RunConfig& config);
 

@@ -299,7 +299,12 @@ class Autoplan final : public Planner {
   // of the grid's collectives or the ring's hops costs beyond the model
   // (grid_sync or ring_sync at its size): the part of the measured step the
   // prediction without it leaves over, spread over the collectives the
-  // prediction counts on the step's path (its slope in that term).
+  // prediction counts on the step's path (its slope in that term). A
+  // reference in tensor 1d sets the same for a plain group's collectives
+  // (sync, every group size up to its own, never below what the
+  // calibration's small all-reduce measured): in training a collective
+  // waits for peers that are computing, which that all-reduce, issued right
+  // after identical compute on every rank, does not see.
   void record_reference(const RunConfig& reference, int64_t ranks, double measured) override {
     const std::string path = calibration_path(ranks);
     std::string unused;
@@ -319,9 +324,34 @@ class Autoplan final : public Planner {
       }
     }
     ring = ring && !grid && c.tp == 1;
-    const int64_t span = grid ? grid_span : ring_span;
+    const bool group = !grid && !ring && c.tp > 1;
+    const int64_t span = grid ? grid_span : ring ? ring_span : c.tp;
     std::string what;
-    if (!grid && !ring) {
+    if (group) {
+      // Every entry up to the reference's group size takes the one figure.
+      std::map<int64_t, double>& table = mach.rates.sync;
+      const std::map<int64_t, double> small = table;  // the small all-reduce's
+      const auto set = [&](double seconds) {
+        for (auto& [size, s] : table) {
+          if (size <= span) s = seconds;
+        }
+        table[span] = seconds;
+      };
+      set(0);
+      const double without = pl::predict(w, mach, c).step;
+      const double probe = 1e-3;
+      set(probe);
+      const double slope = (pl::predict(w, mach, c).step - without) / probe;
+      const double wait = slope > 0 ? std::max(0.0, (measured - without) / slope) : 0.0;
+      set(wait);
+      for (const auto& [size, s] : small) {
+        if (size <= span) table[size] = std::max(s, wait);
+      }
+      std::ostringstream line;
+      line << "; group reference " << c.describe() << ": measured " << measured << " s, predicted "
+           << without << " s without its sync, " << wait * 1e6 << " us per collective";
+      what = line.str();
+    } else if (!grid && !ring) {
       mach.rates.step_factor = 1;
       const double predicted = pl::predict(w, mach, c).step;
       mach.rates.step_factor = measured / predicted;

@@ -30,14 +30,25 @@ case "$case_name" in
     cat plan.err plan.txt
     grep -q "calibrating this machine for 4 ranks" plan.err || fail "no calibration was announced"
     ls cache/calibration/*-n4.toml >/dev/null || fail "no calibration file in the cache"
-    # The three reference runs (data parallel, tensor 2d, ring attention)
-    # each left their figure and their line.
+    # The four reference runs (data parallel, tensor 1d, tensor 2d, ring
+    # attention) each left their figure and their line.
     cal=$(ls cache/calibration/*-n4.toml)
     head -1 "$cal"
-    for ref in "; reference pp 1 dp 4" "; grid reference pp 1 dp 1 sp 1 tp 4(2d)" \
-      "; ring reference pp 1 dp 1 sp 4(ring)"; do
+    for ref in "; reference pp 1 dp 4" "; group reference pp 1 dp 1 sp 1 tp 4(1d)" \
+      "; grid reference pp 1 dp 1 sp 1 tp 4(2d)" "; ring reference pp 1 dp 1 sp 4(ring)"; do
       head -1 "$cal" | grep -qF "$ref" || fail "the calibration has no '$ref' run"
     done
+    # Tensor 1d's wait is every group row's up to 4, where it is more than
+    # the small all-reduce's: the rows of 2 and 4 are at least its figure.
+    $PY - "$cal" <<'PY' || fail "the group sync rows do not carry tensor 1d's wait"
+import re, sys, tomllib
+text = open(sys.argv[1]).read()
+wait = float(re.search(r"group reference [^;]*, ([0-9.e+-]+) us per collective", text).group(1)) * 1e-6
+rows = {r["group"]: r["seconds"] for r in tomllib.loads(text)["calibration"]["sync"]
+        if r.get("pattern", "group") == "group"}
+assert {2, 4} <= set(rows) and all(rows[g] >= wait * (1 - 1e-6) for g in (2, 4)), (wait, rows)
+print(f"group wait {wait * 1e6:.0f} us; group rows {rows}")
+PY
     grep -q '^pattern = "grid"' "$cal" || fail "no grid sync row in the calibration"
     grep -q '^pattern = "ring"' "$cal" || fail "no ring sync row in the calibration"
     if [[ -n ${KOLOS_SHARED_CALIBRATION:-} ]]; then

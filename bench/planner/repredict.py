@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Saved planner checks judged again with another calibration.
+
+    bench/planner/repredict.py [--kolos build/bin/kolos] [--group-sync G=SECONDS ...]
+                               CALIBRATION RUN_DIR [RUN_DIR ...]
+
+CALIBRATION is a calibration file (a `KOLOS_CACHE_DIR/calibration/HOST-n4.toml`
+of `kolos calibrate`); RUN_DIR is the --out directory of one
+`bench/run_planner_check.sh` run (its summary.json: each plan's overrides
+and measured step). Every plan of the first run is predicted from a copy
+of CALIBRATION (`kolos plan --predict --json`), and each run's measurements
+are compared with those predictions relative to the data-parallel reference
+plan's (dp 4, micro-batch 4), prediction against prediction and measurement
+against measurement: how fast the machine ran at each run's calibration
+drops out, and what is left is how well the calibration's model ranks and
+spaces the plans. Printed per run: the median of |predicted relative /
+measured relative - 1| and Spearman's rank correlation.
+
+--group-sync G=SECONDS replaces the copy's `[[calibration.sync]]` row of
+pattern "group" and group G (repeatable): the same model with another
+collective wait, on the same measurements. --no-feedback drops the copy's
+`[[calibration.feedback]]` rows (what the calibration's own check tuned
+into it): the model as calibrated.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+REFERENCE = "pp 1 dp 4 sp 1 tp 1 M=1 mb 4 zero0 none"
+
+
+def spearman(x, y):
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+    rx, ry = ranks(x), ranks(y)
+    n = len(x)
+    return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry)) / (n * (n * n - 1))
+
+
+def with_group_sync(text, group, seconds):
+    pattern = re.compile(r'(pattern = "group"\ngroup = %d\nseconds = )[0-9.eE+-]+' % group)
+    if not pattern.search(text):
+        raise SystemExit(f"repredict.py: the calibration has no group sync row for group {group}")
+    return pattern.sub(lambda m: m.group(1) + repr(seconds), text)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kolos", default=os.path.join(ROOT, "build", "bin", "kolos"))
+    p.add_argument("--config", default=os.path.join(HERE, "gpt-check.toml"))
+    p.add_argument("--group-sync", action="append", default=[], metavar="G=SECONDS")
+    p.add_argument("--no-feedback", action="store_true")
+    p.add_argument("calibration")
+    p.add_argument("runs", nargs="+")
+    a = p.parse_args()
+    text = open(a.calibration).read()
+    for item in a.group_sync:
+        group, _, seconds = item.partition("=")
+        text = with_group_sync(text, int(group), float(seconds))
+    if a.no_feedback:
+        text = re.sub(r'\[\[calibration\.feedback\]\]\nfamily = "[^"]*"\nratios = \[[^]]*\]\n*', "", text)
+    runs = [json.load(open(os.path.join(r, "summary.json")))["rows"] for r in a.runs]
+    cache = tempfile.mkdtemp(prefix="repredict.")
+    try:
+        os.makedirs(os.path.join(cache, "calibration"))
+        with open(os.path.join(cache, "calibration", os.path.basename(a.calibration)), "w") as f:
+            f.write(text)
+        env = dict(os.environ, KOLOS_CACHE_DIR=cache)
+        predicted = {}
+        for row in runs[0]:
+            cmd = [a.kolos, "plan", a.config, "-n", "4", "--predict", "--json"]
+            for o in row["overrides"]:
+                cmd += ["--set", o]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"repredict.py: {' '.join(cmd)} failed:\n{out.stderr}")
+            plan = json.loads(out.stdout.strip().splitlines()[-1])["plans"][0]
+            predicted[row["plan"]] = plan["step_s"]
+    finally:
+        shutil.rmtree(cache)
+    if REFERENCE not in predicted:
+        raise SystemExit(f"repredict.py: the runs have no '{REFERENCE}' plan")
+    print("| run | plans | median relative error | Spearman |")
+    print("|---|---:|---:|---:|")
+    for name, rows in zip(a.runs, runs):
+        measured = {r["plan"]: r["measured"] for r in rows if r["plan"] in predicted}
+        plans = sorted(measured)
+        errors = [abs(predicted[k] / predicted[REFERENCE] / (measured[k] / measured[REFERENCE]) - 1)
+                  for k in plans]
+        rho = spearman([predicted[k] for k in plans], [measured[k] for k in plans])
+        print(f"| {name} | {len(plans)} | {100 * statistics.median(errors):.1f}% | {rho:.3f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
