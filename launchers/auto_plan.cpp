@@ -104,6 +104,15 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
     bool skipped = false;
   };
   std::vector<Reference> refs = {{"data-parallel", {}}};
+  // The same at a quarter of the micro-batch (four times the micro-batches;
+  // a half or 1 where a quarter does not divide it): the pair sets what a
+  // block costs per micro-batch whatever its size. The difference of two
+  // noisy steps: at one more micro-batch it would be within the noise.
+  if (const int64_t mb = config.train.micro_batch; mb >= 2) {
+    const int64_t small = mb % 4 == 0 ? mb / 4 : mb % 2 == 0 ? mb / 2 : 1;
+    refs.push_back(
+        {"data-parallel, smaller micro-batch", {"train.micro_batch=" + std::to_string(small)}});
+  }
   if (runtime.size() % 4 == 0) {
     const std::string rest = "parallel.data=" + std::to_string(runtime.size() / 4);
     refs.push_back(
@@ -154,7 +163,8 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
   }
   if (runtime.rank() != 0) return;
   // The data-parallel reference is recorded again after tensor 1d's: its
-  // few collectives now wait the group figure, and the step factor follows.
+  // few collectives now wait the group figure, and the step factor and the
+  // fixed cost per micro-batch follow.
   std::vector<size_t> order;
   for (size_t i = 0; i < refs.size(); ++i) {
     order.push_back(i);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Saved planner checks judged again with another calibration.
 
-    bench/planner/repredict.py [--kolos build/bin/kolos] [--group-sync G=SECONDS ...]
+    bench/planner/repredict.py [--kolos build/bin/kolos] [--no-feedback]
+                               [--group-sync G=SECONDS ...] [--rate KEY=VALUE ...]
                                CALIBRATION RUN_DIR [RUN_DIR ...]
 
 CALIBRATION is a calibration file (a `KOLOS_CACHE_DIR/calibration/HOST-n4.toml`
@@ -18,7 +19,9 @@ measured relative - 1| and Spearman's rank correlation.
 
 --group-sync G=SECONDS replaces the copy's `[[calibration.sync]]` row of
 pattern "group" and group G (repeatable): the same model with another
-collective wait, on the same measurements. --no-feedback drops the copy's
+collective wait, on the same measurements; --rate KEY=VALUE replaces a
+number of its [calibration] table (block_fixed, step_factor, ...).
+--no-feedback drops the copy's
 `[[calibration.feedback]]` rows (what the calibration's own check tuned
 into it): the model as calibrated.
 """
@@ -61,6 +64,7 @@ def main():
     p.add_argument("--kolos", default=os.path.join(ROOT, "build", "bin", "kolos"))
     p.add_argument("--config", default=os.path.join(HERE, "gpt-check.toml"))
     p.add_argument("--group-sync", action="append", default=[], metavar="G=SECONDS")
+    p.add_argument("--rate", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--no-feedback", action="store_true")
     p.add_argument("calibration")
     p.add_argument("runs", nargs="+")
@@ -69,6 +73,12 @@ def main():
     for item in a.group_sync:
         group, _, seconds = item.partition("=")
         text = with_group_sync(text, int(group), float(seconds))
+    for item in a.rate:
+        key, _, value = item.partition("=")
+        pattern = re.compile(r"^(%s = )\S+$" % re.escape(key), re.M)
+        if not pattern.search(text):
+            raise SystemExit(f"repredict.py: the calibration has no '{key}' number")
+        text = pattern.sub(lambda m: m.group(1) + repr(float(value)), text, count=1)
     if a.no_feedback:
         text = re.sub(r'\[\[calibration\.feedback\]\]\nfamily = "[^"]*"\nratios = \[[^]]*\]\n*', "", text)
     runs = [json.load(open(os.path.join(r, "summary.json")))["rows"] for r in a.runs]

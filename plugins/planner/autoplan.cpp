@@ -352,12 +352,21 @@ class Autoplan final : public Planner {
            << without << " s without its sync, " << wait * 1e6 << " us per collective";
       what = line.str();
     } else if (!grid && !ring) {
+      // Data parallel: kept (one per micro-batch count) for the pair fit.
+      dp_references_.erase(std::remove_if(dp_references_.begin(), dp_references_.end(),
+                                          [&](const DpReference& r) {
+                                            return r.candidate.microbatches == c.microbatches;
+                                          }),
+                           dp_references_.end());
+      if (dp_references_.empty()) blocks_fixed_ = mach.rates.block_fixed;
+      dp_references_.push_back({w, c, measured});
       mach.rates.step_factor = 1;
       const double predicted = pl::predict(w, mach, c).step;
       mach.rates.step_factor = measured / predicted;
       std::ostringstream line;
       line << "; reference " << c.describe() << ": measured " << measured << " s, predicted "
            << predicted << " s";
+      if (dp_references_.size() >= 2) line << fit_block_fixed(mach);
       what = line.str();
     } else {
       std::map<int64_t, double>& table = grid ? mach.rates.grid_sync : mach.rates.ring_sync;
@@ -423,6 +432,56 @@ class Autoplan final : public Planner {
   }
 
  private:
+  // A data-parallel reference this calibration recorded.
+  struct DpReference {
+    pl::Workload workload;
+    pl::Candidate candidate;
+    double measured = 0;
+  };
+  // Two data-parallel references of one layout and global batch, at M1 < M2
+  // micro-batches, differ in what every block pays per micro-batch whatever
+  // its size (kernel dispatch, autograd's bookkeeping, the micro-batch's
+  // own passes): the block fixed cost that makes the model's ratio of the
+  // two steps the measured one replaces the block measurements' (a fit of
+  // single blocks, which noise often leaves at 0), and the step factor is
+  // then the first's measured over predicted. Returns the line's note.
+  std::string fit_block_fixed(pl::Machine& mach) const {
+    const DpReference* a = &dp_references_[0];
+    const DpReference* b = &dp_references_[1];
+    if (a->candidate.microbatches > b->candidate.microbatches) std::swap(a, b);
+    if (a->candidate.microbatches == b->candidate.microbatches) return "";
+    const double target = b->measured / a->measured;
+    const auto ratio = [&](double fixed) {
+      mach.rates.block_fixed = fixed;
+      mach.rates.step_factor = 1;
+      return pl::predict(b->workload, mach, b->candidate).step /
+             pl::predict(a->workload, mach, a->candidate).step;
+    };
+    double fixed = 0;
+    if (ratio(0) < target) {
+      // The ratio grows with the fixed cost (the second has more
+      // micro-batches): bracket, then bisect.
+      double lo = 0, hi = 1e-3;
+      while (ratio(hi) < target && hi < 10) lo = hi, hi *= 2;
+      for (int i = 0; i < 60; ++i) {
+        const double mid = 0.5 * (lo + hi);
+        (ratio(mid) < target ? lo : hi) = mid;
+      }
+      fixed = 0.5 * (lo + hi);
+    }
+    mach.rates.block_fixed = fixed;
+    mach.rates.step_factor = 1;
+    mach.rates.step_factor = a->measured / pl::predict(a->workload, mach, a->candidate).step;
+    std::ostringstream note;
+    note << " (M=" << a->candidate.microbatches << " and M=" << b->candidate.microbatches
+         << ", measured " << a->measured << " and " << b->measured << " s: block_fixed "
+         << fixed * 1e3 << " ms per block and micro-batch, the blocks' " << blocks_fixed_ * 1e3
+         << " ms)";
+    return note.str();
+  }
+
+  std::vector<DpReference> dp_references_;
+  double blocks_fixed_ = 0;  // block_fixed as the block measurements fitted it
   pl::Machine machine_for(const RunConfig& config, int64_t ranks, std::string* what) const {
     if (!settings_.cluster.empty()) {
       pl::ClusterFile file = pl::load_cluster(settings_.cluster);

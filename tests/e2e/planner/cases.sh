@@ -30,17 +30,21 @@ case "$case_name" in
     cat plan.err plan.txt
     grep -q "calibrating this machine for 4 ranks" plan.err || fail "no calibration was announced"
     ls cache/calibration/*-n4.toml >/dev/null || fail "no calibration file in the cache"
-    # The four reference runs (data parallel, tensor 1d, tensor 2d, ring
-    # attention) each left their figure and their line.
+    # The five reference runs (data parallel at the config's micro-batch 4
+    # and at 1, tensor 1d, tensor 2d, ring attention) each left their
+    # figure and their line; the pair of data-parallel runs set the fixed
+    # cost per block and micro-batch.
     cal=$(ls cache/calibration/*-n4.toml)
     head -1 "$cal"
+    head -1 "$cal" | grep -qE "; reference pp 1 dp 4 sp 1 tp 1 M=4 mb 1 zero0 none: .*\(M=1 and M=4, measured [0-9.]+ and [0-9.]+ s: block_fixed [0-9.e+-]+ ms per block and micro-batch" ||
+      fail "the calibration has no fixed cost fitted from the two data-parallel runs"
     for ref in "; reference pp 1 dp 4" "; group reference pp 1 dp 1 sp 1 tp 4(1d)" \
       "; grid reference pp 1 dp 1 sp 1 tp 4(2d)" "; ring reference pp 1 dp 1 sp 4(ring)"; do
       head -1 "$cal" | grep -qF "$ref" || fail "the calibration has no '$ref' run"
     done
     # Tensor 1d's wait is every group row's up to 4, where it is more than
     # the small all-reduce's: the rows of 2 and 4 are at least its figure.
-    $PY - "$cal" <<'PY' || fail "the group sync rows do not carry tensor 1d's wait"
+    $PY - "$cal" <<'PY' || fail "the group sync rows or block_fixed are not the references' fits"
 import re, sys, tomllib
 text = open(sys.argv[1]).read()
 wait = float(re.search(r"group reference [^;]*, ([0-9.e+-]+) us per collective", text).group(1)) * 1e-6
@@ -48,6 +52,12 @@ rows = {r["group"]: r["seconds"] for r in tomllib.loads(text)["calibration"]["sy
         if r.get("pattern", "group") == "group"}
 assert {2, 4} <= set(rows) and all(rows[g] >= wait * (1 - 1e-6) for g in (2, 4)), (wait, rows)
 print(f"group wait {wait * 1e6:.0f} us; group rows {rows}")
+# The last fit of the fixed cost (the data-parallel pair, fitted again after
+# tensor 1d) is the file's block_fixed.
+fixed = float(re.findall(r"block_fixed ([0-9.e+-]+) ms per block", text)[-1]) * 1e-3
+got = tomllib.loads(text)["calibration"]["block_fixed"]
+assert abs(got - fixed) <= 1e-6 * max(1.0, fixed) + 1e-9, (got, fixed)
+print(f"block_fixed {got * 1e3:.2f} ms per block and micro-batch")
 PY
     grep -q '^pattern = "grid"' "$cal" || fail "no grid sync row in the calibration"
     grep -q '^pattern = "ring"' "$cal" || fail "no ring sync row in the calibration"

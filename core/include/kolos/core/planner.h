@@ -75,9 +75,11 @@ class Planner : public RolePlugin {
   // On rank 0 after calibrate(): the measured step time of `reference` (a
   // run on this machine, every rank busy) against the model's prediction
   // for it, recorded into calibration_path(ranks): a data-parallel
-  // reference sets the step factor; then a tensor-grid or ring-attention
-  // reference sets what each of its collectives waits beyond the model
-  // (with the step factor already recorded).
+  // reference sets the step factor (two of them at different micro-batch
+  // counts also the fixed cost per block and micro-batch); then a tensor
+  // 1d, tensor-grid or ring-attention reference sets what each of its
+  // collectives waits beyond the model (with the step factor already
+  // recorded).
   virtual void record_reference(const RunConfig& reference, int64_t ranks,
                                 double measured_step_s) = 0;
   // The search: the best plans for `config` on `ranks` ranks, keeping the
