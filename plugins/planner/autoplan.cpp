@@ -272,6 +272,7 @@ class Autoplan final : public Planner {
   std::string calibrate(const comm::ProcessGroupPtr& world, const RunConfig& config) override {
     const pl::MachineRates rates = autoplan::measure(world, config);
     const std::string path = calibration_path(world->size());
+    dp_references_.clear();  // the references recorded next are this calibration's
     std::string error;
     if (world->rank() == 0) {
       try {
@@ -482,6 +483,7 @@ class Autoplan final : public Planner {
 
   std::vector<DpReference> dp_references_;
   double blocks_fixed_ = 0;  // block_fixed as the block measurements fitted it
+
   pl::Machine machine_for(const RunConfig& config, int64_t ranks, std::string* what) const {
     if (!settings_.cluster.empty()) {
       pl::ClusterFile file = pl::load_cluster(settings_.cluster);
