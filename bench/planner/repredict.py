@@ -21,9 +21,8 @@ measured relative - 1| and Spearman's rank correlation.
 pattern "group" and group G (repeatable): the same model with another
 collective wait, on the same measurements; --rate KEY=VALUE replaces a
 number of its [calibration] table (block_fixed, step_factor, ...).
---no-feedback drops the copy's
-`[[calibration.feedback]]` rows (what the calibration's own check tuned
-into it): the model as calibrated.
+--no-feedback drops the copy's `[[calibration.feedback]]` rows (what the
+calibration's own check tuned into it): the model as calibrated.
 """
 import argparse
 import json
@@ -35,21 +34,11 @@ import subprocess
 import sys
 import tempfile
 
+from check import spearman  # the check's own statistic, ties ranked alike
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 REFERENCE = "pp 1 dp 4 sp 1 tp 1 M=1 mb 4 zero0 none"
-
-
-def spearman(x, y):
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            r[i] = float(rank)
-        return r
-    rx, ry = ranks(x), ranks(y)
-    n = len(x)
-    return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry)) / (n * (n * n - 1))
 
 
 def with_group_sync(text, group, seconds):

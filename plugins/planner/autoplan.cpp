@@ -328,31 +328,7 @@ class Autoplan final : public Planner {
     const bool group = !grid && !ring && c.tp > 1;
     const int64_t span = grid ? grid_span : ring ? ring_span : c.tp;
     std::string what;
-    if (group) {
-      // Every entry up to the reference's group size takes the one figure.
-      std::map<int64_t, double>& table = mach.rates.sync;
-      const std::map<int64_t, double> small = table;  // the small all-reduce's
-      const auto set = [&](double seconds) {
-        for (auto& [size, s] : table) {
-          if (size <= span) s = seconds;
-        }
-        table[span] = seconds;
-      };
-      set(0);
-      const double without = pl::predict(w, mach, c).step;
-      const double probe = 1e-3;
-      set(probe);
-      const double slope = (pl::predict(w, mach, c).step - without) / probe;
-      const double wait = slope > 0 ? std::max(0.0, (measured - without) / slope) : 0.0;
-      set(wait);
-      for (const auto& [size, s] : small) {
-        if (size <= span) table[size] = std::max(s, wait);
-      }
-      std::ostringstream line;
-      line << "; group reference " << c.describe() << ": measured " << measured << " s, predicted "
-           << without << " s without its sync, " << wait * 1e6 << " us per collective";
-      what = line.str();
-    } else if (!grid && !ring) {
+    if (!grid && !ring && !group) {
       // Data parallel: kept (one per micro-batch count) for the pair fit.
       dp_references_.erase(std::remove_if(dp_references_.begin(), dp_references_.end(),
                                           [&](const DpReference& r) {
@@ -370,17 +346,38 @@ class Autoplan final : public Planner {
       if (dp_references_.size() >= 2) line << fit_block_fixed(mach);
       what = line.str();
     } else {
-      std::map<int64_t, double>& table = grid ? mach.rates.grid_sync : mach.rates.ring_sync;
-      table[span] = 0;
+      std::map<int64_t, double>& table = grid   ? mach.rates.grid_sync
+                                         : ring ? mach.rates.ring_sync
+                                                : mach.rates.sync;
+      const std::map<int64_t, double> before = table;  // a group's: the small all-reduce's
+      // A grid's or a ring's wait at its size; a group's at every size up to its own.
+      const auto set = [&](double seconds) {
+        if (group) {
+          for (auto& [size, s] : table) {
+            if (size <= span) s = seconds;
+          }
+        }
+        table[span] = seconds;
+      };
+      set(0);
       const double without = pl::predict(w, mach, c).step;
       const double probe = 1e-3;
-      table[span] = probe;
+      set(probe);
       const double slope = (pl::predict(w, mach, c).step - without) / probe;
-      table[span] = slope > 0 ? std::max(0.0, (measured - without) / slope) : 0.0;
+      const double wait = slope > 0 ? std::max(0.0, (measured - without) / slope) : 0.0;
+      set(wait);
+      if (group) {
+        for (const auto& [size, s] : before) {
+          if (size <= span) table[size] = std::max(s, wait);
+        }
+      }
       std::ostringstream line;
-      line << "; " << (grid ? "grid" : "ring") << " reference " << c.describe() << ": measured "
-           << measured << " s, predicted " << without << " s without its sync, "
-           << table[span] * 1e6 << " us per collective";
+      line << "; "
+           << (grid   ? "grid"
+               : ring ? "ring"
+                      : "group")
+           << " reference " << c.describe() << ": measured " << measured << " s, predicted "
+           << without << " s without its sync, " << wait * 1e6 << " us per collective";
       what = line.str();
     }
     std::ifstream in(path);
@@ -440,17 +437,15 @@ class Autoplan final : public Planner {
     double measured = 0;
   };
   // Two data-parallel references of one layout and global batch, at M1 < M2
-  // micro-batches, differ in what every block pays per micro-batch whatever
-  // its size (kernel dispatch, autograd's bookkeeping, the micro-batch's
-  // own passes): the block fixed cost that makes the model's ratio of the
-  // two steps the measured one replaces the block measurements' (a fit of
-  // single blocks, which noise often leaves at 0), and the step factor is
-  // then the first's measured over predicted. Returns the line's note.
+  // micro-batches (record_reference keeps one per count), differ in what every block pays per
+  // micro-batch whatever its size (kernel dispatch, autograd's bookkeeping, the micro-batch's own
+  // passes): the block fixed cost that makes the model's ratio of the two steps the measured one
+  // replaces the block measurements' (a fit of single blocks, which noise often leaves at 0), and
+  // the step factor is then the first's measured over predicted. Returns the line's note.
   std::string fit_block_fixed(pl::Machine& mach) const {
     const DpReference* a = &dp_references_[0];
     const DpReference* b = &dp_references_[1];
     if (a->candidate.microbatches > b->candidate.microbatches) std::swap(a, b);
-    if (a->candidate.microbatches == b->candidate.microbatches) return "";
     const double target = b->measured / a->measured;
     const auto ratio = [&](double fixed) {
       mach.rates.block_fixed = fixed;
