@@ -3,7 +3,8 @@
 
     bench/planner/repredict.py [--kolos build/bin/kolos] [--no-feedback]
                                [--group-sync G=SECONDS ...] [--rate KEY=VALUE ...]
-                               CALIBRATION RUN_DIR [RUN_DIR ...]
+                               [--plan TEXT ...] CALIBRATION RUN_DIR [RUN_DIR ...]
+    bench/planner/repredict.py --saved [--plan TEXT ...] RUN_DIR [RUN_DIR ...]
 
 CALIBRATION is a calibration file (a `KOLOS_CACHE_DIR/calibration/HOST-n4.toml`
 of `kolos calibrate`); RUN_DIR is the --out directory of one
@@ -23,6 +24,11 @@ collective wait, on the same measurements; --rate KEY=VALUE replaces a
 number of its [calibration] table (block_fixed, step_factor, ...).
 --no-feedback drops the copy's `[[calibration.feedback]]` rows (what the
 calibration's own check tuned into it): the model as calibrated.
+--plan TEXT (repeatable) also prints, for each plan whose name contains
+TEXT, its signed relative error in every run (predicted relative to dp 4
+over measured relative to dp 4, less 1).
+--saved judges each run's own predictions, as its check saved them (the
+model and calibration of that run), instead of predicting again.
 """
 import argparse
 import json
@@ -55,9 +61,18 @@ def main():
     p.add_argument("--group-sync", action="append", default=[], metavar="G=SECONDS")
     p.add_argument("--rate", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--no-feedback", action="store_true")
-    p.add_argument("calibration")
-    p.add_argument("runs", nargs="+")
+    p.add_argument("--plan", action="append", default=[], metavar="TEXT")
+    p.add_argument("--saved", action="store_true")
+    p.add_argument("paths", nargs="+", metavar="CALIBRATION RUN_DIR")
     a = p.parse_args()
+    if a.saved:
+        a.runs = a.paths
+        runs = [json.load(open(os.path.join(r, "summary.json")))["rows"] for r in a.runs]
+        report(a, runs, [{r["plan"]: r["predicted"] for r in rows} for rows in runs])
+        return 0
+    if len(a.paths) < 2:
+        p.error("a calibration and at least one run directory (or --saved and run directories)")
+    a.calibration, a.runs = a.paths[0], a.paths[1:]
     text = open(a.calibration).read()
     for item in a.group_sync:
         group, _, seconds = item.partition("=")
@@ -89,18 +104,39 @@ def main():
             predicted[row["plan"]] = plan["step_s"]
     finally:
         shutil.rmtree(cache)
-    if REFERENCE not in predicted:
-        raise SystemExit(f"repredict.py: the runs have no '{REFERENCE}' plan")
+    report(a, runs, [predicted] * len(runs))
+    return 0
+
+
+def report(a, runs, predictions):
+    """The statistics of each run's measurements against its predictions."""
+    for name, predicted in zip(a.runs, predictions):
+        if REFERENCE not in predicted:
+            raise SystemExit(f"repredict.py: {name} has no '{REFERENCE}' plan")
     print("| run | plans | median relative error | Spearman |")
     print("|---|---:|---:|---:|")
-    for name, rows in zip(a.runs, runs):
+    for name, rows, predicted in zip(a.runs, runs, predictions):
         measured = {r["plan"]: r["measured"] for r in rows if r["plan"] in predicted}
         plans = sorted(measured)
         errors = [abs(predicted[k] / predicted[REFERENCE] / (measured[k] / measured[REFERENCE]) - 1)
                   for k in plans]
         rho = spearman([predicted[k] for k in plans], [measured[k] for k in plans])
         print(f"| {name} | {len(plans)} | {100 * statistics.median(errors):.1f}% | {rho:.3f} |")
-
+    shown = sorted({k for predicted in predictions for k in predicted if any(t in k for t in a.plan)})
+    if shown:
+        print()
+        print("| plan | " + " | ".join(a.runs) + " |")
+        print("|---|" + "---:|" * len(a.runs))
+        for k in shown:
+            cells = []
+            for rows, predicted in zip(runs, predictions):
+                measured = {r["plan"]: r["measured"] for r in rows}
+                if k not in measured or k not in predicted or REFERENCE not in measured:
+                    cells.append("")
+                    continue
+                rel = predicted[k] / predicted[REFERENCE] / (measured[k] / measured[REFERENCE]) - 1
+                cells.append(f"{100 * rel:+.0f}%")
+            print(f"| {k} | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     sys.exit(main())

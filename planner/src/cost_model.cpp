@@ -42,7 +42,9 @@ double call_time(const Machine& mach, const CollectiveCall& c) {
 // The calls of `site` timed, by pass. A call that hides behind the
 // attention core it feeds (a ring's hop) costs what exceeds
 // `attention_fwd` (backward: twice it); kPass calls are left to the caller,
-// in `*pass_fwd` and `*pass_bwd`.
+// in `*pass_fwd` and `*pass_bwd`. The copies around a call (its `copy`
+// bytes) run on the computing thread: on the critical path whatever the
+// call hides behind.
 Comm price(const Machine& mach, const std::vector<CollectiveCall>& calls, CallSite site,
            double attention_fwd = 0, double* pass_fwd = nullptr, double* pass_bwd = nullptr) {
   Comm out;
@@ -50,6 +52,9 @@ Comm price(const Machine& mach, const std::vector<CollectiveCall>& calls, CallSi
   for (const CollectiveCall& c : calls) {
     if (c.site != site) continue;
     const double t = call_time(mach, c);
+    if (c.copy > 0) {
+      (c.backward ? out.bwd : out.fwd) += c.count * c.copy * c.bytes / mach.rates.elementwise_bytes;
+    }
     out.bytes += c.sent();
     if (!c.backward) out.fwd_bytes += c.sent();
     if (c.hides == Hides::kAttention) {

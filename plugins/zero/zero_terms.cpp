@@ -55,32 +55,44 @@ double zero3_built(const MemoryQuery& q, const RankPiece& p) {
   return q.element_bytes * p.params / shards(q) + 4 * p.block;
 }
 
-// The collectives over the group dp x sp (stride tp) of `bytes`.
+// The collectives over the group dp x sp (stride tp) of `bytes`, with
+// `copy` bytes read and written locally per byte (CollectiveCall::copy).
 CollectiveCall over_group(const MemoryQuery& q, Collective op, double bytes, CallSite site,
-                          bool backward, Hides hides) {
+                          bool backward, Hides hides, double copy) {
   CollectiveCall c;
   c.op = op, c.bytes = bytes, c.n = q.dp * q.sp, c.stride = q.tp;
-  c.site = site, c.backward = backward, c.hides = hides;
+  c.site = site, c.backward = backward, c.hides = hides, c.copy = copy;
   return c;
 }
+
+// The local copies around each call, per byte of the whole buffer (the
+// parameters' or the gradients' bytes):
+// - a gather's rows unpacked into the parameters: read and written once;
+constexpr double kGatherCopy = 2;
+// - a micro-batch's gradients packed into a staging buffer zeroed for it
+//   (zero.cpp scatter_rows, grad_buckets.cpp: written, then read and
+//   written), and the reduced shard (1/n of it) added to the shard's
+//   gradient (read twice, written).
+double scatter_copy(const MemoryQuery& q) { return 3 + 3.0 / static_cast<double>(q.dp * q.sp); }
 
 // Stage 1: the gradients all-reduced from the backward's hooks (hidden
 // behind it), the updated shards all-gathered after the optimizer.
 void zero1_traffic(const MemoryQuery& q, double bytes, std::vector<CollectiveCall>& out) {
   if (q.dp * q.sp <= 1) return;
-  out.push_back(over_group(q, Collective::kAllReduce, bytes, CallSite::kStep, true, Hides::kPass));
   out.push_back(
-      over_group(q, Collective::kAllGather, bytes, CallSite::kStep, false, Hides::kNothing));
+      over_group(q, Collective::kAllReduce, bytes, CallSite::kStep, true, Hides::kPass, 0));
+  out.push_back(over_group(q, Collective::kAllGather, bytes, CallSite::kStep, false,
+                           Hides::kNothing, kGatherCopy));
 }
 
 // Stage 2: each micro-batch's gradients reduce-scattered in its backward;
 // the shards all-gathered after the optimizer.
 void zero2_traffic(const MemoryQuery& q, double bytes, std::vector<CollectiveCall>& out) {
   if (q.dp * q.sp <= 1) return;
-  out.push_back(
-      over_group(q, Collective::kReduceScatter, bytes, CallSite::kMicroBatch, true, Hides::kPass));
-  out.push_back(
-      over_group(q, Collective::kAllGather, bytes, CallSite::kStep, false, Hides::kNothing));
+  out.push_back(over_group(q, Collective::kReduceScatter, bytes, CallSite::kMicroBatch, true,
+                           Hides::kPass, scatter_copy(q)));
+  out.push_back(over_group(q, Collective::kAllGather, bytes, CallSite::kStep, false,
+                           Hides::kNothing, kGatherCopy));
 }
 
 // Stage 3: each micro-batch gathers the parameters before forward and
@@ -88,9 +100,12 @@ void zero2_traffic(const MemoryQuery& q, double bytes, std::vector<CollectiveCal
 void zero3_traffic(const MemoryQuery& q, double bytes, std::vector<CollectiveCall>& out) {
   if (q.dp * q.sp <= 1) return;
   const CallSite micro = CallSite::kMicroBatch;
-  out.push_back(over_group(q, Collective::kAllGather, bytes, micro, false, Hides::kPass));
-  out.push_back(over_group(q, Collective::kAllGather, bytes, micro, true, Hides::kPass));
-  out.push_back(over_group(q, Collective::kReduceScatter, bytes, micro, true, Hides::kPass));
+  out.push_back(
+      over_group(q, Collective::kAllGather, bytes, micro, false, Hides::kPass, kGatherCopy));
+  out.push_back(
+      over_group(q, Collective::kAllGather, bytes, micro, true, Hides::kPass, kGatherCopy));
+  out.push_back(
+      over_group(q, Collective::kReduceScatter, bytes, micro, true, Hides::kPass, scatter_copy(q)));
 }
 
 // Each rank steps its shard of the optimizer.

@@ -175,6 +175,34 @@ TEST(PlannerCostModel, PredictionAddsUp) {
   EXPECT_NEAR(q.step, p.step, 0.05 * p.step);
 }
 
+// ZeRO's copies around its collectives (unpacking gathered rows into the
+// parameters, packing gradients into zeroed staging, adding the reduced
+// shard) are priced at the elementwise rate and never hidden: halving that
+// rate's time adds to the communication exactly what the copies cost, per
+// micro-batch for stages 2 and 3, once a step for the gathers after the
+// optimizer; data parallelism's all-reduce copies nothing.
+TEST(PlannerCostModel, ZeroCopiesArePricedAtTheElementwiseRate) {
+  const Workload w = fixtures::small_workload();
+  Machine fast = test_machine(), slow = test_machine();
+  slow.rates.elementwise_bytes = fast.rates.elementwise_bytes / 2;
+  Candidate c;
+  c.dp = 4, c.micro_batch = 4, c.microbatches = 4;
+  double added[4];
+  for (int zero = 0; zero <= 3; ++zero) {
+    c.zero = zero;
+    added[zero] = predict(w, slow, c).comm - predict(w, fast, c).comm;
+  }
+  EXPECT_DOUBLE_EQ(added[0], 0);
+  // Per byte of the parameters, at the fast rate (the slow one adds as much
+  // again): stage 1 its gather's 2; stage 2 four micro-batches' 3 + 3/4 and
+  // the gather's 2; stage 3 four micro-batches' two gathers (2 each) and
+  // 3 + 3/4.
+  const double per_byte = w.element_bytes() * w.model.total_params() / fast.rates.elementwise_bytes;
+  EXPECT_NEAR(added[1], 2 * per_byte, 1e-3 * per_byte);
+  EXPECT_NEAR(added[2], (4 * 3.75 + 2) * per_byte, 1e-3 * per_byte);
+  EXPECT_NEAR(added[3], 4 * (4 + 3.75) * per_byte, 1e-3 * per_byte);
+}
+
 TEST(PlannerCostModel, SharedCoresReplayTheScheduleWithProcessorSharing) {
   // Enough cores: the same makespan as the plain replay.
   const std::vector<StageTimes> stages(2, StageTimes{1.0, 2.0, 1.0, 1.0});

@@ -175,6 +175,11 @@ struct CollectiveCall {
   Hides hides = Hides::kNothing;
   SyncPattern sync = SyncPattern::kGroup;
   int64_t span = 0;  // kGrid, kRing: the grid's or the ring's ranks
+  // Bytes the rank reads and writes in its own memory around each call,
+  // per byte of `bytes` (unpacking a gathered buffer into the parameters,
+  // packing gradients into a staging buffer): the planner prices them at
+  // the machine's elementwise rate, on the computing thread, never hidden.
+  double copy = 0;
   // Bytes one rank sends for all `count` calls.
   double sent() const;
 };
