@@ -21,7 +21,6 @@
 #include "kolos/core/format.h"
 #include "kolos/core/plugin_registry.h"
 #include "kolos/modules/data.h"
-#include "kolos/planner/tune.h"
 #include "tune.h"
 
 namespace kolos::cli {
@@ -101,8 +100,7 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
     std::string name;
     std::vector<std::string> layout;
     RunConfig run;
-    double seconds = 0;          // the fastest pass's median; 0 until one measured
-    std::vector<double> passes;  // each pass's median
+    double seconds = 0;  // the fastest pass's median; 0 until one measured
     bool skipped = false;
   };
   std::vector<Reference> refs = {{"data-parallel", {}}};
@@ -145,70 +143,23 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
       skip(ref, e.what());
     }
   }
-  const auto run_pass = [&](Reference& ref) {
-    std::vector<double> times;
-    try {
-      Engine engine(ref.run, runtime.world(),
-                    [](const RunConfig& c) { return data::make_source(c); });
-      engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
-    } catch (const AgreedError& e) {
-      skip(ref, e.what());
-      return;
-    }
-    // The steps after the first two (allocation, first touches).
-    const double median = steady_median(std::move(times), 2);
-    if (median <= 0) return;
-    ref.passes.push_back(median);
-    if (ref.seconds == 0 || median < ref.seconds) ref.seconds = median;
-  };
   constexpr int kPasses = 2;
   for (int pass = 0; pass < kPasses; ++pass) {
     for (Reference& ref : refs) {
-      if (!ref.skipped) run_pass(ref);
-    }
-  }
-  // Up to two more passes of the references the machine's speed moved
-  // under (planner::unsteady_references: no second pass within 10% of the
-  // fastest, or the smaller micro-batch measured faster than the larger), after all
-  // the others: a slow spell that lasted through both passes may be over
-  // by then. Rank 0 decides (each rank timed its own steps), every rank
-  // follows.
-  std::vector<std::pair<size_t, size_t>> slower;
-  for (size_t i = 1; i < refs.size(); ++i) {
-    if (refs[i].name == "data-parallel, smaller micro-batch") slower.push_back({0, i});
-  }
-  constexpr int kMorePasses = 2;
-  for (int more = 0; more < kMorePasses; ++more) {
-    std::string again_text;
-    if (runtime.rank() == 0) {
-      std::vector<std::vector<double>> passes;
-      for (const Reference& ref : refs) {
-        passes.push_back(ref.skipped ? std::vector<double>{} : ref.passes);
+      if (ref.skipped) continue;
+      std::vector<double> times;
+      try {
+        Engine engine(ref.run, runtime.world(),
+                      [](const RunConfig& c) { return data::make_source(c); });
+        engine.train([&](const StepMetrics& m) { times.push_back(m.step_time_s); });
+      } catch (const AgreedError& e) {
+        skip(ref, e.what());
+        continue;
       }
-      std::ostringstream said, list;
-      for (const size_t i : planner::unsteady_references(passes, slower)) {
-        list << i << ' ';
-        said << (said.tellp() > 0 ? "; " : "") << refs[i].name << " (passes";
-        for (const double p : refs[i].passes) {
-          char text[32];
-          std::snprintf(text, sizeof text, " %.3f", p);
-          said << text;
-        }
-        said << " s)";
-      }
-      again_text = list.str();
-      if (!again_text.empty()) {
-        std::fprintf(stderr,
-                     "kolos: calibration: measuring again, the machine's speed moved under: %s\n",
-                     said.str().c_str());
-      }
+      // The steps after the first two (allocation, first touches).
+      const double median = steady_median(std::move(times), 2);
+      if (median > 0 && (ref.seconds == 0 || median < ref.seconds)) ref.seconds = median;
     }
-    std::istringstream again(broadcast_text(again_text));
-    bool any = false;
-    for (size_t i; again >> i;) {
-      if (i < refs.size() && !refs[i].skipped) run_pass(refs[i]), any = true;
-    }
-    if (!any) break;
   }
   if (runtime.rank() != 0) return;
   // The data-parallel reference is recorded again after tensor 1d's: its

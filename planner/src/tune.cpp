@@ -125,32 +125,6 @@ std::vector<double> relative_to_median(const std::vector<double>& ratios) {
   return out;
 }
 
-std::vector<size_t> unsteady_references(const std::vector<std::vector<double>>& passes,
-                                        const std::vector<std::pair<size_t, size_t>>& slower) {
-  std::vector<bool> again(passes.size(), false);
-  const auto fastest = [&](size_t i) {
-    return *std::min_element(passes[i].begin(), passes[i].end());
-  };
-  for (size_t i = 0; i < passes.size(); ++i) {
-    if (passes[i].size() < 2) continue;
-    std::vector<double> sorted = passes[i];
-    std::sort(sorted.begin(), sorted.end());
-    if (sorted[1] > (1 + kSteadyShare) * sorted[0]) again[i] = true;
-  }
-  for (const auto& [first, second] : slower) {
-    if (first >= passes.size() || second >= passes.size() || passes[first].empty() ||
-        passes[second].empty()) {
-      continue;
-    }
-    if (fastest(second) < fastest(first)) again[first] = again[second] = true;
-  }
-  std::vector<size_t> out;
-  for (size_t i = 0; i < again.size(); ++i) {
-    if (again[i]) out.push_back(i);
-  }
-  return out;
-}
-
 void add_feedback(MachineRates& rates, const std::string& family, double ratio) {
   std::string why;
   if (!valid_family(family, &why)) throw ConfigError("feedback: " + why);

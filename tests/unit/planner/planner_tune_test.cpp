@@ -148,30 +148,6 @@ TEST(PlannerTune, ATuningsRatiosAreRecordedRelativeToTheirMedian) {
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(slow[i], odd[i], 1e-12);
 }
 
-// A calibration runs again the references whose fastest pass no other
-// pass comes within kSteadyShare of, and both of a pair whose run with more
-// micro-batches came out faster than the one with fewer.
-TEST(PlannerTune, UnsteadyReferencesAreMeasuredAgain) {
-  // Steady (5% apart), unsteady (20%), a single pass, none yet.
-  const std::vector<std::vector<double>> passes = {{1.0, 1.05}, {1.0, 1.2}, {2.0}, {}};
-  EXPECT_EQ(unsteady_references(passes, {}), (std::vector<size_t>{1}));
-  // 0 and 2 as a pair: 2 (more micro-batches) slower than 0, as it must be.
-  EXPECT_EQ(unsteady_references(passes, {{0, 2}}), (std::vector<size_t>{1}));
-  // 2 and 0 the other way round: the second is the faster, so both again.
-  EXPECT_EQ(unsteady_references(passes, {{2, 0}}), (std::vector<size_t>{0, 1, 2}));
-  // A pair with a member not measured says nothing.
-  EXPECT_EQ(unsteady_references(passes, {{2, 3}, {3, 0}}), (std::vector<size_t>{1}));
-  // Once two passes agree nothing runs again, however slow another was: a
-  // third pass close to the fastest confirms it.
-  EXPECT_TRUE(unsteady_references({{0.73, 0.70, 0.72}, {0.80, 0.85}}, {{0, 1}}).empty());
-  EXPECT_TRUE(unsteady_references({{0.749, 0.873, 0.733}}, {}).empty());
-  EXPECT_EQ(unsteady_references({{1.5, 1.9, 1.2}}, {}), (std::vector<size_t>{0}));
-  // A calibration measured in a slow spell: the pair inverted (0.721 with
-  // four micro-batches against 0.730 with one).
-  EXPECT_EQ(unsteady_references({{0.730, 0.741}, {0.721, 0.735}}, {{0, 1}}),
-            (std::vector<size_t>{0, 1}));
-}
-
 TEST(PlannerTune, UncertaintyComesFromTheCalibrationsSpreadAndTheFeedback) {
   MachineRates r;
   const std::string a = "tp=none sp=none zero=0 pp=none", b = "tp=2d sp=none zero=0 pp=none",

@@ -25,7 +25,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "kolos/planner/candidate.h"
@@ -69,17 +68,6 @@ double uncertainty(const MachineRates& rates, const std::string& family);
 // stays the calibration's reference runs' to say. Fewer than two ratios:
 // none back (a lone finalist has nothing to be compared with).
 std::vector<double> relative_to_median(const std::vector<double>& ratios);
-// A calibration's reference runs, each a list of its passes' figures (the
-// median step of each pass): the indices of those to run again, in order.
-// A reference whose fastest pass no other comes within kSteadyShare of
-// ran through a change of the machine's speed (its figure, the fastest,
-// stands once a second pass confirms it); of a pair (first, second)
-// whose second runs the same tokens in more micro-batches, and so cannot
-// be faster, a second measured faster than its first says the same of
-// both. References without a pass yet are left out.
-inline constexpr double kSteadyShare = 0.10;
-std::vector<size_t> unsteady_references(const std::vector<std::vector<double>>& passes,
-                                        const std::vector<std::pair<size_t, size_t>>& slower);
 // Records one measured/model ratio for `family` (keeps the last kFeedbackKept).
 // Throws ConfigError for a ratio that is not a positive finite number.
 void add_feedback(MachineRates& rates, const std::string& family, double ratio);
