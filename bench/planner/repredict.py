@@ -108,6 +108,11 @@ def main():
     return 0
 
 
+def relative_error(predicted, measured, plan):
+    """Plan's prediction relative to dp 4's over its measurement relative to dp 4's, less 1."""
+    return predicted[plan] / predicted[REFERENCE] / (measured[plan] / measured[REFERENCE]) - 1
+
+
 def report(a, runs, predictions):
     """The statistics of each run's measurements against its predictions."""
     for name, predicted in zip(a.runs, predictions):
@@ -118,8 +123,7 @@ def report(a, runs, predictions):
     for name, rows, predicted in zip(a.runs, runs, predictions):
         measured = {r["plan"]: r["measured"] for r in rows if r["plan"] in predicted}
         plans = sorted(measured)
-        errors = [abs(predicted[k] / predicted[REFERENCE] / (measured[k] / measured[REFERENCE]) - 1)
-                  for k in plans]
+        errors = [abs(relative_error(predicted, measured, k)) for k in plans]
         rho = spearman([predicted[k] for k in plans], [measured[k] for k in plans])
         print(f"| {name} | {len(plans)} | {100 * statistics.median(errors):.1f}% | {rho:.3f} |")
     shown = sorted({k for predicted in predictions for k in predicted if any(t in k for t in a.plan)})
@@ -134,9 +138,9 @@ def report(a, runs, predictions):
                 if k not in measured or k not in predicted or REFERENCE not in measured:
                     cells.append("")
                     continue
-                rel = predicted[k] / predicted[REFERENCE] / (measured[k] / measured[REFERENCE]) - 1
-                cells.append(f"{100 * rel:+.0f}%")
+                cells.append(f"{100 * relative_error(predicted, measured, k):+.0f}%")
             print(f"| {k} | " + " | ".join(cells) + " |")
+
 
 if __name__ == "__main__":
     sys.exit(main())
