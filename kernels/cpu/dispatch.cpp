@@ -70,10 +70,12 @@ int thread_count(int threads, size_t pieces) {
 
 // Runs body(piece index) for every piece, on up to `threads` threads. With
 // `run` 0 each thread takes a contiguous range of pieces (streams memory in
-// order); otherwise the threads take runs of `run` consecutive pieces, each
-// the next one left when it is free, so that a thread the machine slows
-// down (another thread of the process, another process) does less of the
-// work, where with fixed ranges the others would wait for it at the end.
+// order); otherwise the threads take runs of consecutive pieces, each the
+// next one left when it is free: first long runs (the pieces left over the
+// threads, OpenMP's guided schedule), then shorter ones down to `run`, so
+// that a thread the machine slows down (another thread of the process,
+// another process) does less of the work, where with fixed ranges the
+// others would wait for it at the end.
 template <typename Body>
 void run_pieces(size_t n, int threads, Body body, size_t run = 0) {
   const int t = thread_count(threads, n);
@@ -88,7 +90,7 @@ void run_pieces(size_t n, int threads, Body body, size_t run = 0) {
     for (long long i = 0; i < total; ++i) body(static_cast<size_t>(i));
   } else {
     const int chunk = static_cast<int>(run);
-#pragma omp parallel for num_threads(t) schedule(dynamic, chunk)
+#pragma omp parallel for num_threads(t) schedule(guided, chunk)
     for (long long i = 0; i < total; ++i) body(static_cast<size_t>(i));
   }
 #endif
@@ -373,16 +375,18 @@ void packed_linear(const float* x, int64_t rows, const float* packed, const floa
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
   // Below ~64K multiply-adds the threads cost more than they save.
   const int use = rows * out * in < (int64_t{1} << 16) ? 1 : threads;
-  // Runs of whole panels, about 8 a thread: a thread's consecutive panels
-  // keep the next-panel prefetch useful, and the last runs even out what
-  // the threads got done (in `kolos serve`, the HTTP threads take turns on
-  // the same cores; with fixed ranges, 16% of its samples were OpenMP's
-  // waits at the end of a product). Below 8 rows a product streams the
-  // weights at the memory's speed, and every run's start stalls that
-  // stream (its first rows not prefetched): one run a thread.
-  const int64_t parts =
-      (rows < 8 ? 1 : 8) * int64_t{thread_count(use, static_cast<size_t>(panels))};
-  const int64_t run = std::max<int64_t>(1, panels / parts) * blocks;
+  // Runs of consecutive panels, long ones first and then shorter ones down
+  // to one panel (a guided schedule): within a run each panel's prefetch of
+  // the next one is for the same thread, and the weights stream in order;
+  // the last short runs even out what the threads got done (in `kolos
+  // serve`, the HTTP threads take turns on the same cores; with fixed
+  // ranges, 16% of its samples were OpenMP's waits at the end of a
+  // product). Short runs alone start cold (their first rows not
+  // prefetched) and prefetch panels another thread then computes
+  // (docs/inference.md, "Threads take runs of panels"). Below 8 rows a
+  // product streams the weights at the memory's speed, and every run's
+  // start stalls that stream: one range a thread.
+  const int64_t run = rows < 8 ? 0 : blocks;
   run_pieces(
       static_cast<size_t>(panels * blocks), use,
       [&](size_t i) {
