@@ -69,17 +69,6 @@ constexpr float kExpTaylor[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
 // distances of 8 to 256 rows were tried on a 2-core Xeon, 64 was fastest).
 constexpr int64_t kLinearPrefetchRows = 64;
 
-// A panel's inputs are taken in blocks of this many when there are more
-// than kLinearKSplit of them (an MLP's down projection, 4 x hidden): a
-// tile's rows of x over the whole input (6 rows of 3072 floats, 72 KiB)
-// and its half of the panel (192 KiB) no longer fit the first-level cache,
-// where a block's (6 KiB and 16 KiB) do. Every output's sum still runs
-// over k in order: a block starts from the partial sums the one before
-// stored. AVX2's kernel only: on the 2-CPU AMD EPYC of docs/inference.md
-// it made products of 3072 inputs 5-7% faster at 16 and at 256 rows, and
-// the AVX-512 kernel has not been measured with it.
-constexpr int64_t kLinearKBlock = 256, kLinearKSplit = 1024;
-
 struct KernelTable {
   AdamWFn adamw[kGradKinds][kCopyKinds];
   ToFloatFn bf16_to_fp32, fp16_to_fp32;
