@@ -11,7 +11,10 @@
 // Then the MLP's GELU (tanh form) over the same rows, kolos's kernel
 // against torch::gelu, interleaved.
 // Usage: bench_packed_linear [HIDDEN=768] [LAYERS=12] [VOCAB=32000]
-//        [ROWS=1,4,16,64,256] [ROUNDS=7]; threads: LibTorch's (OMP_NUM_THREADS).
+//        [ROWS=1,4,16,64,256] [ROUNDS=7] [PRODUCTS=all]; threads: LibTorch's
+//        (OMP_NUM_THREADS). PRODUCTS times only some of the step's products
+//        (the bound and the rates then count their weights alone): all,
+//        attention (q, k, v, o), up (H -> 4H), down (4H -> H) or head.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -50,6 +53,15 @@ int main(int argc, char** argv) {
     for (std::string item; std::getline(list, item, ',');) row_counts.push_back(std::stoll(item));
   }
   const int rounds = static_cast<int>(arg(5, 7));
+  const std::string products = argc > 6 ? argv[6] : "all";
+  if (products != "all" && products != "attention" && products != "up" && products != "down" &&
+      products != "head") {
+    std::fprintf(stderr,
+                 "bench_packed_linear: PRODUCTS must be all, attention, up, down or head, "
+                 "got \"%s\"\n",
+                 products.c_str());
+    return 2;
+  }
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
   struct Layer {
@@ -57,7 +69,8 @@ int main(int argc, char** argv) {
     PackedLinear panels, onednn;
   };
   std::vector<Layer> stack;
-  auto add = [&](int64_t out, int64_t in, bool bias) {
+  auto add = [&](int64_t out, int64_t in, bool bias, const char* kind) {
+    if (products != "all" && products != kind) return;
     Layer l;
     l.weight = torch::randn({out, in}) * 0.02;
     if (bias) l.bias = torch::randn({out}) * 0.02;
@@ -68,11 +81,16 @@ int main(int argc, char** argv) {
     stack.push_back(std::move(l));
   };
   for (int64_t i = 0; i < layers; ++i) {
-    for (int j = 0; j < 4; ++j) add(hidden, hidden, true);
-    add(4 * hidden, hidden, true);
-    add(hidden, 4 * hidden, true);
+    for (int j = 0; j < 4; ++j) add(hidden, hidden, true, "attention");
+    add(4 * hidden, hidden, true, "up");
+    add(hidden, 4 * hidden, true, "down");
   }
-  add(vocab, hidden, false);
+  add(vocab, hidden, false, "head");
+  if (stack.empty()) {
+    std::fprintf(stderr, "bench_packed_linear: no %s products with %lld layers\n", products.c_str(),
+                 static_cast<long long>(layers));
+    return 2;
+  }
   double weight_bytes = 0;
   for (const Layer& l : stack) weight_bytes += 4.0 * l.weight.numel();
 
@@ -87,9 +105,9 @@ int main(int argc, char** argv) {
   const double bandwidth = 4.0 * big.numel() / best_read;
 
   std::printf(
-      "products of one step: %lld linear layers of a GPT-2 (hidden %lld, %lld layers, "
+      "products of one step (%s): %lld linear layers of a GPT-2 (hidden %lld, %lld layers, "
       "vocab %lld), %.0f MiB of fp32 weights; %d threads, CPU kernels %s\n",
-      static_cast<long long>(stack.size()), static_cast<long long>(hidden),
+      products.c_str(), static_cast<long long>(stack.size()), static_cast<long long>(hidden),
       static_cast<long long>(layers), static_cast<long long>(vocab), weight_bytes / (1 << 20),
       at::get_num_threads(), kolos::kernels::isa_name(kolos::kernels::active_isa()));
   std::printf(
