@@ -50,7 +50,8 @@ text = open(sys.argv[1]).read()
 wait = float(re.search(r"group reference [^;]*, ([0-9.e+-]+) us per collective", text).group(1)) * 1e-6
 rows = {r["group"]: r["seconds"] for r in tomllib.loads(text)["calibration"]["sync"]
         if r.get("pattern", "group") == "group"}
-assert {2, 4} <= set(rows) and all(rows[g] >= wait * (1 - 1e-6) for g in (2, 4)), (wait, rows)
+# The line prints the wait to 5 significant digits (1015.1 us for 1015.096).
+assert {2, 4} <= set(rows) and all(rows[g] >= wait * (1 - 1e-4) for g in (2, 4)), (wait, rows)
 print(f"group wait {wait * 1e6:.0f} us; group rows {rows}")
 # The last fit of the fixed cost (the data-parallel pair, fitted again after
 # tensor 1d) is the file's block_fixed.
@@ -197,7 +198,8 @@ PY
 
   tune)
     # Finalists on 2 ranks, from a test-only calibration whose feedback row
-    # is deliberately wrong for one family (tensor 1d: 0.05 of the model),
+    # is deliberately wrong for one family (tensor 1d: a ratio of 0.05, 0.47
+    # of the model's time once weighed against it),
     # so the planner predicts a tp 2(1d) plan far ahead. No calibration runs
     # and no timing is asserted: KOLOS_TEST_TUNE_STEP_S gives each finalist
     # its "measured" step (tune.h): tensor 1d the slowest (0.2 s), plain

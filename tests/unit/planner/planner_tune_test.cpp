@@ -110,19 +110,24 @@ TEST(PlannerTune, FinalistsAreTriedOneOfEachLayoutFirst) {
             (std::vector<size_t>{0, 2, 1}));
 }
 
-TEST(PlannerTune, FeedbackIsTheGeometricMeanOfTheLastRatiosOfItsFamily) {
+TEST(PlannerTune, FeedbackIsTheGeometricMeanOfTheLastRatiosWeighedByTheirNumber) {
   MachineRates r;
   const std::string f = "tp=none sp=none zero=3 pp=none";
   EXPECT_DOUBLE_EQ(feedback_factor(r, f), 1.0);
+  add_feedback(r, f, 16.0);  // one ratio: a quarter of the way, 16^(1/4)
+  EXPECT_NEAR(feedback_factor(r, f), 2.0, 1e-12);
+  add_feedback(r, f, 1.0 / 64);  // their mean is 1/2, two fifths of the way
+  EXPECT_NEAR(feedback_factor(r, f), std::pow(0.5, 2.0 / 5.0), 1e-12);
+  r.feedback.clear();
   add_feedback(r, f, 2.0);
   add_feedback(r, f, 0.5);
   EXPECT_NEAR(feedback_factor(r, f), 1.0, 1e-12);
-  add_feedback(r, f, 4.0);
-  EXPECT_NEAR(feedback_factor(r, f), std::cbrt(4.0), 1e-12);
+  add_feedback(r, f, 4.0);  // the geometric mean cbrt(4), half of the way
+  EXPECT_NEAR(feedback_factor(r, f), std::pow(4.0, 1.0 / 6.0), 1e-12);
   EXPECT_DOUBLE_EQ(feedback_factor(r, "tp=1d sp=none zero=0 pp=none"), 1.0);
   for (int i = 0; i < 20; ++i) add_feedback(r, f, 1.25);
   EXPECT_EQ(r.feedback.at(f).size(), kFeedbackKept);  // the oldest dropped
-  EXPECT_NEAR(feedback_factor(r, f), 1.25, 1e-12);
+  EXPECT_NEAR(feedback_factor(r, f), std::pow(1.25, 8.0 / 11.0), 1e-12);
   EXPECT_THROW(add_feedback(r, f, 0.0), kolos::ConfigError);
   EXPECT_THROW(add_feedback(r, f, std::nan("")), kolos::ConfigError);
   EXPECT_THROW(add_feedback(r, "tp=9d", 1.0), kolos::ConfigError);
@@ -189,8 +194,9 @@ TEST(PlannerTune, PredictionsOfAFamilyWithFeedbackAreScaledAndCarryTheirUncertai
   EXPECT_DOUBLE_EQ(before.uncertainty, kMinSpread);
   add_feedback(m.rates, family_of(z3), 1.4);
   const Prediction after = predict(w, m, z3), other_after = predict(w, m, dp);
-  EXPECT_DOUBLE_EQ(after.feedback, 1.4);
-  EXPECT_NEAR(after.step, 1.4 * before.step, 1e-12 * before.step);
+  const double factor = std::pow(1.4, 1 / (1 + kFeedbackPrior));  // one ratio against the model
+  EXPECT_NEAR(after.feedback, factor, 1e-12);
+  EXPECT_NEAR(after.step, factor * before.step, 1e-12 * before.step);
   EXPECT_NEAR(after.compute + after.comm + after.bubble + after.optimizer + after.offload,
               after.step, 1e-9 * after.step);
   // Another family keeps its step; its uncertainty grows (the model missed
@@ -270,7 +276,9 @@ TEST(PlannerTune, TheTunerPicksTheTrulyFastestWhenOneFamilyIsMispredicted) {
   }
   ASSERT_FALSE(x.empty());
   Machine wrong = truth;
-  wrong.rates.feedback[x] = {0.8 * best_true / x_true};  // X predicted 20% faster than the best
+  // X predicted 20% faster than the best: one ratio that, weighed against
+  // the model (feedback_factor), gives that factor.
+  wrong.rates.feedback[x] = {std::pow(0.8 * best_true / x_true, 1 + kFeedbackPrior)};
   const auto true_step = [&](const Candidate& c) { return predict(w, truth, c).step; };
   bool converged = false;
   for (int round = 0; round < 8 && !converged; ++round) {

@@ -111,7 +111,8 @@ struct MachineRates {
   // Finalists measured on this machine: per plan family (tune.h family_of),
   // the ratios measured / model (the model's prediction without feedback),
   // oldest first. A family's prediction is multiplied by their geometric
-  // mean (tune.h feedback_factor).
+  // mean, weighed against the model by their number (tune.h
+  // feedback_factor).
   std::map<std::string, std::vector<double>> feedback;
   std::string source;                        // "assumed", the cluster file, or the calibration file
 

@@ -18,8 +18,9 @@
 // ratios (relative_to_median), is recorded per plan family (tensor mode,
 // sequence mode, ZeRO stage, pipeline schedule) into the calibration in use
 // ([[calibration.feedback]]); later predictions on this host multiply a
-// family's step by the geometric mean of its ratios, and the ratios' spread
-// sets the family's uncertainty. Torch-free, no MPI: the trial runs
+// family's step by the geometric mean of its ratios, weighed against the
+// model by their number (feedback_factor), and the ratios' spread sets the
+// family's uncertainty. Torch-free, no MPI: the trial runs
 // themselves are the caller's (kolos train, kolos plan --tune).
 #pragma once
 
@@ -50,8 +51,22 @@ std::string family_of(const Candidate& c);
 // check). Sets `why` when it is not.
 bool valid_family(const std::string& text, std::string* why);
 
-// The factor a family's feedback applies to the model's step (the geometric
-// mean of its ratios), 1 without feedback.
+// How many ratios a family's feedback weighs against the model: the
+// factor is the geometric mean of its n ratios raised to n / (n +
+// kFeedbackPrior), so one ratio moves a prediction a quarter of the way
+// (in the logarithm) and eight ratios about three quarters. A finalist's
+// trial is a few steps on a shared machine, as noisy as the model's own
+// error for a family; taken whole, one tuning's ratios made the
+// predictions of sixteen saved planner checks rank the plans worse than
+// the model alone (Spearman >= 0.85 in 9 of them against 12), and
+// weighed this way they cost nothing there (12 of 16;
+// bench/planner/feedback_rules.py, docs/planner.md "Finalists"). As
+// trials agree, the model gives way.
+inline constexpr double kFeedbackPrior = 3.0;
+
+// The factor a family's feedback applies to the model's step: the geometric
+// mean of its n ratios to the power n / (n + kFeedbackPrior); 1 without
+// feedback.
 double feedback_factor(const MachineRates& rates, const std::string& family);
 // The relative uncertainty (one standard deviation, of ln measured/predicted)
 // of a prediction for `family`, never below the calibration's spread (and
