@@ -102,6 +102,11 @@ def spearman(x, y):
     return num / den if den else float("nan")
 
 
+def median_error(predicted, measured):
+    """The median of |predicted - measured| / measured over the plans."""
+    return statistics.median(abs(p - m) / m for p, m in zip(predicted, measured))
+
+
 def canonical(overrides):
     """The run a list of overrides makes, as a comparable key."""
     d = {}
@@ -205,9 +210,8 @@ def main():
 
     pred = [r["predicted"] for r in rows]
     meas = [r["measured"] for r in rows]
-    errors = [abs(x - y) / y for x, y in zip(pred, meas)]
     rho = spearman(pred, meas)
-    median_error = statistics.median(errors)
+    error = median_error(pred, meas)
     best = min(meas)
     ratio = chosen_measured / best
     print()
@@ -219,14 +223,14 @@ def main():
     print()
     print(f"plans measured: {len(rows)}")
     print(f"Spearman rank correlation: {rho:.3f} (goal >= 0.85)")
-    print(f"median absolute error: {100 * median_error:.1f}% (goal <= 5%)")
+    print(f"median absolute error: {100 * error:.1f}% (goal <= 5%)")
     print(f"chosen plan: {chosen['describe']}, predicted {chosen['step_s']:.3f} s, measured "
           f"{chosen_measured:.3f} s; best measured {best:.3f} s ({rows[meas.index(best)]['plan']}); "
           f"chosen/best {ratio:.3f} (goal <= 1.05)")
     if tuning:
         print(f"tuning time: {tuning['seconds']:.1f} s for {len(tuning['finalists'])} finalists "
               f"(bound {tuning['bound_s']:g} s)")
-    json.dump({"rows": rows, "spearman": rho, "median_error": median_error,
+    json.dump({"rows": rows, "spearman": rho, "median_error": error,
                "chosen": chosen["describe"], "chosen_measured": chosen_measured, "best_measured": best,
                "chosen_over_best": ratio, "tuning": tuning},
               open(os.path.join(a.out, "summary.json"), "w"), indent=1)

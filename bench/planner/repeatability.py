@@ -36,11 +36,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check import spearman  # noqa: E402
-
-
-def median_error(predicted, measured):
-    return statistics.median(abs(p - m) / m for p, m in zip(predicted, measured))
+from check import median_error, spearman  # noqa: E402
 
 
 def scaled(xs, to):
