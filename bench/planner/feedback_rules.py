@@ -26,7 +26,11 @@ steps:
              kFeedbackPrior)
 
 Then, per rule, in how many runs Spearman reached 0.85 and the median
-error came within 5% (the check's goals).
+error came within 5% (the check's goals), and in how many the median
+error would with each run's predictions scaled by the median of its
+measured / predicted ratios (the calibration's level set right, the
+model's shape as it is). Last, for the rule in use (weighed), each plan's
+signed error over the runs: its median and range.
 
 Nothing runs: the figures come from the files alone, so every rule is
 judged on the same measurements.
@@ -103,7 +107,8 @@ def main():
         raise SystemExit(__doc__)
     print("| run | rule | Spearman | median error |")
     print("|---|---|---:|---:|")
-    goals = {rule: [0, 0] for rule in RULES}
+    goals = {rule: [0, 0, 0] for rule in RULES}
+    signed = {}
     for run in args:
         summary = json.load(open(os.path.join(run, "summary.json")))
         rows = summary["rows"]
@@ -117,13 +122,25 @@ def main():
             predicted = [p["model_step_s"] * factor(rule, p["family"], fb) for p in plans]
             errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
             rho, error = spearman(predicted, measured), statistics.median(errors)
+            level = math.exp(statistics.median(math.log(m / p) for p, m in zip(predicted, measured)))
+            fitted = statistics.median(abs(p * level - m) / m for p, m in zip(predicted, measured))
             goals[rule][0] += rho >= 0.85
             goals[rule][1] += error <= 0.05
+            goals[rule][2] += fitted <= 0.05
+            if rule == "weighed":
+                for r, p, m in zip(rows, predicted, measured):
+                    signed.setdefault(r["plan"], []).append(p / m - 1)
             print(f"| {run} | {rule} | {rho:.3f} | {100 * error:.1f}% |")
     print()
     for rule in RULES:
         print(f"{rule}: Spearman >= 0.85 in {goals[rule][0]} of {len(args)} runs, "
-              f"median error <= 5% in {goals[rule][1]}")
+              f"median error <= 5% in {goals[rule][1]}, with the level fitted in {goals[rule][2]}")
+    print()
+    print("| plan (weighed) | runs | median signed error | range |")
+    print("|---|---:|---:|---|")
+    for plan, errors in signed.items():
+        print(f"| {plan} | {len(errors)} | {100 * statistics.median(errors):+.1f}% | "
+              f"{100 * min(errors):+.0f}% to {100 * max(errors):+.0f}% |")
 
 
 if __name__ == "__main__":

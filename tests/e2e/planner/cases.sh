@@ -165,13 +165,17 @@ PY
 
   predict)
     "$KOLOS_SOURCE_DIR/bench/run_planner_check.sh" --build "$(dirname "$(dirname "$KOLOS")")" \
-      --plans small --steps 2 --warmup 1 --tune 0 --out results >check.txt 2>&1 ||
+      --plans small --steps 2 --warmup 1 --tune 0 --final 1 --out results >check.txt 2>&1 ||
       { cat check.txt; fail "the prediction check failed to run"; }
     cat check.txt
     grep -q "^plans measured: 4" check.txt || fail "not every plan was measured"
     grep -q "^Spearman rank correlation: " check.txt || fail "no correlation printed"
     grep -q "^chosen plan: " check.txt || fail "the chosen plan was not measured"
-    echo "ok: four plans predicted and measured"
+    [[ $(grep -c "(head to head, round 1)" check.txt) == 3 ]] ||
+      fail "the choice and the two fastest other plans were not measured head to head"
+    grep -q "^chosen plan: .*chosen/best [0-9.]* (head to head, 1 round; goal" check.txt ||
+      fail "chosen/best was not taken from the head-to-head round"
+    echo "ok: four plans predicted and measured, the choice head to head with the two fastest"
     ;;
 
   refusals)
