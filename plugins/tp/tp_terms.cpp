@@ -87,25 +87,82 @@ void three_d_layouts(const LayoutQuery& mesh, std::vector<LayoutQuery>& out) {
 // tp1d: per block two all-reduces of the rank's [b, s/sp, h] activations
 // forward (after attention's and the MLP's row layers) and two backward
 // (the column layers' input gradients); the embedding's forward and the
-// head's backward one each. Megatron sequence parallelism swaps each for
-// an all-gather and a reduce-scatter of the same bytes.
+// head's backward one each, and a GPT's position table's forward one more.
+//
+// Under Megatron sequence parallelism (sequence plugin "megatron") each of
+// those becomes two collectives of the same bytes: the column layers'
+// inputs are all-gathered forward (reduce-scattered backward) and the row
+// layers' outputs reduce-scattered forward (all-gathered backward); the
+// embeddings' outputs (tokens, and a GPT's positions) are reduce-scattered,
+// the head's input all-gathered.
+// And every parameter a sequence-split layer reads whole (tp1d.cpp
+// whole(): the norms' weights and biases, the row layers' biases) has its
+// gradient all-reduced over the group in backward, one call per
+// parameter and micro-batch: six per block and two at the final norm (a
+// LLaMA, without biases: its two RMSNorm weights, and one). Those are
+// small, but each is one more collective to wait for.
 void one_d_traffic(const MemoryQuery& q, std::vector<CollectiveCall>& out) {
   if (q.tp <= 1) return;
   const ModelDims& m = q.model;
   CollectiveCall c;
-  c.op = Collective::kAllReduce;
   c.bytes = q.element_bytes * static_cast<double>(q.micro_batch) * m.seq /
             static_cast<double>(q.sp) * m.hidden;
   c.n = q.tp, c.stride = 1;
+  // A GPT's position table is a vocabulary-parallel embedding too, its
+  // output [s, h] (every sequence of the micro-batch adds the same rows).
+  CollectiveCall positions = c;
+  positions.site = CallSite::kEmbedding;
+  positions.bytes = q.element_bytes * m.seq / static_cast<double>(q.sp) * m.hidden;
+  positions.count = 1;
+  if (q.sequence != "megatron") {
+    c.op = Collective::kAllReduce;
+    c.count = 2;
+    out.push_back(c);
+    c.backward = true;
+    out.push_back(c);
+    c.count = 1;
+    c.site = CallSite::kHead;
+    out.push_back(c);
+    c.site = CallSite::kEmbedding, c.backward = false;
+    out.push_back(c);
+    if (!m.llama) out.push_back(positions);
+    return;
+  }
   c.count = 2;
-  out.push_back(c);
-  c.backward = true;
-  out.push_back(c);
+  for (const bool backward : {false, true}) {
+    c.backward = backward;
+    c.op = Collective::kAllGather;
+    out.push_back(c);
+    c.op = Collective::kReduceScatter;
+    out.push_back(c);
+  }
   c.count = 1;
   c.site = CallSite::kHead;
+  c.op = Collective::kAllGather, c.backward = false;
   out.push_back(c);
-  c.site = CallSite::kEmbedding, c.backward = false;
+  c.op = Collective::kReduceScatter, c.backward = true;
   out.push_back(c);
+  c.site = CallSite::kEmbedding;
+  c.op = Collective::kReduceScatter, c.backward = false;
+  out.push_back(c);
+  c.op = Collective::kAllGather, c.backward = true;
+  out.push_back(c);
+  if (!m.llama) {
+    positions.op = Collective::kReduceScatter;
+    out.push_back(positions);
+    positions.op = Collective::kAllGather, positions.backward = true;
+    out.push_back(positions);
+  }
+  // The whole parameters' gradients.
+  CollectiveCall g;
+  g.op = Collective::kAllReduce;
+  g.bytes = q.element_bytes * m.hidden;
+  g.n = q.tp, g.stride = 1;
+  g.backward = true;
+  g.count = m.llama ? 2 : 6;
+  out.push_back(g);
+  g.site = CallSite::kHead, g.count = m.llama ? 1 : 2;
+  out.push_back(g);
 }
 
 // The grids' traffic per block, term by term as tests/support/tp_volume.h

@@ -21,6 +21,7 @@
 #include "equivalence.h"
 #include "kolos/core/engine.h"
 #include "kolos/core/mesh.h"
+#include "kolos/core/plugin_terms.h"
 #include "kolos/modules/data.h"
 #include "kolos/modules/gpt.h"
 #include "observed_traffic.h"
@@ -110,7 +111,7 @@ uint64_t activation_bytes(const testing::ObservedTraffic& t) {
   return t.sent(KOLOS_PMPI_ALLGATHER) + t.sent(KOLOS_PMPI_REDUCE_SCATTER);
 }
 
-TEST(MegatronTraffic, PerLayerBytesEqualPlainTp1d) {
+TEST(MegatronTraffic, PerLayerBytesEqualPlainTp1dAndTheCallsThePlannerCounts) {
   // tp 2 and 4; 2 micro-batches of 4 per step. A layer's bytes are the
   // difference of the 2-layer and 1-layer models' step, observed for both
   // modes: plain tp1d's all-reduces of [B, T, hidden] (attention's and the
@@ -162,6 +163,53 @@ TEST(MegatronTraffic, PerLayerBytesEqualPlainTp1d) {
   // forward and a reduce-scatter backward, so the step's bytes are plain
   // tp1d's plus those sums (2 layers and the final norm: 14 x hidden).
   EXPECT_EQ(split2.sent(), plain2.sent() + 2ull * 14 * (2ull * (n - 1) * 32 * 4 / n));
+
+  // The planner's account of these calls (the tp1d plugin's terms, which
+  // price each call's wait on a peer) against the calls observed, per
+  // layer and for the step beyond the layers' (the embedding, the head,
+  // the final norm; the loss's reductions are the same in both modes, so
+  // the all-reduces are compared as megatron's over plain tp1d's).
+  MemoryQuery q;
+  q.tp = n, q.micro_batch = 4, q.layers = "tp1d";
+  q.model.hidden = 32, q.model.seq = 16, q.model.heads = 4, q.model.layers = 2;
+  const auto model_calls = [&](const std::string& sequence, CallSite site, Collective op) {
+    q.sequence = sequence;
+    double count = 0;
+    for (const CollectiveCall& c : plugin_traffic("tp1d", q)) {
+      if (c.site == site && c.op == op) count += c.count;
+    }
+    return static_cast<uint64_t>(2 * count);  // 2 micro-batches
+  };
+  const auto layer_calls = [](const testing::ObservedTraffic& two,
+                              const testing::ObservedTraffic& one,
+                              kolos_pmpi_kind kind) { return two.calls(kind) - one.calls(kind); };
+  EXPECT_EQ(layer_calls(split2, split1, KOLOS_PMPI_ALLGATHER),
+            model_calls("megatron", CallSite::kBlock, Collective::kAllGather));
+  EXPECT_EQ(layer_calls(split2, split1, KOLOS_PMPI_REDUCE_SCATTER),
+            model_calls("megatron", CallSite::kBlock, Collective::kReduceScatter));
+  EXPECT_EQ(layer_calls(split2, split1, KOLOS_PMPI_ALLREDUCE),
+            model_calls("megatron", CallSite::kBlock, Collective::kAllReduce));
+  EXPECT_EQ(layer_calls(plain2, plain1, KOLOS_PMPI_ALLREDUCE),
+            model_calls("", CallSite::kBlock, Collective::kAllReduce));
+  for (const auto& [kind, op] :
+       {std::pair{KOLOS_PMPI_ALLGATHER, Collective::kAllGather},
+        std::pair{KOLOS_PMPI_REDUCE_SCATTER, Collective::kReduceScatter}}) {
+    EXPECT_EQ(split1.calls(kind) - layer_calls(split2, split1, kind),
+              model_calls("megatron", CallSite::kEmbedding, op) +
+                  model_calls("megatron", CallSite::kHead, op));
+  }
+  const auto outside = [&](const std::string& sequence) {
+    return static_cast<int64_t>(
+        model_calls(sequence, CallSite::kEmbedding, Collective::kAllReduce) +
+        model_calls(sequence, CallSite::kHead, Collective::kAllReduce));
+  };
+  const auto seen_outside = [&](const testing::ObservedTraffic& two,
+                                const testing::ObservedTraffic& one) {
+    return static_cast<int64_t>(one.calls(KOLOS_PMPI_ALLREDUCE) -
+                                layer_calls(two, one, KOLOS_PMPI_ALLREDUCE));
+  };
+  EXPECT_EQ(seen_outside(split2, split1) - seen_outside(plain2, plain1),
+            outside("megatron") - outside(""));
 }
 
 }  // namespace
