@@ -206,12 +206,12 @@ def main():
             r["passes"].append(measure(a, r["overrides"], name if k == 0 else f"{name}-pass{k + 1}"))
             print(f"  {r['plan']:<46} predicted {r['predicted']:.3f} s  measured "
                   f"{r['passes'][-1]:.3f} s" + (f" (pass {k + 1})" if a.rounds > 1 else "")
-                  + ("" if r in rows else " (the planner's choice)"), flush=True)
+                  + ("" if name != "chosen" else " (the planner's choice)"), flush=True)
     for r in rows:
         r["measured"] = min(r["passes"])
     chosen_measured = min(chosen_row["passes"])
-    passes_best = min(r["measured"] for r in rows)
-    passes_ratio = chosen_measured / passes_best
+    passes_best_row = min(rows, key=lambda r: r["measured"])
+    passes_ratio = chosen_measured / passes_best_row["measured"]
 
     # Head to head: the fastest of many noisy figures is flattered by its
     # luck (a plan that drew a calm minute in one pass), and the choice was
@@ -227,7 +227,7 @@ def main():
             r["final"] = []
         for k in range(a.final):
             for r in (final if k % 2 == 0 else final[::-1]):
-                name = ("chosen" if r is chosen_row and not match else str(rows.index(r)))
+                name = next(n for n, e in entries if e is r)
                 r["final"].append(measure(a, r["overrides"], f"{name}-final{k + 1}"))
                 print(f"  {r['plan']:<46} measured {r['final'][-1]:.3f} s (head to head, round {k + 1})"
                       + (" (the planner's choice)" if r is chosen_row else ""), flush=True)
@@ -239,13 +239,13 @@ def main():
     if final:
         # The best among the plans measured head to head (the choice
         # counts when it is one of the check's plans, as in the passes).
-        contenders = [r for r in final if r in rows]
+        contenders = [r for r in final if match or r is not chosen_row]
         best_row = min(contenders, key=lambda r: min(r["final"]))
         best = min(best_row["final"])
         chosen_final = min(chosen_row["final"])
         ratio = chosen_final / best
     else:
-        best_row = min(rows, key=lambda r: r["measured"])
+        best_row = passes_best_row
         best = best_row["measured"]
         chosen_final = chosen_measured
         ratio = passes_ratio
@@ -259,8 +259,8 @@ def main():
     print(f"plans measured: {len(rows)}")
     print(f"Spearman rank correlation: {rho:.3f} (goal >= 0.85)")
     print(f"median absolute error: {100 * error:.1f}% (goal <= 5%)")
-    print(f"in the passes: chosen {chosen_measured:.3f} s, best {passes_best:.3f} s "
-          f"({min(rows, key=lambda r: r['measured'])['plan']}); chosen/best {passes_ratio:.3f}")
+    print(f"in the passes: chosen {chosen_measured:.3f} s, best {passes_best_row['measured']:.3f} s "
+          f"({passes_best_row['plan']}); chosen/best {passes_ratio:.3f}")
     how = f"head to head, {a.final} round{'s' if a.final != 1 else ''}" if final else "in the passes"
     print(f"chosen plan: {chosen['describe']}, predicted {chosen['step_s']:.3f} s, measured "
           f"{chosen_final:.3f} s; best measured {best:.3f} s ({best_row['plan']}); "

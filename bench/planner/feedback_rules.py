@@ -41,6 +41,9 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check import median_error  # noqa: E402
+
 PRIOR = 3.0  # tune.h kFeedbackPrior
 RULES = ("none", "family", "median", "relatives", "weighed")
 REFERENCES = ["tp=none sp=none zero=0 pp=none", "tp=2d sp=none zero=0 pp=none",
@@ -120,10 +123,9 @@ def main():
         fb = feedback(run)
         for rule in RULES:
             predicted = [p["model_step_s"] * factor(rule, p["family"], fb) for p in plans]
-            errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
-            rho, error = spearman(predicted, measured), statistics.median(errors)
+            rho, error = spearman(predicted, measured), median_error(predicted, measured)
             level = math.exp(statistics.median(math.log(m / p) for p, m in zip(predicted, measured)))
-            fitted = statistics.median(abs(p * level - m) / m for p, m in zip(predicted, measured))
+            fitted = median_error([p * level for p in predicted], measured)
             goals[rule][0] += rho >= 0.85
             goals[rule][1] += error <= 0.05
             goals[rule][2] += fitted <= 0.05

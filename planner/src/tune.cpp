@@ -75,8 +75,8 @@ double feedback_factor(const MachineRates& rates, const std::string& family) {
   if (it == rates.feedback.end() || it->second.empty()) return 1.0;
   double sum = 0;
   for (const double r : it->second) sum += std::log(r);
-  const auto n = static_cast<double>(it->second.size());
-  return std::exp(sum / n * (n / (n + kFeedbackPrior)));
+  // (sum / n) * n / (n + kFeedbackPrior): the mean log weighed by its number.
+  return std::exp(sum / (static_cast<double>(it->second.size()) + kFeedbackPrior));
 }
 
 double uncertainty(const MachineRates& rates, const std::string& family) {
