@@ -113,11 +113,24 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
     refs.push_back(
         {"data-parallel, smaller micro-batch", {"train.micro_batch=" + std::to_string(small)}});
   }
+  const std::string rest = "parallel.data=" + std::to_string(runtime.size() / 4);
   if (runtime.size() % 4 == 0) {
-    const std::string rest = "parallel.data=" + std::to_string(runtime.size() / 4);
     refs.push_back(
         {"tensor 1d",
          {rest, "parallel.tensor.size=4", "parallel.tensor.mode=\"1d\"", "train.micro_batch=2"}});
+  }
+  // Tensor 1d in pairs, each pair's collectives waiting while the other
+  // pairs compute on the same cores, under Megatron's sequence split: the
+  // most collectives a tensor 1d layout issues, so that the step shows what
+  // each one waits, not its noise. Recorded after tensor 1d over 4, it sets
+  // the group rows of 2.
+  if (runtime.size() % 2 == 0) {
+    refs.push_back({"tensor 1d in pairs",
+                    {"parallel.data=" + std::to_string(runtime.size() / 2),
+                     "parallel.tensor.size=2", "parallel.tensor.mode=\"1d\"",
+                     "parallel.sequence.mode=\"megatron\"", "train.micro_batch=2"}});
+  }
+  if (runtime.size() % 4 == 0) {
     refs.push_back(
         {"tensor 2d",
          {rest, "parallel.tensor.size=4", "parallel.tensor.mode=\"2d\"", "train.micro_batch=2"}});
@@ -162,13 +175,17 @@ void calibrate_machine(const Runtime& runtime, Planner& planner, const std::stri
     }
   }
   if (runtime.rank() != 0) return;
-  // The data-parallel reference is recorded again after tensor 1d's: its
-  // few collectives now wait the group figure, and the step factor and the
-  // fixed cost per micro-batch follow.
+  // The data-parallel reference is recorded again after the tensor 1d ones
+  // (over 4, then in pairs): its few collectives now wait the group
+  // figures, and the step factor and the fixed cost per micro-batch follow.
+  size_t last_group = refs.size();
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (refs[i].name == "tensor 1d" || refs[i].name == "tensor 1d in pairs") last_group = i;
+  }
   std::vector<size_t> order;
   for (size_t i = 0; i < refs.size(); ++i) {
     order.push_back(i);
-    if (refs[i].name == "tensor 1d") order.push_back(0);
+    if (i == last_group) order.push_back(0);
   }
   for (const size_t i : order) {
     const Reference& ref = refs[i];

@@ -273,6 +273,7 @@ class Autoplan final : public Planner {
     const pl::MachineRates rates = autoplan::measure(world, config);
     const std::string path = calibration_path(world->size());
     dp_references_.clear();  // the references recorded next are this calibration's
+    measured_group_sync_.clear();
     std::string error;
     if (world->rank() == 0) {
       try {
@@ -303,7 +304,8 @@ class Autoplan final : public Planner {
   // prediction counts on the step's path (its slope in that term). A
   // reference in tensor 1d sets the same for a plain group's collectives
   // (sync, every group size up to its own, never below what the
-  // calibration's small all-reduce measured): in training a collective
+  // calibration's small all-reduce measured; a later reference in smaller
+  // groups replaces the rows up to its size): in training a collective
   // waits for peers that are computing, which that all-reduce, issued right
   // after identical compute on every rank, does not see.
   void record_reference(const RunConfig& reference, int64_t ranks, double measured) override {
@@ -349,7 +351,10 @@ class Autoplan final : public Planner {
       std::map<int64_t, double>& table = grid   ? mach.rates.grid_sync
                                          : ring ? mach.rates.ring_sync
                                                 : mach.rates.sync;
-      const std::map<int64_t, double> before = table;  // a group's: the small all-reduce's
+      // A group's floor: the small all-reduce's rows, as the calibration
+      // measured them before any group reference replaced them.
+      if (group && measured_group_sync_.empty()) measured_group_sync_ = table;
+      const std::map<int64_t, double>& before = group ? measured_group_sync_ : table;
       // A grid's or a ring's wait at its size; a group's at every size up to its own.
       const auto set = [&](double seconds) {
         if (group) {
@@ -478,6 +483,9 @@ class Autoplan final : public Planner {
 
   std::vector<DpReference> dp_references_;
   double blocks_fixed_ = 0;  // block_fixed as the block measurements fitted it
+  // The group sync rows of this calibration's small all-reduce (the floor
+  // of every group reference's fit), kept when the first one replaces them.
+  std::map<int64_t, double> measured_group_sync_;
 
   pl::Machine machine_for(const RunConfig& config, int64_t ranks, std::string* what) const {
     if (!settings_.cluster.empty()) {

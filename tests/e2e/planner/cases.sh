@@ -30,29 +30,33 @@ case "$case_name" in
     cat plan.err plan.txt
     grep -q "calibrating this machine for 4 ranks" plan.err || fail "no calibration was announced"
     ls cache/calibration/*-n4.toml >/dev/null || fail "no calibration file in the cache"
-    # The five reference runs (data parallel at the config's micro-batch 4
-    # and at 1, tensor 1d, tensor 2d, ring attention) each left their
-    # figure and their line; the pair of data-parallel runs set the fixed
+    # The six reference runs (data parallel at the config's micro-batch 4
+    # and at 1, tensor 1d over 4 and in pairs, tensor 2d, ring attention)
+    # each left their figure and their line; the pair of data-parallel runs set the fixed
     # cost per block and micro-batch.
     cal=$(ls cache/calibration/*-n4.toml)
     head -1 "$cal"
     head -1 "$cal" | grep -qE "; reference pp 1 dp 4 sp 1 tp 1 M=4 mb 1 zero0 none: .*\(M=1 and M=4, measured [0-9.]+ and [0-9.]+ s: block_fixed [0-9.e+-]+ ms per block and micro-batch" ||
       fail "the calibration has no fixed cost fitted from the two data-parallel runs"
     for ref in "; reference pp 1 dp 4" "; group reference pp 1 dp 1 sp 1 tp 4(1d)" \
+      "; group reference pp 1 dp 2 sp 1(megatron) tp 2(1d)" \
       "; grid reference pp 1 dp 1 sp 1 tp 4(2d)" "; ring reference pp 1 dp 1 sp 4(ring)"; do
       head -1 "$cal" | grep -qF "$ref" || fail "the calibration has no '$ref' run"
     done
-    # Tensor 1d's wait is every group row's up to 4, where it is more than
-    # the small all-reduce's: the rows of 2 and 4 are at least its figure.
+    # Tensor 1d over 4 sets the group row of 4, the pairs' run the row of 2,
+    # each where its wait is more than the small all-reduce's: each row is
+    # at least its reference's figure.
     $PY - "$cal" <<'PY' || fail "the group sync rows or block_fixed are not the references' fits"
 import re, sys, tomllib
 text = open(sys.argv[1]).read()
-wait = float(re.search(r"group reference [^;]*, ([0-9.e+-]+) us per collective", text).group(1)) * 1e-6
+waits = {int(g): float(us) * 1e-6 for g, us in
+         re.findall(r"group reference [^;]* tp ([0-9]+)\(1d\)[^;]*, ([0-9.e+-]+) us per collective", text)}
 rows = {r["group"]: r["seconds"] for r in tomllib.loads(text)["calibration"]["sync"]
         if r.get("pattern", "group") == "group"}
 # The line prints the wait to 5 significant digits (1015.1 us for 1015.096).
-assert {2, 4} <= set(rows) and all(rows[g] >= wait * (1 - 1e-4) for g in (2, 4)), (wait, rows)
-print(f"group wait {wait * 1e6:.0f} us; group rows {rows}")
+assert set(waits) == {2, 4} and {2, 4} <= set(rows), (waits, rows)
+assert all(rows[g] >= waits[g] * (1 - 1e-4) for g in (2, 4)), (waits, rows)
+print(f"group waits {waits}; group rows {rows}")
 # The last fit of the fixed cost (the data-parallel pair, fitted again after
 # tensor 1d) is the file's block_fixed.
 fixed = float(re.findall(r"block_fixed ([0-9.e+-]+) ms per block", text)[-1]) * 1e-3
