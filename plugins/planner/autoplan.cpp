@@ -354,7 +354,6 @@ class Autoplan final : public Planner {
       // A group's floor: the small all-reduce's rows, as the calibration
       // measured them before any group reference replaced them.
       if (group && measured_group_sync_.empty()) measured_group_sync_ = table;
-      const std::map<int64_t, double>& before = group ? measured_group_sync_ : table;
       // A grid's or a ring's wait at its size; a group's at every size up to its own.
       const auto set = [&](double seconds) {
         if (group) {
@@ -372,7 +371,7 @@ class Autoplan final : public Planner {
       const double wait = slope > 0 ? std::max(0.0, (measured - without) / slope) : 0.0;
       set(wait);
       if (group) {
-        for (const auto& [size, s] : before) {
+        for (const auto& [size, s] : measured_group_sync_) {
           if (size <= span) table[size] = std::max(s, wait);
         }
       }

@@ -32,8 +32,8 @@ case "$case_name" in
     ls cache/calibration/*-n4.toml >/dev/null || fail "no calibration file in the cache"
     # The six reference runs (data parallel at the config's micro-batch 4
     # and at 1, tensor 1d over 4 and in pairs, tensor 2d, ring attention)
-    # each left their figure and their line; the pair of data-parallel runs set the fixed
-    # cost per block and micro-batch.
+    # each left their figure and their line; the pair of data-parallel
+    # runs set the fixed cost per block and micro-batch.
     cal=$(ls cache/calibration/*-n4.toml)
     head -1 "$cal"
     head -1 "$cal" | grep -qE "; reference pp 1 dp 4 sp 1 tp 1 M=4 mb 1 zero0 none: .*\(M=1 and M=4, measured [0-9.]+ and [0-9.]+ s: block_fixed [0-9.e+-]+ ms per block and micro-batch" ||
