@@ -391,11 +391,15 @@ int generate_command(const std::vector<std::string>& args, int argc, char** argv
     });
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const inference::InferenceEngine::StepTimes& times = engine.step_times();
     std::fprintf(stderr,
                  "kolos: generated %lld tokens for %zu request%s in %.2f s (%.1f tokens/s); "
+                 "%lld steps: forward %.2f s (%lld decoding steps: %.2f s), sampling %.3f s; "
                  "preemptions %lld; KV blocks in use at the end: %lld of %lld\n",
                  static_cast<long long>(tokens), ids.size(), ids.size() == 1 ? "" : "s", seconds,
-                 seconds > 0 ? double(tokens) / seconds : 0.0,
+                 seconds > 0 ? double(tokens) / seconds : 0.0, static_cast<long long>(times.steps),
+                 times.forward_s, static_cast<long long>(times.decode_steps),
+                 times.decode_forward_s, times.sample_s,
                  static_cast<long long>(scheduler.preemptions()),
                  static_cast<long long>(scheduler.allocator().num_used()),
                  static_cast<long long>(scheduler.allocator().num_blocks()));

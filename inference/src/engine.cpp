@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -120,6 +122,7 @@ struct InferenceEngine::Impl {
   at::ScalarType dtype = at::kFloat;
   int64_t num_blocks = 0, max_blocks = 0, capacity = 0;
   int64_t packed_layers = 0;  // linear layers inference.pack_weights packed
+  InferenceEngine::StepTimes times;
   at::Tensor buffer;          // the step broadcast, int64 [capacity]
 
   void setup(const std::string& path, std::vector<std::string> plugin_path);
@@ -416,7 +419,9 @@ std::vector<TokenEvent> InferenceEngine::step() {
   impl_->pack(kStep, plan);
   if (impl_->world->size() > 1) impl_->world->broadcast(impl_->buffer, 0)->wait();
   const StepBatch batch = impl_->unpack();
+  const auto started = std::chrono::steady_clock::now();
   at::Tensor logits = impl_->forward(batch);
+  const auto forwarded = std::chrono::steady_clock::now();
   std::vector<int64_t> sampled;
   int64_t r = 0;
   for (const auto& c : plan.chunks) {
@@ -425,6 +430,17 @@ std::vector<TokenEvent> InferenceEngine::step() {
     std::vector<float> values(row.data_ptr<float>(), row.data_ptr<float>() + row.numel());
     sampled.push_back(s.sample(c.request, values));
   }
+  StepTimes& t = impl_->times;
+  const double forward = std::chrono::duration<double>(forwarded - started).count();
+  const bool decode = std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                                  [](const auto& c) { return c.tokens.size() == 1 && c.sample; });
+  ++t.steps;
+  t.forward_s += forward;
+  if (decode) {
+    ++t.decode_steps;
+    t.decode_forward_s += forward;
+  }
+  t.sample_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - forwarded).count();
   return s.complete(plan, sampled);
 }
 
@@ -460,6 +476,7 @@ void InferenceEngine::follow() {
   }
 }
 
+const InferenceEngine::StepTimes& InferenceEngine::step_times() const { return impl_->times; }
 const ModelConfig& InferenceEngine::model() const { return impl_->run.model; }
 int64_t InferenceEngine::num_blocks() const { return impl_->num_blocks; }
 

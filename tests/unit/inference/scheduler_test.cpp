@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "kolos/core/error.h"
@@ -284,6 +285,47 @@ TEST(Sampler, GreedyFiltersAndSeeds) {
   std::vector<float> l = row;
   EXPECT_EQ(s.sample(l, {1, 4}, {}), 2);
   EXPECT_FLOAT_EQ(l[1], 1.0f);
+}
+
+// Greedy takes std::max_element's answer on any row: the first of equal
+// maxima wherever they fall among the sampler's eight lanes and the tail,
+// NaNs passed over unless the row starts with one, -0 and +0 equal.
+TEST(Sampler, GreedyIsTheFirstMaximum) {
+  std::mt19937_64 g(3);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto expect_first_max = [](std::vector<float> row, const std::string& what) {
+    const auto expected = std::max_element(row.begin(), row.end()) - row.begin();
+    Sampler s{SamplingParams{}};
+    EXPECT_EQ(s.sample(row, {}, {}), expected) << what << ", " << row.size() << " logits";
+  };
+  for (const size_t n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 100, 32000}) {
+    std::vector<float> row(n);
+    for (float& x : row) x = static_cast<float>(g() % 1000) / 10.0f - 50.0f;
+    expect_first_max(row, "random");
+    // Two equal maxima, in every pair of lanes and in the tail.
+    for (size_t a = 0; a < std::min<size_t>(n, 20); ++a) {
+      for (size_t b = a + 1; b < std::min<size_t>(n, 20); ++b) {
+        std::vector<float> tie = row;
+        tie[a] = tie[b] = 100.0f;
+        expect_first_max(tie, "maxima at " + std::to_string(a) + " and " + std::to_string(b));
+      }
+    }
+    std::vector<float> last = row;
+    last[n - 1] = 100.0f;
+    expect_first_max(last, "the maximum last");
+    std::vector<float> flat(n, -inf);
+    expect_first_max(flat, "all -inf");
+    std::vector<float> zeros(n, -0.0f);
+    zeros[n / 2] = 0.0f;
+    expect_first_max(zeros, "-0 and +0");
+    std::vector<float> with_nan = row;
+    with_nan[n / 2] = nan;
+    expect_first_max(with_nan, "a NaN inside");
+    std::vector<float> leading_nan = row;
+    leading_nan[0] = nan;
+    expect_first_max(leading_nan, "a NaN first");
+  }
 }
 
 // Log-probabilities are log_softmax of the raw row: before the penalties,

@@ -62,6 +62,17 @@ class InferenceEngine {
   // Every rank but 0: runs the steps rank 0 broadcasts until it stops.
   void follow();
 
+  // Rank 0: where step() has spent its time since the engine was made
+  // (kolos generate prints it in its summary).
+  struct StepTimes {
+    int64_t steps = 0;
+    int64_t decode_steps = 0;     // steps that fed every sequence one token (decoding)
+    double forward_s = 0;         // the model's forward, rank 0 waiting for the other ranks'
+    double decode_forward_s = 0;  // the part of forward_s in decode_steps
+    double sample_s = 0;          // choosing each sequence's token from its logits
+  };
+  const StepTimes& step_times() const;
+
   const ModelConfig& model() const;
   int64_t num_blocks() const;
   std::string describe() const;  // one line: model, source, mesh, precision, pool
