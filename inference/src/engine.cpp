@@ -422,14 +422,15 @@ std::vector<TokenEvent> InferenceEngine::step() {
   const auto started = std::chrono::steady_clock::now();
   at::Tensor logits = impl_->forward(batch);
   const auto forwarded = std::chrono::steady_clock::now();
-  std::vector<int64_t> sampled;
-  int64_t r = 0;
+  // The sequences' tokens, on the threads of the products.
+  std::vector<int64_t> requests;
   for (const auto& c : plan.chunks) {
-    if (!c.sample) continue;
-    at::Tensor row = logits[r++];
-    std::vector<float> values(row.data_ptr<float>(), row.data_ptr<float>() + row.numel());
-    sampled.push_back(s.sample(c.request, values));
+    if (c.sample) requests.push_back(c.request);
   }
+  const std::vector<int64_t> sampled = requests.empty()
+                                           ? std::vector<int64_t>{}
+                                           : s.sample_rows(requests, logits.data_ptr<float>(),
+                                                           logits.size(1), at::get_num_threads());
   StepTimes& t = impl_->times;
   const double forward = std::chrono::duration<double>(forwarded - started).count();
   const bool decode = std::all_of(plan.chunks.begin(), plan.chunks.end(),

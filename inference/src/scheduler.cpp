@@ -1,6 +1,7 @@
 #include "kolos/inference/scheduler.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "kolos/core/error.h"
 
@@ -157,6 +158,26 @@ int64_t Scheduler::sample(int64_t request, std::vector<float>& logits) {
   s.logprobs.resize(s.generated.size());
   s.logprobs.push_back(log_probabilities(raw, token, s.sampling.logprobs));
   return token;
+}
+
+std::vector<int64_t> Scheduler::sample_rows(const std::vector<int64_t>& requests,
+                                            const float* logits, int64_t vocab, int threads) {
+  const auto n = static_cast<int64_t>(requests.size());
+  std::vector<int64_t> tokens(requests.size());
+  for (const int64_t r : requests) at(r);  // an unknown request throws here, on this thread
+  std::exception_ptr failed;
+#pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      std::vector<float> row(logits + i * vocab, logits + (i + 1) * vocab);
+      tokens[static_cast<size_t>(i)] = sample(requests[static_cast<size_t>(i)], row);
+    } catch (...) {
+#pragma omp critical(kolos_sample_rows)
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+  return tokens;
 }
 
 std::vector<TokenEvent> Scheduler::complete(const StepPlan& plan,

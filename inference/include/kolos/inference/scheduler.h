@@ -88,6 +88,12 @@ class Scheduler {
   // The next token of `request` from its logits row (its own sampler and
   // random stream).
   int64_t sample(int64_t request, std::vector<float>& logits);
+  // sample() for each of `requests`, request i's logits the row
+  // logits[i * vocab, (i + 1) * vocab) (left unchanged), the requests spread
+  // over up to `threads` threads (the order of the draws does not matter:
+  // each stream is its request's own). Their tokens, in the same order.
+  std::vector<int64_t> sample_rows(const std::vector<int64_t>& requests, const float* logits,
+                                   int64_t vocab, int threads);
   // `sampled`: one token per chunk with `sample`, in plan order.
   std::vector<TokenEvent> complete(const StepPlan& plan, const std::vector<int64_t>& sampled);
 
