@@ -29,7 +29,7 @@ std::string show(double x) {
 // NaNs are passed over, unless the row starts with one), without its chain
 // of dependent loads and compares: eight lanes each keep their own maximum,
 // then the first element equal to the largest of them is the answer. About
-// a tenth of std::max_element's time over a row of 32000 logits, which the
+// a fifth of std::max_element's time over a row of 32000 logits, which the
 // greedy decoding of every sequence in every step scans.
 size_t first_max(const std::vector<float>& v) {
   const size_t n = v.size();
@@ -74,9 +74,8 @@ class GroupedRow {
       ++begin_[group_of_[i] + 1];
     }
     for (size_t g = 1; g <= kGroups; ++g) begin_[g] += begin_[g - 1];
-    std::array<uint32_t, kGroups> next;
-    std::copy(begin_.begin(), begin_.end() - 1, next.begin());
-    for (size_t i = 0; i < n; ++i) ids_[next[group_of_[i]]++] = static_cast<int64_t>(i);
+    std::copy(begin_.begin(), begin_.end() - 1, next_.begin());
+    for (size_t i = 0; i < n; ++i) ids_[next_[group_of_[i]]++] = static_cast<int64_t>(i);
     sorted_.assign(kGroups, false);
   }
   // The id at place i of the order.
@@ -126,6 +125,7 @@ class GroupedRow {
   std::vector<int64_t> ids_;        // grouped; a group sorted once a boundary falls in it
   std::vector<uint16_t> group_of_;  // each id's group
   std::array<uint32_t, kGroups + 1> begin_{};  // group g: ids_[begin_[g], begin_[g + 1])
+  std::array<uint32_t, kGroups> next_{};       // where reset() puts each group's next id
   std::vector<bool> sorted_;
 };
 
