@@ -207,7 +207,8 @@ int64_t Sampler::sample(std::vector<float>& logits, const std::vector<int64_t>& 
   // Probabilities at the temperature (in double: a row of 10^5 float
   // exponentials sums without losing the small ones).
   const double t = params_.temperature;
-  const float top = logits[first_max(logits)];
+  const size_t best = first_max(logits);
+  const float top = logits[best];
   thread_local std::vector<double> probs;
   probs.resize(logits.size());
   double sum = 0;
@@ -226,7 +227,7 @@ int64_t Sampler::sample(std::vector<float>& logits, const std::vector<int64_t>& 
   if (filtered) order.reset(probs);
   if (params_.top_k > 0) keep = std::min(keep, static_cast<size_t>(params_.top_k));
   if (params_.min_p > 0) {
-    const double floor = params_.min_p * probs[first_max(logits)];
+    const double floor = params_.min_p * probs[best];
     const auto n = static_cast<size_t>(
         std::count_if(probs.begin(), probs.end(), [&](double p) { return p >= floor; }));
     keep = std::max<size_t>(1, std::min(keep, n));

@@ -164,7 +164,6 @@ std::vector<int64_t> Scheduler::sample_rows(const std::vector<int64_t>& requests
                                             const float* logits, int64_t vocab, int threads) {
   const auto n = static_cast<int64_t>(requests.size());
   std::vector<int64_t> tokens(requests.size());
-  for (const int64_t r : requests) at(r);  // an unknown request throws here, on this thread
   std::exception_ptr failed;
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1) if (n > 1)
   for (int64_t i = 0; i < n; ++i) {
