@@ -197,24 +197,30 @@ KOLOS_TARGET void gelu_tanh(const float* x, float* y, int64_t n) {
   copy_bytes(y + i, t, rest * 4);
 }
 
-// Rows [0, MT) of x times 16 columns of one panel (`half` 0 or 1): two
-// vectors of 8 outputs per row, 2 MT accumulators (MT <= 6: 12 of the 16
-// registers). The panel's first tile (`first`) prefetches both halves'
-// lines ahead of itself; every tile prefetches its share of the next
-// panel's rows (every `shares`-th, from row `share`) into the second-level
-// cache, so that memory streams all the while this panel is computed.
+// Rows [0, MT) of x times 16 columns of one panel (`half` 0 or 1) over the
+// inputs [k0, k1): two vectors of 8 outputs per row, 2 MT accumulators
+// (MT <= 6: 12 of the 16 registers), started from the bias at k0 == 0 and
+// from y's partial sums after (stored and reloaded exactly, so each output
+// is the same fma chain whatever the blocks). The panel's first tile
+// (`first`) prefetches both halves' lines ahead of itself; every tile
+// prefetches its share of the next panel's rows (every `shares`-th, from
+// row `share`) into the second-level cache, so that memory streams all the
+// while this panel is computed.
 template <int MT>
-KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* panel, int half,
-                                     bool first, int64_t share, int64_t shares, __m256 b0,
-                                     __m256 b1, __m256i m0, __m256i m1, float* y, int64_t ldy) {
+KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, int64_t k0, int64_t k1,
+                                     const float* panel, int half, bool first, int64_t share,
+                                     int64_t shares, __m256 b0, __m256 b1, __m256i m0, __m256i m1,
+                                     float* y, int64_t ldy) {
   __m256 acc[MT][2];
 #pragma GCC unroll 6
   for (int m = 0; m < MT; ++m) {
-    acc[m][0] = b0;
-    acc[m][1] = b1;
+    acc[m][0] = k0 == 0 ? b0 : _mm256_maskload_ps(y + m * ldy, m0);
+    acc[m][1] = k0 == 0 ? b1 : _mm256_maskload_ps(y + m * ldy + 8, m1);
   }
-  int64_t next_k = shares > 1 ? share : in;  // the next row of the next panel to prefetch
-  for (int64_t k = 0; k < in; ++k) {
+  // The next row of the next panel to prefetch: the first in [k0, k1) of
+  // this tile's share.
+  int64_t next_k = shares > 1 ? k0 + ((share - k0) % shares + shares) % shares : in;
+  for (int64_t k = k0; k < k1; ++k) {
     const float* w = panel + k * kLinearPanel + half * 16;
     const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
     const float* row = panel + k * kLinearPanel;
@@ -243,29 +249,35 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, const float* pa
   }
 }
 
-using LinearTileFn = void (*)(const float*, int64_t, const float*, int, bool, int64_t, int64_t,
-                              __m256, __m256, __m256i, __m256i, float*, int64_t);
+using LinearTileFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int, bool,
+                              int64_t, int64_t, __m256, __m256, __m256i, __m256i, float*, int64_t);
 constexpr LinearTileFn kTiles[6] = {&linear_tile<1>, &linear_tile<2>, &linear_tile<3>,
                                     &linear_tile<4>, &linear_tile<5>, &linear_tile<6>};
 
 KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const float* panel,
                                const float* bias, int64_t cols, float* y, int64_t ldy) {
   // Tiles of at most 6 rows, as even as possible, in each half; the next
-  // panel's prefetch is shared among all of them.
+  // panel's prefetch is shared among all of them. The inputs go in blocks
+  // of kLinearInputBlock, every tile of both halves through one block
+  // before the next, so that the block's rows of the panel (both halves:
+  // 32 KiB) are read from memory once and by the other tiles from the
+  // first-level cache.
   const int64_t tiles = (rows + 5) / 6, halves = cols > 16 ? 2 : 1;
-  for (int half = 0; half < halves; ++half) {
-    const int64_t first = half * 16;
-    const __m256i m0 = lane_mask(cols - first), m1 = lane_mask(cols - first - 8);
-    const __m256 b0 = bias != nullptr ? _mm256_maskload_ps(bias + first, m0) : _mm256_setzero_ps();
-    const __m256 b1 =
-        bias != nullptr ? _mm256_maskload_ps(bias + first + 8, m1) : _mm256_setzero_ps();
-    for (int64_t t = 0, r = 0; t < tiles; ++t) {
-      const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
-      const float* xt = x + r * in;
-      float* yt = y + r * ldy + first;
-      kTiles[mt - 1](xt, in, panel, half, half == 0 && t == 0, half * tiles + t, halves * tiles, b0,
-                     b1, m0, m1, yt, ldy);
-      r += mt;
+  for (int64_t k0 = 0; k0 < in; k0 += kLinearInputBlock) {
+    const int64_t k1 = k0 + kLinearInputBlock < in ? k0 + kLinearInputBlock : in;
+    for (int half = 0; half < halves; ++half) {
+      const int64_t first = half * 16;
+      const __m256i m0 = lane_mask(cols - first), m1 = lane_mask(cols - first - 8);
+      const __m256 b0 =
+          bias != nullptr ? _mm256_maskload_ps(bias + first, m0) : _mm256_setzero_ps();
+      const __m256 b1 =
+          bias != nullptr ? _mm256_maskload_ps(bias + first + 8, m1) : _mm256_setzero_ps();
+      for (int64_t t = 0, r = 0; t < tiles; ++t) {
+        const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
+        kTiles[mt - 1](x + r * in, in, k0, k1, panel, half, half == 0 && t == 0, half * tiles + t,
+                       halves * tiles, b0, b1, m0, m1, y + r * ldy + first, ldy);
+        r += mt;
+      }
     }
   }
 }

@@ -68,6 +68,9 @@ constexpr float kExpTaylor[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
 // (bench_packed_linear shows the products against the bandwidth bound;
 // distances of 8 to 256 rows were tried on a 2-core Xeon, 64 was fastest).
 constexpr int64_t kLinearPrefetchRows = 64;
+// The inputs a linear panel's tiles go through together before the next
+// ones (avx2.cpp): 256 rows of a panel, 32 KiB.
+constexpr int64_t kLinearInputBlock = 256;
 
 struct KernelTable {
   AdamWFn adamw[kGradKinds][kCopyKinds];

@@ -436,10 +436,11 @@ std::vector<float> linear_reference(const std::vector<float>& x, int64_t rows,
 TEST_F(IsaTest, PackedLinearIsItsDefinitionBitForBitOnEveryLevelAndThreadCount) {
   std::mt19937 rng(11);
   // Rows around the tiles (6, 12) and row blocks (48); outputs around the
-  // panel (32) and its halves (8, 16); inputs past the prefetch distance.
+  // panel (32) and its halves (8, 16); inputs past the prefetch distance
+  // and around the blocks of inputs (256) the AVX2 tiles go through.
   for (int64_t rows : {0, 1, 5, 6, 7, 12, 13, 16, 25, 48, 49, 100}) {
     for (int64_t out : {1, 7, 8, 9, 16, 17, 31, 32, 33, 70}) {
-      for (int64_t in : {1, 3, 16, 67, 200}) {
+      for (int64_t in : {1, 3, 16, 67, 200, 256, 257, 600}) {
         const std::vector<float> x = randn(rows * in, rng), w = randn(out * in, rng),
                                  b = randn(out, rng);
         std::vector<float> packed(packed_linear_size(out, in), -1.f);
