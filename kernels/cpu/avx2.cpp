@@ -210,12 +210,20 @@ template <int MT>
 KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, int64_t k0, int64_t k1,
                                      const float* panel, int half, bool first, int64_t share,
                                      int64_t shares, __m256 b0, __m256 b1, __m256i m0, __m256i m1,
-                                     float* y, int64_t ldy) {
+                                     bool whole, float* y, int64_t ldy) {
   __m256 acc[MT][2];
 #pragma GCC unroll 6
   for (int m = 0; m < MT; ++m) {
-    acc[m][0] = k0 == 0 ? b0 : _mm256_maskload_ps(y + m * ldy, m0);
-    acc[m][1] = k0 == 0 ? b1 : _mm256_maskload_ps(y + m * ldy + 8, m1);
+    if (k0 == 0) {
+      acc[m][0] = b0;
+      acc[m][1] = b1;
+    } else if (whole) {
+      acc[m][0] = _mm256_loadu_ps(y + m * ldy);
+      acc[m][1] = _mm256_loadu_ps(y + m * ldy + 8);
+    } else {
+      acc[m][0] = _mm256_maskload_ps(y + m * ldy, m0);
+      acc[m][1] = _mm256_maskload_ps(y + m * ldy + 8, m1);
+    }
   }
   // The next row of the next panel to prefetch: the first in [k0, k1) of
   // this tile's share.
@@ -242,6 +250,16 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, int64_t k0, int
       acc[m][1] = _mm256_fmadd_ps(xm, w1, acc[m][1]);
     }
   }
+  // Masked stores are slow on some CPUs (microcoded on AMD's Zen): only
+  // the last panel's last half, narrower than 16 outputs, uses them.
+  if (whole) {
+#pragma GCC unroll 6
+    for (int m = 0; m < MT; ++m) {
+      _mm256_storeu_ps(y + m * ldy, acc[m][0]);
+      _mm256_storeu_ps(y + m * ldy + 8, acc[m][1]);
+    }
+    return;
+  }
 #pragma GCC unroll 6
   for (int m = 0; m < MT; ++m) {
     _mm256_maskstore_ps(y + m * ldy, m0, acc[m][0]);
@@ -250,7 +268,8 @@ KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, int64_t k0, int
 }
 
 using LinearTileFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int, bool,
-                              int64_t, int64_t, __m256, __m256, __m256i, __m256i, float*, int64_t);
+                              int64_t, int64_t, __m256, __m256, __m256i, __m256i, bool, float*,
+                              int64_t);
 constexpr LinearTileFn kTiles[6] = {&linear_tile<1>, &linear_tile<2>, &linear_tile<3>,
                                     &linear_tile<4>, &linear_tile<5>, &linear_tile<6>};
 
@@ -275,7 +294,8 @@ KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const f
       for (int64_t t = 0, r = 0; t < tiles; ++t) {
         const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
         kTiles[mt - 1](x + r * in, in, k0, k1, panel, half, half == 0 && t == 0, half * tiles + t,
-                       halves * tiles, b0, b1, m0, m1, y + r * ldy + first, ldy);
+                       halves * tiles, b0, b1, m0, m1, cols - first >= 16, y + r * ldy + first,
+                       ldy);
         r += mt;
       }
     }
