@@ -160,6 +160,15 @@ KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
   copy_bytes(tail, t, rest * elem_size(G));
 }
 
+// Below this many rows the first tile of a panel prefetches its rows into
+// the first-level cache (linear_tile). With more, the block's 32 KiB of the
+// panel (both halves) and x's rows overflow that cache, and the prefetch
+// made products slower on an AMD Zen (the 73 products of a GPT-2 step at
+// 256 rows, two threads: 721-742 ms with it, 514-700 without;
+// docs/inference.md, "Packed weights"). A product of a few rows streams
+// the weights with few tiles to hide their latency, and keeps it.
+constexpr int64_t kLinearFewRows = 8;
+
 // Lanes [0, n) of 8 set (n clamped to [0, 8]).
 KOLOS_TARGET inline __m256i lane_mask(int64_t n) {
   const int c = n < 0 ? 0 : (n > 8 ? 8 : static_cast<int>(n));
@@ -201,11 +210,12 @@ KOLOS_TARGET void gelu_tanh(const float* x, float* y, int64_t n) {
 // inputs [k0, k1): two vectors of 8 outputs per row, 2 MT accumulators
 // (MT <= 6: 12 of the 16 registers), started from the bias at k0 == 0 and
 // from y's partial sums after (stored and reloaded exactly, so each output
-// is the same fma chain whatever the blocks). The panel's first tile
-// (`first`) prefetches both halves' lines ahead of itself; every tile
-// prefetches its share of the next panel's rows (every `shares`-th, from
-// row `share`) into the second-level cache, so that memory streams all the
-// while this panel is computed.
+// is the same fma chain whatever the blocks). Every tile prefetches its
+// share of the next panel's rows (every `shares`-th, from row `share`) into
+// the second-level cache, so that memory streams all the while this panel
+// is computed. The first tile (`first`, only in a block of fewer than
+// kLinearFewRows rows) also prefetches both halves' lines ahead of itself
+// into the first-level cache.
 template <int MT>
 KOLOS_TARGET inline void linear_tile(const float* x, int64_t in, int64_t k0, int64_t k1,
                                      const float* panel, int half, bool first, int64_t share,
@@ -279,8 +289,8 @@ KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const f
   // panel's prefetch is shared among all of them. The inputs go in blocks
   // of kLinearInputBlock, every tile of both halves through one block
   // before the next, so that the block's rows of the panel (both halves:
-  // 32 KiB) are read from memory once and by the other tiles from the
-  // first-level cache.
+  // 32 KiB) come from the second-level cache once and stay near for the
+  // other tiles.
   const int64_t tiles = (rows + 5) / 6, halves = cols > 16 ? 2 : 1;
   for (int64_t k0 = 0; k0 < in; k0 += kLinearInputBlock) {
     const int64_t k1 = k0 + kLinearInputBlock < in ? k0 + kLinearInputBlock : in;
@@ -293,7 +303,8 @@ KOLOS_TARGET void linear_panel(const float* x, int64_t rows, int64_t in, const f
           bias != nullptr ? _mm256_maskload_ps(bias + first + 8, m1) : _mm256_setzero_ps();
       for (int64_t t = 0, r = 0; t < tiles; ++t) {
         const int64_t mt = (rows - r) / (tiles - t) + ((rows - r) % (tiles - t) != 0 ? 1 : 0);
-        kTiles[mt - 1](x + r * in, in, k0, k1, panel, half, half == 0 && t == 0, half * tiles + t,
+        kTiles[mt - 1](x + r * in, in, k0, k1, panel, half,
+                       half == 0 && t == 0 && rows < kLinearFewRows, half * tiles + t,
                        halves * tiles, b0, b1, m0, m1, cols - first >= 16, y + r * ldy + first,
                        ldy);
         r += mt;
