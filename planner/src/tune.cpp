@@ -22,6 +22,16 @@ std::string family_of(const Candidate& c) {
   return out;
 }
 
+std::string zero_sibling(const Candidate& c) {
+  Candidate d = c;
+  d.zero = 0;
+  // The stage's word in the description ("zero0") marks the stage left out.
+  std::string out = d.describe();
+  const size_t at = out.find(" zero0");
+  if (at != std::string::npos) out.replace(at, 6, " zero*");
+  return out;
+}
+
 namespace {
 
 // "none" and the words of every registered plugin of `role` that offers
@@ -160,7 +170,8 @@ std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_
         plans[i].step <= plans[best].step * (1 + margin_of(plans[best], plans[i], sigmas));
     if (top || within) chosen.push_back(i);
   }
-  // The order of the trials: the best, the first of each other layout, the rest.
+  // The order of the trials: the best, its ZeRO siblings, the first of each
+  // other layout, the rest.
   std::vector<bool> placed(plans.size(), false);
   std::set<std::string> layouts;
   const auto place = [&](size_t i) {
@@ -169,6 +180,11 @@ std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_
     layouts.insert(plans[i].layout);
   };
   place(best);
+  if (!plans[best].sibling.empty()) {
+    for (const size_t i : chosen) {
+      if (!placed[i] && plans[i].sibling == plans[best].sibling) place(i);
+    }
+  }
   for (const size_t i : chosen) {
     if (!placed[i] && !layouts.count(plans[i].layout)) place(i);
   }

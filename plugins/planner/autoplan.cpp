@@ -637,7 +637,8 @@ class Autoplan final : public Planner {
     if (search && settings_.tune > 0 && !result.plans.empty()) {
       std::vector<pl::Predicted> predicted;
       for (const pl::RankedPlan& rp : result.plans)
-        predicted.push_back({rp.prediction.step, rp.prediction.uncertainty, rp.candidate.layout()});
+        predicted.push_back({rp.prediction.step, rp.prediction.uncertainty, rp.candidate.layout(),
+                             pl::zero_sibling(rp.candidate)});
       report.finalists = pl::select_finalists(predicted, settings_.tune);
       const pl::Predicted best = *std::min_element(
           predicted.begin(), predicted.end(),
@@ -659,7 +660,8 @@ class Autoplan final : public Planner {
       report.finalist_rule = rule;
       std::ostringstream line;
       line << "\nFinalists (parallel.auto and kolos plan --tune try them, in this order: the "
-              "best prediction, the best of each other layout, the rest):";
+              "best prediction, its other ZeRO stages, the best of each other layout, the "
+              "rest):";
       for (const size_t i : report.finalists) line << " #" << i + 1;
       line << ": " << report.finalist_rule << ".\n";
       report.text += line.str();

@@ -110,6 +110,32 @@ TEST(PlannerTune, FinalistsAreTriedOneOfEachLayoutFirst) {
             (std::vector<size_t>{0, 2, 1}));
 }
 
+TEST(PlannerTune, TheBestPredictionsZeroStagesAreTriedRightAfterIt) {
+  // A at ZeRO-1 first; its ZeRO-0 sibling is A's third variant, behind B:
+  // tried second, before B's best, and A's other variants after. The last
+  // sibling, 30% behind, is outside the margin and stays out.
+  const std::vector<Predicted> p = {
+      {1.00, 0.02, "A", "A mb 4 zero*"}, {1.01, 0.02, "A", "A mb 2 zero*"},
+      {1.02, 0.02, "B", "B mb 4 zero*"}, {1.03, 0.02, "A", "A mb 4 zero*"},
+      {1.04, 0.02, "C", "C mb 4 zero*"}, {1.30, 0.02, "A", "A mb 4 zero*"}};
+  EXPECT_EQ(select_finalists(p, 3), (std::vector<size_t>{0, 3, 2, 4, 1}));
+  // Wherever the best stands; another plan's siblings wait their turn.
+  EXPECT_EQ(select_finalists({p[1], p[0], p[2], p[3]}, 1), (std::vector<size_t>{1, 3, 2, 0}));
+  // Without siblings, the order of layouts.
+  std::vector<Predicted> none = p;
+  for (auto& x : none) x.sibling.clear();
+  EXPECT_EQ(select_finalists(none, 3), (std::vector<size_t>{0, 2, 4, 1, 3}));
+
+  Candidate c;
+  c.dp = 4, c.micro_batch = 4, c.zero = 1;
+  Candidate d = c;
+  d.zero = 3;
+  EXPECT_EQ(zero_sibling(c), zero_sibling(d));
+  EXPECT_NE(zero_sibling(c).find("zero*"), std::string::npos) << zero_sibling(c);
+  d.micro_batch = 2;
+  EXPECT_NE(zero_sibling(c), zero_sibling(d));
+}
+
 TEST(PlannerTune, FeedbackIsTheGeometricMeanOfTheLastRatiosWeighedByTheirNumber) {
   MachineRates r;
   const std::string f = "tp=none sp=none zero=3 pp=none";

@@ -92,15 +92,26 @@ struct Predicted {
   double step = 0;         // predicted seconds per step
   double uncertainty = 0;  // relative, one standard deviation
   std::string layout;      // Candidate::layout(); plans of one layout share their errors
+  // The plan but its ZeRO stage (zero_sibling below): plans that differ
+  // only in it share this; empty: none.
+  std::string sibling;
 };
+
+// A plan's description with its ZeRO stage left out: the same text for the
+// plans that differ in nothing else.
+std::string zero_sibling(const Candidate& c);
 // The finalists among `plans` (best predictions first, as the search ranks
 // them): the first `k` and every other whose prediction lies within the
 // margin of the best one (above). In the order they are tried (a time bound
-// may stop the tuning before the last): the best prediction, then the best
-// finalist of each other layout, then the rest in the order of `plans`. A
-// layout's variants (schedule, micro-batching, ZeRO stage) share most of a
-// prediction's error, so one of each is worth more than a second of one.
-// k >= 1.
+// may stop the tuning before the last): the best prediction, then its ZeRO
+// siblings among the finalists (the same plan at another ZeRO stage), then
+// the best finalist of each other layout, then the rest in the order of
+// `plans`. A layout's variants (schedule, micro-batching, ZeRO stage) share
+// most of a prediction's error, so one of each is worth more than a second
+// of one; except the best's ZeRO stages, which differ in the model's least
+// sure terms (the copies and collectives of sharding, small against the
+// step), so that whichever the model put first, the pick is between them
+// as measured. k >= 1.
 std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_t k,
                                      double sigmas = kMarginSigmas);
 // The margin of plan i over the best: kMarginSigmas * the combined sigma,
