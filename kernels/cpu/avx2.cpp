@@ -160,15 +160,6 @@ KOLOS_TARGET void scale(void* x, int64_t n, float factor) {
   copy_bytes(tail, t, rest * elem_size(G));
 }
 
-// Below this many rows the first tile of a panel prefetches its rows into
-// the first-level cache (linear_tile). With more, the block's 32 KiB of the
-// panel (both halves) and x's rows overflow that cache, and the prefetch
-// made products slower on an AMD Zen (the 73 products of a GPT-2 step at
-// 256 rows, two threads: 721-742 ms with it, 514-700 without;
-// docs/inference.md, "Packed weights"). A product of a few rows streams
-// the weights with few tiles to hide their latency, and keeps it.
-constexpr int64_t kLinearFewRows = 8;
-
 // Lanes [0, n) of 8 set (n clamped to [0, 8]).
 KOLOS_TARGET inline __m256i lane_mask(int64_t n) {
   const int c = n < 0 ? 0 : (n > 8 ? 8 : static_cast<int>(n));

@@ -383,10 +383,10 @@ void packed_linear(const float* x, int64_t rows, const float* packed, const floa
   // ranges, 16% of its samples were OpenMP's waits at the end of a
   // product). Short runs alone start cold (their first rows not
   // prefetched) and prefetch panels another thread then computes
-  // (docs/inference.md, "Threads take runs of panels"). Below 8 rows a
-  // product streams the weights at the memory's speed, and every run's
-  // start stalls that stream: one range a thread.
-  const int64_t run = rows < 8 ? 0 : blocks;
+  // (docs/inference.md, "Threads take runs of panels"). Below
+  // kLinearFewRows rows a product streams the weights at the memory's
+  // speed, and every run's start stalls that stream: one range a thread.
+  const int64_t run = rows < kLinearFewRows ? 0 : blocks;
   run_pieces(
       static_cast<size_t>(panels * blocks), use,
       [&](size_t i) {

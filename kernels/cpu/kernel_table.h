@@ -68,6 +68,15 @@ constexpr float kExpTaylor[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
 // (bench_packed_linear shows the products against the bandwidth bound;
 // distances of 8 to 256 rows were tried on a 2-core Xeon, 64 was fastest).
 constexpr int64_t kLinearPrefetchRows = 64;
+// A linear product of fewer rows than this streams the weights at the
+// memory's speed with few tiles to hide their latency: dispatch.cpp gives
+// each thread one range of panels, and the AVX2 level's first tile of a
+// panel prefetches its rows into the first-level cache. With more rows,
+// the AVX2 block's 32 KiB of the panel (both halves) and x's rows
+// overflow that cache, and that prefetch made products slower on an AMD
+// Zen (the 73 products of a GPT-2 step at 256 rows, two threads: 721-742
+// ms with it, 514-700 without; docs/inference.md, "Packed weights").
+constexpr int64_t kLinearFewRows = 8;
 // The inputs a linear panel's tiles go through together before the next
 // ones (avx2.cpp): 256 rows of a panel, 32 KiB.
 constexpr int64_t kLinearInputBlock = 256;
