@@ -170,8 +170,8 @@ std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_
         plans[i].step <= plans[best].step * (1 + margin_of(plans[best], plans[i], sigmas));
     if (top || within) chosen.push_back(i);
   }
-  // The order of the trials: the best, its ZeRO siblings, the first of each
-  // other layout, the rest.
+  // The order of the trials: the best, its ZeRO siblings, the first plain
+  // data-parallel plan, the first of each other layout, the rest.
   std::vector<bool> placed(plans.size(), false);
   std::set<std::string> layouts;
   const auto place = [&](size_t i) {
@@ -183,6 +183,12 @@ std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_
   if (!plans[best].sibling.empty()) {
     for (const size_t i : chosen) {
       if (!placed[i] && plans[i].sibling == plans[best].sibling) place(i);
+    }
+  }
+  for (const size_t i : chosen) {
+    if (!placed[i] && plans[i].data_parallel) {
+      place(i);
+      break;
     }
   }
   for (const size_t i : chosen) {

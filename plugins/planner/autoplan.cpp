@@ -638,7 +638,8 @@ class Autoplan final : public Planner {
       std::vector<pl::Predicted> predicted;
       for (const pl::RankedPlan& rp : result.plans)
         predicted.push_back({rp.prediction.step, rp.prediction.uncertainty, rp.candidate.layout(),
-                             pl::zero_sibling(rp.candidate)});
+                             pl::zero_sibling(rp.candidate),
+                             rp.candidate.pp == 1 && rp.candidate.sp == 1 && rp.candidate.tp == 1});
       report.finalists = pl::select_finalists(predicted, settings_.tune);
       const pl::Predicted best = *std::min_element(
           predicted.begin(), predicted.end(),
@@ -660,8 +661,8 @@ class Autoplan final : public Planner {
       report.finalist_rule = rule;
       std::ostringstream line;
       line << "\nFinalists (parallel.auto and kolos plan --tune try them, in this order: the "
-              "best prediction, its other ZeRO stages, the best of each other layout, the "
-              "rest):";
+              "best prediction, its other ZeRO stages, the best plain data-parallel plan, the "
+              "best of each other layout, the rest):";
       for (const size_t i : report.finalists) line << " #" << i + 1;
       line << ": " << report.finalist_rule << ".\n";
       report.text += line.str();

@@ -136,6 +136,32 @@ TEST(PlannerTune, TheBestPredictionsZeroStagesAreTriedRightAfterIt) {
   EXPECT_NE(zero_sibling(c), zero_sibling(d));
 }
 
+TEST(PlannerTune, PlainDataParallelismIsTriedRightAfterTheBestsZeroStages) {
+  // P (a pipeline layout) at ZeRO-1 first, its ZeRO-0 sibling, then three
+  // other layouts ahead of plain data parallelism D, whose best variant
+  // is tried third: before B and C, ahead of its own second variant.
+  const std::vector<Predicted> p = {
+      {1.00, 0.02, "P", "P mb 8 zero*"},       {1.01, 0.02, "P", "P mb 8 zero*"},
+      {1.02, 0.02, "B", "B mb 8 zero*"},       {1.03, 0.02, "C", "C mb 8 zero*"},
+      {1.04, 0.02, "D", "D mb 4 zero*", true}, {1.05, 0.02, "D", "D mb 2 zero*", true},
+      {1.60, 0.02, "E", "E mb 4 zero*"}};
+  EXPECT_EQ(select_finalists(p, 3), (std::vector<size_t>{0, 1, 4, 2, 3, 5}));
+  // Not marked, D waits for the layouts predicted ahead of it.
+  std::vector<Predicted> unmarked = p;
+  for (auto& x : unmarked) x.data_parallel = false;
+  EXPECT_EQ(select_finalists(unmarked, 3), (std::vector<size_t>{0, 1, 2, 3, 4, 5}));
+  // Outside the margin it stays out, marked or not.
+  std::vector<Predicted> far = p;
+  far[4].step = far[5].step = 1.6;
+  EXPECT_EQ(select_finalists(far, 3), (std::vector<size_t>{0, 1, 2, 3}));
+  // The best itself plain data parallel: the order of layouts after its
+  // siblings, as without the mark.
+  std::vector<Predicted> best = p;
+  best[0].data_parallel = best[1].data_parallel = true;
+  best[4].data_parallel = best[5].data_parallel = false;
+  EXPECT_EQ(select_finalists(best, 3), (std::vector<size_t>{0, 1, 2, 3, 4, 5}));
+}
+
 TEST(PlannerTune, FeedbackIsTheGeometricMeanOfTheLastRatiosWeighedByTheirNumber) {
   MachineRates r;
   const std::string f = "tp=none sp=none zero=3 pp=none";

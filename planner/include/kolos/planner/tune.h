@@ -95,6 +95,10 @@ struct Predicted {
   // The plan but its ZeRO stage (zero_sibling below): plans that differ
   // only in it share this; empty: none.
   std::string sibling;
+  // Plain data parallelism: every axis but the data axis of size 1. The
+  // layout a person runs without a planner, and the one the calibration's
+  // reference runs measured.
+  bool data_parallel = false;
 };
 
 // A plan's description with its ZeRO stage left out: the same text for the
@@ -105,13 +109,16 @@ std::string zero_sibling(const Candidate& c);
 // margin of the best one (above). In the order they are tried (a time bound
 // may stop the tuning before the last): the best prediction, then its ZeRO
 // siblings among the finalists (the same plan at another ZeRO stage), then
-// the best finalist of each other layout, then the rest in the order of
-// `plans`. A layout's variants (schedule, micro-batching, ZeRO stage) share
-// most of a prediction's error, so one of each is worth more than a second
-// of one; except the best's ZeRO stages, which differ in the model's least
-// sure terms (the copies and collectives of sharding, small against the
-// step), so that whichever the model put first, the pick is between them
-// as measured. k >= 1.
+// the best plain data-parallel finalist, then the best finalist of each
+// other layout, then the rest in the order of `plans`. A layout's variants
+// (schedule, micro-batching, ZeRO stage) share most of a prediction's
+// error, so one of each is worth more than a second of one; except the
+// best's ZeRO stages, which differ in the model's least sure terms (the
+// copies and collectives of sharding, small against the step), so that
+// whichever the model put first, the pick is between them as measured.
+// Plain data parallelism comes next because it is what a person runs
+// without a planner: once measured, the pick is never slower than it as
+// the tuning measured them. k >= 1.
 std::vector<size_t> select_finalists(const std::vector<Predicted>& plans, int64_t k,
                                      double sigmas = kMarginSigmas);
 // The margin of plan i over the best: kMarginSigmas * the combined sigma,
