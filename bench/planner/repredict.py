@@ -16,7 +16,9 @@ plan's (dp 4, micro-batch 4), prediction against prediction and measurement
 against measurement: how fast the machine ran at each run's calibration
 drops out, and what is left is how well the calibration's model ranks and
 spaces the plans. Printed per run: the median of |predicted relative /
-measured relative - 1| and Spearman's rank correlation.
+measured relative - 1|, Spearman's rank correlation, the level (the
+median of predicted / measured over the plans, a geometric median) and
+the check's median error with the predictions divided by that level.
 
 --group-sync G=SECONDS replaces the copy's `[[calibration.sync]]` row of
 pattern "group" and group G (repeatable): the same model with another
@@ -32,6 +34,7 @@ model and calibration of that run), instead of predicting again.
 """
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -40,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 
-from check import spearman  # the check's own statistic, ties ranked alike
+from check import median_error, spearman  # the check's own statistics, ties ranked alike
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -118,14 +121,18 @@ def report(a, runs, predictions):
     for name, predicted in zip(a.runs, predictions):
         if REFERENCE not in predicted:
             raise SystemExit(f"repredict.py: {name} has no '{REFERENCE}' plan")
-    print("| run | plans | median relative error | Spearman |")
-    print("|---|---:|---:|---:|")
+    print("| run | plans | median relative error | Spearman | level | median error, level-scaled |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, rows, predicted in zip(a.runs, runs, predictions):
         measured = {r["plan"]: r["measured"] for r in rows if r["plan"] in predicted}
         plans = sorted(measured)
         errors = [abs(relative_error(predicted, measured, k)) for k in plans]
-        rho = spearman([predicted[k] for k in plans], [measured[k] for k in plans])
-        print(f"| {name} | {len(plans)} | {100 * statistics.median(errors):.1f}% | {rho:.3f} |")
+        p, m = [predicted[k] for k in plans], [measured[k] for k in plans]
+        rho = spearman(p, m)
+        level = math.exp(statistics.median(math.log(x / y) for x, y in zip(p, m)))
+        scaled = median_error([x / level for x in p], m)
+        print(f"| {name} | {len(plans)} | {100 * statistics.median(errors):.1f}% | {rho:.3f} "
+              f"| {level:.3f} | {100 * scaled:.1f}% |")
     shown = sorted({k for predicted in predictions for k in predicted if any(t in k for t in a.plan)})
     if shown:
         print()
